@@ -1,0 +1,101 @@
+"""The contract every kernel family implements.
+
+A family is the Python half of a template: it knows the shapes of the arguments, how to launch the rendered
+kernels, the reference the output must match, and the minimal bytes and FLOPs that turn a time into a throughput.
+Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `bench.py` passes CuPy as `xp`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Config = dict[str, Any]
+Problem = dict[str, Any]
+
+DTYPES = {
+    "float32": ("float", 4),
+    "float16": ("__half", 2),
+    "bfloat16": ("__nv_bfloat16", 2),
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a config: the entry-point name in the rendered source, its geometry, and the names
+    of its arguments (keys of the arrays dict, or of the problem for scalars), in call order."""
+
+    entry: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[str, ...]
+    smem_dynamic: int = 0
+
+
+class Family:
+    """Base class; one subclass per module in tuner/kernels/.
+
+    Subclasses set `name`, `template` and `dtypes` and implement the methods below. Methods receive the config
+    (params plus derived values) and the problem (sizes plus ``dtype``), both plain dicts.
+    """
+
+    name: str = ""
+    template: str = ""
+    dtypes: tuple[str, ...] = ("float32",)
+    #: Sizes every problem of this family must name (e.g. ("M", "N", "K")).
+    problem_sizes: tuple[str, ...] = ()
+    #: The unit `throughput` means for this family: "TB/s" for memory-bound families, "TFLOP/s" for GEMM.
+    throughput_unit: str = "TB/s"
+    #: Short names used in readable uris, e.g. {"tile_m": "tm"}; params not listed use their full name.
+    uri_names: dict[str, str] = {}
+
+    # -- launching ----------------------------------------------------------------------------------------------
+    def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
+        """The launches that compute one call of this config; `entry` is the rendered source's entry name."""
+        raise NotImplementedError
+
+    # -- data ---------------------------------------------------------------------------------------------------
+    def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
+        """Fresh random inputs on `xp` (numpy or cupy); `rng` is that module's random Generator."""
+        raise NotImplementedError
+
+    def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Output names → (shape, dtype); bench poisons them with NaN before each checked launch. Scratch
+        buffers that intermediate launches write (e.g. an unfused stage) are outputs too."""
+        raise NotImplementedError
+
+    def checked(self) -> tuple[str, ...]:
+        """Names of the outputs that must match the reference (default: all that `reference` returns)."""
+        return ()
+
+    def reference(self, xp, inputs: dict[str, Any], problem: Problem) -> dict[str, Any]:
+        """Expected outputs, computed in float64 (or the best the backend offers) on `xp`."""
+        raise NotImplementedError
+
+    def tolerance(self, problem: Problem) -> float:
+        """Allowed max |out - ref| / max(|ref|, 1) element-wise; fits the dtype and the reduction length."""
+        return {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}[problem["dtype"]]
+
+    # -- accounting -----------------------------------------------------------------------------------------------
+    def bytes_moved(self, problem: Problem) -> int:
+        """Minimal device-memory traffic of one call: each input read once, each output written once."""
+        raise NotImplementedError
+
+    def flops(self, problem: Problem) -> int:
+        """Useful floating-point operations of one call (0 for pure data movement)."""
+        return 0
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def elem_bytes(problem: Problem) -> int:
+        return DTYPES[problem["dtype"]][1]
+
+    @staticmethod
+    def np_dtype(problem: Problem):
+        if problem["dtype"] == "bfloat16":
+            import ml_dtypes  # optional: only families that offer bf16 need it
+
+            return ml_dtypes.bfloat16
+        return np.dtype(problem["dtype"])

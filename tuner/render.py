@@ -1,0 +1,113 @@
+"""Render a kernel template for one config: (kernel, config, problem) → `Source`.
+
+One strict Jinja2 environment over templates/: an undefined variable is an error naming the template and line,
+never an empty string that turns into a baffling compile error later.
+
+What a template sees: every param and derived value of the config, the problem's sizes, ``dtype``, ``ctype``
+(the C type of the dtype), ``elem_bytes``, and ``entry``, the name its ``extern "C" __global__`` entry point must
+have (extra kernels of the same config are named ``entry`` + "_" + suffix).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from tuner.errors import TemplateError
+from tuner.kernels import base as kbase
+
+TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES", Path(__file__).resolve().parent.parent / "templates"))
+
+
+@dataclass(frozen=True)
+class Source:
+    """Rendered CUDA source. `uri` is readable and unique per (kernel, params, problem): the same name shows in
+    logs, the compile cache, exported headers and the dashboard; `entry` is the C identifier of the kernel."""
+
+    kernel: str
+    text: str
+    entry: str
+    uri: str
+    template: str
+
+
+def environment(templates_dir: Path | str = TEMPLATES_DIR) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+_ENV: jinja2.Environment | None = None
+
+
+def _env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        _ENV = environment()
+    return _ENV
+
+
+def _token(value: Any) -> str:
+    text = str(value).replace(".", "p").replace("-", "m")
+    return re.sub(r"[^0-9A-Za-z]", "", text)
+
+
+def uri(family: kbase.Family, params: dict[str, Any]) -> str:
+    """``transpose_tile32_rpt8_pad1_vec4``: the kernel name and each param under its short name."""
+    parts = [family.name] + [f"{family.uri_names.get(k, k)}{_token(v)}" for k, v in params.items()]
+    return "_".join(parts)
+
+
+def render(
+    family: kbase.Family,
+    params: dict[str, Any],
+    config: dict[str, Any],
+    problem_env: dict[str, Any],
+    env: jinja2.Environment | None = None,
+) -> Source:
+    """Render `family.template` with the resolved `config` (params + derived) and the problem.
+
+    `params` (the raw knobs, in declared order) name the uri; `config` is what the template sees. Raises
+    TemplateError (template:line: fault) on a Jinja syntax error or an undefined variable.
+    """
+    env = env or _env()
+    name = uri(family, params)
+    context = {
+        **problem_env,
+        **config,
+        "ctype": kbase.DTYPES[problem_env["dtype"]][0],
+        "entry": name,
+    }
+    try:
+        template = env.get_template(family.template)
+        text = template.render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"template syntax error: {exc.message}", exc.filename or family.template,
+                            exc.lineno) from None
+    except jinja2.TemplateNotFound as exc:
+        raise TemplateError(f"template {exc.name!r} not found in {env.loader.searchpath}") from None
+    except jinja2.UndefinedError as exc:
+        where, line = _template_frame(sys.exc_info()[2], family.template)
+        raise TemplateError(f"undefined variable: {exc.message}", where, line) from None
+    return Source(kernel=family.name, text=text, entry=name, uri=name, template=family.template)
+
+
+def _template_frame(tb, template: str) -> tuple[str, int | None]:
+    """The innermost traceback frame inside a template file; Jinja rewrites frames to template lines."""
+    where, line = template, None
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.endswith(".j2"):
+            where, line = filename, tb.tb_lineno
+        tb = tb.tb_next
+    return where, line

@@ -1,0 +1,125 @@
+"""What every evaluation returns: a `Measurement`, or one of the typed failures.
+
+The evaluator protocol (DESIGN.md) is ``evaluate(config) -> Result``. The study driver records a Measurement as a
+COMPLETE trial and a failure as a FAIL (or PRUNED, for `Invalid`) trial whose ``user_attrs["failure"]`` is the
+failure's `kind` and whose ``user_attrs["reason"]`` is its reason. All results are plain frozen dataclasses so they
+pickle across Ray and process boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Base of the typed failures; `reason` is one human-readable line."""
+
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    kind = "failure"
+
+    @property
+    def ok(self) -> bool:
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"failure": self.kind, "reason": self.reason, **self.details}
+
+
+@dataclass(frozen=True)
+class Invalid(Failure):
+    """The config violates a constraint of the space or a limit of the family; no work was done."""
+
+    kind = "invalid"
+
+
+@dataclass(frozen=True)
+class CompileFailed(Failure):
+    """NVRTC (or ptxas behind it) rejected the source; `details["log"]` holds the compiler log."""
+
+    kind = "compile_failed"
+
+
+@dataclass(frozen=True)
+class LaunchFailed(Failure):
+    """The launch itself failed: too many resources, a bad launch configuration, or a fault such as an
+    illegal address (which poisons the CUDA context, so the worker that saw it is replaced)."""
+
+    kind = "launch_failed"
+
+
+@dataclass(frozen=True)
+class WrongResult(Failure):
+    """The kernel ran but its output differs from the reference; the reason carries max abs/rel error."""
+
+    kind = "wrong_result"
+
+
+@dataclass(frozen=True)
+class TimedOut(Failure):
+    """The kernel (or its compile) did not finish within the configured limit; its worker was replaced."""
+
+    kind = "timed_out"
+
+
+FAILURE_KINDS: dict[str, type[Failure]] = {
+    cls.kind: cls for cls in (Invalid, CompileFailed, LaunchFailed, WrongResult, TimedOut)
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A verified, timed config.
+
+    Times are milliseconds per call of the whole config (all of its launches). `bytes_moved` is the family's
+    minimal traffic (each input read once, each output written once), so `tbps` is useful bandwidth, never
+    inflated by re-reads. `ceiling_tbps` is the device-to-device copy measured on the same GPU with the same
+    protocol; `fraction_of_ceiling` = tbps / ceiling_tbps.
+    """
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    repetitions: int
+    bytes_moved: int
+    flops: int
+    tbps: float
+    tflops: float
+    ceiling_tbps: float
+    fraction_of_ceiling: float
+    registers: int
+    smem_static_bytes: int
+    smem_dynamic_bytes: int
+    spill_bytes: int
+    local_bytes: int = 0
+    blocks_per_sm: int = 0
+    warps_per_sm: int = 0
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    gpu: str = ""
+    gpu_index: int = 0
+    clocks: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    uri: str = ""
+
+    kind = "ok"
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.smem_static_bytes + self.smem_dynamic_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["smem_bytes"] = self.smem_bytes
+        return out
+
+
+Result = Measurement | Failure

@@ -1,0 +1,490 @@
+"""Search spaces: YAML → `SearchSpace`.
+
+A space file names a kernel family, the problem(s) it runs on, the knobs and their values, the constraints that
+rule configs out before any work, derived values the template needs, and the study's objectives::
+
+    kernel: transpose
+    problem: {name: n16384, rows: 16384, cols: 16384, dtype: float32}
+    params:
+      tile: [32, 64]
+      rows_per_thread: {pow2: [1, 16]}
+    derived:
+      threads: tile * tile // (rows_per_thread * tile)
+    constraints:
+      - threads <= 1024
+    objectives:
+      - throughput: maximize
+
+Every fault is a `SpaceError` naming the file and, where YAML knows it, the line. Enumeration is lazy and
+backtracks: a constraint is checked as soon as the params it reads are bound, so a space with a million
+Cartesian points and ten thousand valid ones is walked in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import SpaceError
+from tuner.expr import Expr, ExprError
+from tuner.kernels import base as kbase
+
+TOP_LEVEL_KEYS = ("kernel", "description", "problem", "params", "constraints", "derived", "objectives", "default")
+METRICS = (
+    "throughput",
+    "tbps",
+    "tflops",
+    "time_ms",
+    "fraction_of_ceiling",
+    "registers",
+    "smem_bytes",
+    "spill_bytes",
+)
+DEFAULT_OBJECTIVES = (("throughput", "maximize"), ("registers", "minimize"), ("smem_bytes", "minimize"))
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+SPACES_DIR = PACKAGE_ROOT / "search_spaces"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A named problem: integer sizes and a dtype. `env` is what expressions and templates see."""
+
+    name: str
+    dtype: str
+    sizes: dict[str, int]
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return {**self.sizes, "dtype": self.dtype, "elem_bytes": kbase.DTYPES[self.dtype][1]}
+
+    def label(self) -> str:
+        return f"{self.name}_{self.dtype}"
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    direction: str  # "maximize" | "minimize"
+
+
+@dataclass
+class SearchSpace:
+    """A loaded, checked search space. Configs are dicts of param name → value (params only); `resolve` adds
+    the derived values."""
+
+    path: Path
+    name: str
+    kernel: str
+    description: str
+    problems: list[Problem]
+    params: dict[str, tuple[Any, ...]]
+    constraints: list[Expr]
+    derived: dict[str, Expr]
+    objectives: list[Objective]
+    default: dict[str, Any]
+    text: str = ""
+    _plan: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # -- queries ------------------------------------------------------------------------------------------------
+    def problem(self, name: str | None = None) -> Problem:
+        if name is None:
+            return self.problems[0]
+        for p in self.problems:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.problems)
+        raise SpaceError(f"unknown problem {name!r} (known: {known})", str(self.path))
+
+    @property
+    def cartesian(self) -> int:
+        n = 1
+        for values in self.params.values():
+            n *= len(values)
+        return n
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def resolve(self, config: dict[str, Any], problem: Problem | None = None) -> dict[str, Any]:
+        """Params plus derived values, evaluated in dependency order (no validity check)."""
+        env = {**(problem or self.problems[0]).env, **config}
+        for name in self._plan["derived_order"]:
+            env[name] = self.derived[name](env)
+        return {**config, **{n: env[n] for n in self._plan["derived_order"]}}
+
+    def validate(self, config: dict[str, Any], problem: Problem | None = None) -> str | None:
+        """None when the config is in the space and meets every constraint; else the reason it is not."""
+        problem = problem or self.problems[0]
+        for name in config:
+            if name not in self.params:
+                return f"unknown parameter {name!r}"
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name!r}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {list(values)}"
+        env = {**problem.env, **config}
+        try:
+            for name in self._plan["derived_order"]:
+                env[name] = self.derived[name](env)
+            for constraint in self.constraints:
+                if not constraint(env):
+                    return f"constraint failed: {constraint.text}"
+        except (ArithmeticError, TypeError, ValueError) as exc:
+            return f"expression error: {type(exc).__name__}: {exc}"
+        return None
+
+    # -- enumeration ----------------------------------------------------------------------------------------------
+    def enumerate(self, problem: Problem | None = None) -> Iterator[dict[str, Any]]:
+        """Yield every valid config (params only) lazily, in the order of the params' declared values."""
+        problem = problem or self.problems[0]
+        names = list(self.params)
+        levels = self._plan["levels"]
+        env: dict[str, Any] = dict(problem.env)
+        try:
+            for check in levels[-1]:
+                if not check(env):
+                    return
+        except (ArithmeticError, TypeError, ValueError):
+            return
+
+        def walk(i: int) -> Iterator[dict[str, Any]]:
+            if i == len(names):
+                yield {n: env[n] for n in names}
+                return
+            name = names[i]
+            for value in self.params[name]:
+                env[name] = value
+                try:
+                    if all(step(env) for step in levels[i]):
+                        yield from walk(i + 1)
+                except (ArithmeticError, TypeError, ValueError):
+                    continue
+
+        yield from walk(0)
+
+    def count_valid(self, problem: Problem | None = None) -> int:
+        return sum(1 for _ in self.enumerate(problem))
+
+    def sample(self, n: int, seed: int = 0, problem: Problem | None = None) -> list[dict[str, Any]]:
+        """A seeded sample of n distinct valid configs (all of them when the space has fewer)."""
+        valid = list(self.enumerate(problem))
+        if n >= len(valid):
+            return valid
+        return random.Random(seed).sample(valid, n)
+
+    # -- user-facing config parsing -------------------------------------------------------------------------------
+    def config_from_assignments(self, assignments: list[str], problem: Problem | None = None) -> dict[str, Any]:
+        """Turn ``["tile=32", "pad=1"]`` into a full config: the default config overridden by the assignments.
+        Unknown names and values outside the space are SpaceErrors; so is a result that breaks a constraint."""
+        config = dict(self.default)
+        for item in assignments:
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise SpaceError(f"--set expects NAME=VALUE, got {item!r}", str(self.path))
+            if key not in self.params:
+                raise SpaceError(f"--set {key}: unknown parameter (known: {', '.join(self.params)})", str(self.path))
+            value = yaml.safe_load(raw)
+            if value not in self.params[key]:
+                raise SpaceError(
+                    f"--set {key}={raw}: value outside the space (allowed: {list(self.params[key])})", str(self.path)
+                )
+            config[key] = value
+        reason = self.validate(config, problem)
+        if reason is not None:
+            raise SpaceError(f"config is not valid: {reason}", str(self.path))
+        return config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def resolve_path(space: str | Path) -> Path:
+    """A path to a YAML file, or the name of a shipped space (``gemm`` → search_spaces/gemm.yaml)."""
+    path = Path(space)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    shipped = SPACES_DIR / f"{space}.yaml"
+    return shipped if shipped.exists() else path
+
+
+def shipped_spaces() -> list[Path]:
+    return sorted(SPACES_DIR.glob("*.yaml"))
+
+
+def load(space: str | Path) -> SearchSpace:
+    """Load and check a space file. Raises SpaceError (file:line: fault) on anything wrong."""
+    path = resolve_path(space)
+    where = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpaceError("no such space file", where) from None
+    except OSError as exc:
+        raise SpaceError(f"cannot read: {exc.strerror}", where) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"malformed YAML: {problem}", where, mark.line + 1 if mark else None) from None
+    lines = _LineFinder(root)
+    if not isinstance(data, dict):
+        raise SpaceError("expected a mapping at the top level", where, 1)
+
+    def fail(message: str, *keys: Any) -> SpaceError:
+        return SpaceError(message, where, lines.line(*keys))
+
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            raise fail(f"unknown top-level key {key!r} (allowed: {', '.join(TOP_LEVEL_KEYS)})", key)
+    for key in ("kernel", "problem", "params"):
+        if key not in data:
+            raise SpaceError(f"missing top-level key {key!r}", where)
+
+    from tuner import kernels  # late import: kernels import space-free modules only
+
+    kernel = data["kernel"]
+    if kernel not in kernels.names():
+        raise fail(f"unknown kernel {kernel!r} (known: {', '.join(kernels.names())})", "kernel")
+    family = kernels.get(kernel)
+
+    problems = _load_problems(data["problem"], family, fail)
+    params = _load_params(data["params"], fail)
+    derived = _load_exprs(data.get("derived") or {}, "derived", fail)
+    if not isinstance(derived, dict):
+        raise fail("'derived' must be a mapping of name: expression", "derived")
+    constraints = _load_exprs(data.get("constraints") or [], "constraints", fail)
+    if not isinstance(constraints, list):
+        raise fail("'constraints' must be a list of expressions", "constraints")
+    for name in derived:
+        if name in params:
+            raise fail(f"derived value {name!r} has the name of a parameter", "derived", name)
+    objectives = _load_objectives(data.get("objectives"), fail)
+
+    space = SearchSpace(
+        path=path,
+        name=path.stem,
+        kernel=kernel,
+        description=str(data.get("description", "")).strip(),
+        problems=problems,
+        params=params,
+        constraints=constraints,
+        derived=derived,
+        objectives=objectives,
+        default={},
+        text=text,
+    )
+    space._plan = _plan(space, fail)
+
+    default = data.get("default")
+    if default is not None:
+        if not isinstance(default, dict):
+            raise fail("'default' must be a mapping of param: value", "default")
+        reason = space.validate({**{n: v[0] for n, v in params.items()}, **default})
+        if any(name not in params for name in default) or reason is not None:
+            raise fail(f"default config is not valid: {reason}", "default")
+        space.default = {**{n: v[0] for n, v in params.items()}, **default}
+    for problem in problems:
+        first = next(space.enumerate(problem), None)
+        if first is None:
+            raise SpaceError(f"no valid configs for problem {problem.name!r}: the constraints rule out all "
+                             f"{space.cartesian} Cartesian configs", where)
+        if default is None and not space.default:
+            space.default = first
+    return space
+
+
+class _LineFinder:
+    """Maps key paths to 1-based line numbers using the YAML node tree."""
+
+    def __init__(self, root: yaml.Node | None):
+        self.root = root
+
+    def line(self, *keys: Any) -> int | None:
+        node, best = self.root, None
+        for key in keys:
+            if isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    if k.value == str(key):
+                        best, node = k.start_mark.line + 1, v
+                        break
+                else:
+                    return best
+            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+                node = node.value[key]
+                best = node.start_mark.line + 1
+            else:
+                return best
+        return best
+
+
+def _load_problems(spec: Any, family, fail) -> list[Problem]:
+    items = spec if isinstance(spec, list) else [spec]
+    if not items:
+        raise fail("'problem' must name at least one problem", "problem")
+    problems = []
+    for i, item in enumerate(items):
+        keys = ("problem", i) if isinstance(spec, list) else ("problem",)
+        if not isinstance(item, dict):
+            raise fail("a problem is a mapping of name, dtype and integer sizes", *keys)
+        item = dict(item)
+        name = str(item.pop("name", f"problem{i}"))
+        dtype = item.pop("dtype", "float32")
+        if dtype not in family.dtypes:
+            raise fail(f"dtype {dtype!r} is not supported by {family.name} (supported: {', '.join(family.dtypes)})",
+                       *keys, "dtype")
+        for key, value in item.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise fail(f"problem size {key!r} must be a positive integer, got {value!r}", *keys, key)
+        missing = [s for s in family.problem_sizes if s not in item]
+        if missing:
+            raise fail(f"problem {name!r} lacks sizes {missing} that {family.name} needs", *keys)
+        problems.append(Problem(name=name, dtype=dtype, sizes=item))
+    return problems
+
+
+def _load_params(spec: Any, fail) -> dict[str, tuple[Any, ...]]:
+    if not isinstance(spec, dict) or not spec:
+        raise fail("'params' must be a non-empty mapping of name: values", "params")
+    params: dict[str, tuple[Any, ...]] = {}
+    for name, values in spec.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+            raise fail(f"parameter name {name!r} is not an identifier", "params", name)
+        if isinstance(values, dict):
+            values = _expand_range(name, values, fail)
+        if not isinstance(values, list):
+            raise fail(f"parameter {name!r}: expected a list of values or {{pow2: [lo, hi]}}", "params", name)
+        if not values:
+            raise fail(f"parameter {name!r} has no values", "params", name)
+        for v in values:
+            if isinstance(v, dict | list) or v is None:
+                raise fail(f"parameter {name!r}: value {v!r} is not a scalar", "params", name)
+        if len(set(values)) != len(values):
+            raise fail(f"parameter {name!r} lists a value twice", "params", name)
+        params[name] = tuple(values)
+    return params
+
+
+def _expand_range(name: str, spec: dict, fail) -> list[Any]:
+    if "values" in spec and len(spec) == 1:
+        return spec["values"]
+    if "pow2" in spec and len(spec) == 1:
+        lo_hi = spec["pow2"]
+        if (not isinstance(lo_hi, list) or len(lo_hi) != 2 or not all(isinstance(x, int) and x > 0 for x in lo_hi)
+                or any(x & (x - 1) for x in lo_hi) or lo_hi[0] > lo_hi[1]):
+            raise fail(f"parameter {name!r}: pow2 expects [lo, hi], powers of two with lo <= hi", "params", name)
+        lo, hi = lo_hi
+        return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+    if "range" in spec and len(spec) == 1:
+        r = spec["range"]
+        if not isinstance(r, list) or len(r) not in (2, 3) or not all(isinstance(x, int) for x in r):
+            raise fail(f"parameter {name!r}: range expects [lo, hi] or [lo, hi, step] (inclusive)", "params", name)
+        lo, hi, step = (r + [1])[:3]
+        if step <= 0:
+            raise fail(f"parameter {name!r}: range step must be positive", "params", name)
+        return list(range(lo, hi + 1, step))
+    raise fail(f"parameter {name!r}: expected one of {{values: [...]}}, {{pow2: [lo, hi]}}, {{range: [lo, hi]}}",
+               "params", name)
+
+
+def _load_exprs(spec: Any, key: str, fail):
+    if isinstance(spec, dict):
+        out = {}
+        for name, text in spec.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise fail(f"{key}: name {name!r} is not an identifier", key, name)
+            try:
+                out[name] = Expr.parse(text)
+            except ExprError as exc:
+                raise fail(f"{key} {name!r}: {exc}", key, name) from None
+        return out
+    if isinstance(spec, list):
+        out = []
+        for i, text in enumerate(spec):
+            try:
+                out.append(Expr.parse(text))
+            except ExprError as exc:
+                raise fail(f"{key}: {exc}", key, i) from None
+        return out
+    return spec
+
+
+def _load_objectives(spec: Any, fail) -> list[Objective]:
+    if spec is None:
+        return [Objective(n, d) for n, d in DEFAULT_OBJECTIVES]
+    if not isinstance(spec, list) or not spec:
+        raise fail("'objectives' must be a non-empty list of {metric: maximize|minimize}", "objectives")
+    out = []
+    for i, item in enumerate(spec):
+        if not isinstance(item, dict) or len(item) != 1:
+            raise fail("each objective is {metric: maximize|minimize}", "objectives", i)
+        (name, direction), = item.items()
+        if name not in METRICS:
+            raise fail(f"unknown objective metric {name!r} (known: {', '.join(METRICS)})", "objectives", i)
+        if direction not in ("maximize", "minimize"):
+            raise fail(f"objective {name!r}: direction must be maximize or minimize", "objectives", i)
+        out.append(Objective(name, direction))
+    return out
+
+
+def _plan(space: SearchSpace, fail) -> dict[str, Any]:
+    """Order derived values by dependency and attach each derived value and constraint to the first param
+    level at which everything it reads is bound (level -1: problem symbols only)."""
+    param_index = {name: i for i, name in enumerate(space.params)}
+    problem_symbols = set.intersection(*(set(p.env) for p in space.problems))
+    known = set(param_index) | set(space.derived) | problem_symbols
+
+    def check_names(expr: Expr, *keys) -> None:
+        unknown = sorted(expr.names - known)
+        if unknown:
+            raise fail(f"{expr.text!r} names unknown symbol(s) {', '.join(unknown)}", *keys)
+
+    for name, expr in space.derived.items():
+        check_names(expr, "derived", name)
+    for i, expr in enumerate(space.constraints):
+        check_names(expr, "constraints", i)
+
+    level: dict[str, int] = {name: i for name, i in param_index.items()}
+    level.update({s: -1 for s in problem_symbols})
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> int:
+        if name in level:
+            return level[name]
+        if name in visiting:
+            raise fail(f"derived value {name!r} depends on itself", "derived", name)
+        visiting.add(name)
+        expr = space.derived[name]
+        level[name] = max((visit(n) for n in expr.names), default=-1)
+        visiting.discard(name)
+        order.append(name)
+        return level[name]
+
+    for name in space.derived:
+        visit(name)
+
+    levels: dict[int, list] = {i: [] for i in range(-1, len(space.params))}
+    for name in order:
+        expr = space.derived[name]
+
+        def set_derived(env, _name=name, _expr=expr):
+            env[_name] = _expr(env)
+            return True
+
+        levels[level[name]].append(set_derived)
+    for expr in space.constraints:
+        lvl = max((level[n] for n in expr.names), default=-1)
+        levels[lvl].append(expr)
+    return {"derived_order": order, "levels": levels}
+
