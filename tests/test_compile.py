@@ -1,0 +1,116 @@
+"""Compiling with real NVRTC (no GPU needed): resources, spills, failures, the on-disk cache."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tuner import compile as compile_mod
+from tuner import kernels
+from tuner import space as space_mod
+from tuner.render import Source, render
+
+PTXAS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k_main' for 'sm_90'
+ptxas info    : Function properties for k_main
+ptxas         .     8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 16640 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'k_main_bias' for 'sm_90'
+ptxas info    : Function properties for k_main_bias
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 16 registers, used 0 barriers, 380 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_report():
+    funcs = compile_mod.parse_ptxas(PTXAS)
+    assert funcs["k_main"] == compile_mod.FunctionResources(255, 16640, 8, 12, 16)
+    assert funcs["k_main_bias"] == compile_mod.FunctionResources(16, 0, 0, 0, 0)
+
+
+def _source(text: str, name: str = "k") -> Source:
+    return Source(kernel="toy", text=text, entry=name, uri=name, template="toy.cu.j2")
+
+
+def test_compile_reports_resources_and_caches(tmp_path):
+    src = _source('extern "C" __global__ void k(float* x) { __shared__ float s[256]; '
+                  's[threadIdx.x] = x[threadIdx.x]; __syncthreads(); x[threadIdx.x] = s[255 - threadIdx.x]; }')
+    first = compile_mod.compile_source(src)
+    assert first.ok and not first.cached and first.cubin[:4] == b"\x7fELF"
+    assert first.registers > 0 and first.smem_static_bytes == 1024 and first.spill_bytes == 0
+    second = compile_mod.compile_source(src)
+    assert second.cached and second.cubin == first.cubin and second.functions == first.functions
+    folder = compile_mod.cache_dir() / "sm_90"
+    assert sorted(p.suffix for p in folder.iterdir()) == [".cubin", ".json"]
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_cache_key_covers_source_options_arch_and_versions():
+    src = _source("x")
+    v = {"cupy": "1", "nvrtc": "13.0"}
+    base = compile_mod.cache_key(src, ["a"], "sm_90", v)
+    assert base != compile_mod.cache_key(_source("y"), ["a"], "sm_90", v)
+    assert base != compile_mod.cache_key(src, ["b"], "sm_90", v)
+    assert base != compile_mod.cache_key(src, ["a"], "sm_80", v)
+    assert base != compile_mod.cache_key(src, ["a"], "sm_90", {**v, "nvrtc": "13.1"})
+
+
+def test_compile_failure_is_typed_and_cached_with_its_log():
+    src = _source('extern "C" __global__ void k(float* x) { x[0] = no_such_symbol; }')
+    failed = compile_mod.compile_source(src)
+    assert failed.kind == "compile_failed" and "no_such_symbol" in failed.reason
+    assert "no_such_symbol" in failed.details["log"]
+    again = compile_mod.compile_source(src)
+    assert again.kind == "compile_failed" and again.details["log"] == failed.details["log"]
+    metas = list((compile_mod.cache_dir() / "sm_90").glob("*.json"))
+    assert len(metas) == 1 and json.loads(metas[0].read_text())["ok"] is False
+
+
+def test_tight_launch_bounds_spill():
+    # 64 live accumulators per thread under __launch_bounds__(1024, 2): ptxas may use 32 registers only.
+    src = _source(
+        'extern "C" __global__ void __launch_bounds__(1024, 2) k(const float* a, float* out, int n) {\n'
+        "  float acc[96];\n"
+        "  #pragma unroll\n"
+        "  for (int i = 0; i < 96; ++i) acc[i] = a[i * n + threadIdx.x];\n"
+        "  for (int j = 0; j < n; ++j) {\n"
+        "    #pragma unroll\n"
+        "    for (int i = 0; i < 96; ++i) acc[i] = acc[i] * acc[(i + 1) % 96] + a[j];\n"
+        "  }\n"
+        "  float s = 0;\n"
+        "  #pragma unroll\n"
+        "  for (int i = 0; i < 96; ++i) s += acc[i];\n"
+        "  out[threadIdx.x] = s;\n"
+        "}\n"
+    )
+    result = compile_mod.compile_source(src)
+    assert result.ok and result.registers <= 32 and result.spill_bytes > 0
+
+
+def test_compile_many_runs_in_parallel_and_keeps_order():
+    srcs = [_source(f'extern "C" __global__ void k{i}(float* x) {{ x[0] = {i}.0f; }}', f"k{i}") for i in range(6)]
+    results = list(compile_mod.compile_many(srcs, jobs=2))
+    assert [s.entry for s, _ in results] == [f"k{i}" for i in range(6)]
+    assert all(r.ok and f"k{i}" in r.functions for i, (_, r) in enumerate(results))
+
+
+@pytest.mark.parametrize("path", space_mod.shipped_spaces(), ids=lambda p: p.stem)
+def test_seeded_sample_of_each_shipped_space_compiles(path):
+    """At least 100 valid configs per shipped space (all of them where the space is smaller) compile for sm_90
+    with registers > 0."""
+    s = space_mod.load(path)
+    family, problem = kernels.get(s.kernel), s.problem()
+    configs = s.sample(100, seed=7)
+    assert len(configs) >= min(100, s.count_valid())
+    sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
+    failures = []
+    for src, result in compile_mod.compile_many(sources, jobs=os.cpu_count()):
+        if not result.ok:
+            failures.append((src.uri, result.reason))
+        else:
+            assert result.registers > 0, src.uri
+            assert src.entry in result.functions, src.uri
+    assert not failures

@@ -1,0 +1,227 @@
+"""The `tuner` command line. Each subcommand is a thin layer over one stage module.
+
+Bad input of any kind (an `InputError`, or an argparse complaint) is one line on stderr and exit code 2, with no
+traceback; anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, NoReturn
+
+from tuner.errors import InputError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints usage plus a message; we want one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# spaces / render / check
+
+
+def cmd_spaces(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner import space as space_mod
+
+    rows = []
+    for path in space_mod.shipped_spaces():
+        s = space_mod.load(path)
+        rows.append({"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": s.count_valid(),
+                     "problems": [p.name for p in s.problems], "path": str(path)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title="shipped search spaces")
+    for col in ("name", "kernel", "problems", "cartesian", "valid"):
+        table.add_column(col, justify="right" if col in ("cartesian", "valid") else "left")
+    for r in rows:
+        table.add_row(r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}", f"{r['valid']:,}")
+    Console().print(table)
+    return 0
+
+
+def _load_space_and_problem(args: argparse.Namespace):
+    from tuner import space as space_mod
+
+    s = space_mod.load(args.space)
+    problem = s.problem(getattr(args, "problem", None))
+    return s, problem
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from tuner import kernels
+    from tuner.render import render
+
+    s, problem = _load_space_and_problem(args)
+    params = s.config_from_assignments(args.set or [], problem)
+    source = render(kernels.get(s.kernel), params, s.resolve(params, problem), problem.env)
+    sys.stdout.write(source.text)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from tuner import compile as compile_mod
+    from tuner import kernels
+    from tuner.render import render
+
+    s, problem = _load_space_and_problem(args)
+    family = kernels.get(s.kernel)
+    configs = s.sample(args.sample, args.seed, problem) if args.sample else list(s.enumerate(problem))
+    arch = args.arch or compile_mod.default_arch()
+    started = time.perf_counter()
+    sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
+    records: list[dict[str, Any]] = []
+    console = Console(stderr=True)
+    with Progress(console=console, disable=args.json or not console.is_terminal, transient=True) as progress:
+        task = progress.add_task(f"compiling {len(sources)} configs for {arch}", total=len(sources))
+        for config, (source, result) in zip(
+            configs, compile_mod.compile_many(sources, arch=arch, jobs=args.jobs), strict=True
+        ):
+            progress.advance(task)
+            if result.ok:
+                records.append({"params": config, "uri": source.uri, "registers": result.registers,
+                                "smem_bytes": result.smem_static_bytes, "spill_bytes": result.spill_bytes,
+                                "stack_frame_bytes": result.stack_frame_bytes, "cached": result.cached})
+            else:
+                records.append({"params": config, "uri": source.uri, "failure": result.kind,
+                                "reason": result.reason})
+    elapsed = time.perf_counter() - started
+    failed = [r for r in records if "failure" in r]
+    summary = {"space": str(s.path), "arch": arch, "compiled": len(records) - len(failed), "failed": len(failed),
+               "seconds": round(elapsed, 3), "configs_per_s": round(len(records) / elapsed, 1) if elapsed else None,
+               "configs": records}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        table = Table(title=f"{s.name}: {len(records)} configs, {arch}")
+        for col in ("uri", "registers", "smem", "spills", "status"):
+            table.add_column(col, justify="left" if col in ("uri", "status") else "right")
+        for r in records:
+            if "failure" in r:
+                table.add_row(r["uri"], "", "", "", f"[red]{r['reason']}")
+            else:
+                table.add_row(r["uri"], str(r["registers"]), str(r["smem_bytes"]), str(r["spill_bytes"]),
+                              "[yellow]spills" if r["spill_bytes"] else "ok")
+        out = Console()
+        out.print(table)
+        out.print(f"compiled {summary['compiled']}, failed {summary['failed']} in {elapsed:.2f} s "
+                  f"({summary['configs_per_s']} configs/s)")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# study
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from tuner.study import StudyOptions, run_study
+
+    summary = run_study(StudyOptions(
+        kernel=args.kernel, space=args.space or args.kernel, trials=args.trials, storage=args.storage,
+        study_name=args.study_name, sampler=args.sampler, seed=args.seed, gpus=args.gpus,
+        ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
+        progress=not args.json,
+    ))
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parser and entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tuner", description="Auto-tune memory-bound CUDA kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("spaces", help="list the shipped search spaces with their sizes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_spaces)
+
+    p = sub.add_parser("render", help="print the CUDA source of one config")
+    p.add_argument("space", help="a space file or the name of a shipped space")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a param of the default config")
+    p.add_argument("--problem", help="problem name (default: the space's first)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("check", help="render and compile all valid configs (or a sample); report resources")
+    p.add_argument("space")
+    p.add_argument("--sample", type=_positive_int, help="compile a seeded sample of N valid configs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=_positive_int, help="parallel compiles (default: all cores)")
+    p.add_argument("--arch", help="e.g. sm_90 (default: GPU 0's, else sm_90)")
+    p.add_argument("--problem")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+    from tuner.study import SAMPLERS
+
+    p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
+    p.add_argument("kernel", help="kernel family, e.g. gemm")
+    p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
+    p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
+    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db)")
+    p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
+    p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--gpus", type=_positive_int, help="GPU workers (default: every GPU Ray sees)")
+    p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
+    p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
+    p.add_argument("--problem")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
+    p.set_defaults(func=cmd_study)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("tuner: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

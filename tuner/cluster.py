@@ -1,0 +1,269 @@
+"""Ray: compile tasks on CPUs, one GPU actor per GPU, replaced on fault.
+
+`Pool` is what the study driver talks to: ``submit(number, params)`` and ``poll()`` → finished (number, Result).
+Behind it, each config is rendered in the driver (cheap, and templates live with the driver), compiled in a Ray
+CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA context, L2 flush buffer and
+the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
+past the time limit is killed and replaced; its trial gets the typed failure and the study goes on.
+
+With a replay recording, the actors answer from it instead of a GPU (logical GPUs: ``ray.init(num_gpus=N)`` on a
+machine without one), so the same driver, Ray plumbing and fault handling are exercised on CPUs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner import kernels
+from tuner.errors import InputError
+from tuner.render import render
+from tuner.result import LaunchFailed, Result, TimedOut
+
+#: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
+ACTOR_DEPTH = 2
+
+
+def init_ray(address: str | None, gpus: int | None, logical_gpus: int | None = None) -> dict[str, Any]:
+    """Start Ray locally (default) or join a cluster. Returns the cluster's resources. Errors are InputErrors."""
+    import ray
+
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    if address:
+        kwargs["address"] = address
+    elif logical_gpus is not None:
+        kwargs["num_gpus"] = logical_gpus
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"--ray-address {address or 'local'}: cannot start or join Ray: {first}") from None
+    return ray.cluster_resources()
+
+
+@dataclass
+class Job:
+    number: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    compiled: Any = None
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+def _compile_task(source, arch):
+    from tuner.compile import compile_source
+
+    return compile_source(source, arch)
+
+
+class _GpuActor:
+    """Owns one (real or logical) GPU. Wrapped with ray.remote(num_gpus=1) by `Pool`."""
+
+    def __init__(self, kernel: str, problem_env: dict[str, Any], replay: str | None, replay_study: str | None,
+                 delay_s: float):
+        import ray
+
+        self.family = kernels.get(kernel)
+        self.problem_env = problem_env
+        ids = ray.get_gpu_ids()
+        self.gpu_index = int(ids[0]) if ids else 0
+        self.busy_s = 0.0
+        if replay:
+            from tuner.replay import ReplayEvaluator
+
+            self.replay = ReplayEvaluator(replay, replay_study, delay_s=delay_s)
+            self.evaluator = None
+        else:
+            from tuner.bench import GpuEvaluator
+
+            self.replay = None
+            self.evaluator = GpuEvaluator()
+
+    def info(self) -> dict[str, Any]:
+        if self.replay is not None:
+            return {"gpu": f"replay:{os.path.basename(self.replay.path)}", "gpu_index": self.gpu_index,
+                    "ceiling_tbps": None, "pid": os.getpid()}
+        return {"gpu": self.evaluator.gpu_name, "gpu_index": self.gpu_index,
+                "ceiling_tbps": self.evaluator.ceiling_tbps, "pid": os.getpid()}
+
+    def busy(self) -> float:
+        return self.busy_s
+
+    def evaluate(self, params: dict[str, Any], config: dict[str, Any], compiled) -> tuple[Result, float]:
+        started = time.perf_counter()
+        if self.replay is not None:
+            result = self.replay.evaluate(params)
+        else:
+            result = self.evaluator.evaluate(compiled, self.family, config, self.problem_env)
+        busy = time.perf_counter() - started
+        self.busy_s += busy
+        return result, busy
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    info: dict[str, Any]
+    queue: collections.deque = field(default_factory=collections.deque)  # (ref, job)
+    head_started: float = 0.0
+
+
+class Pool:
+    """Compile slots plus one GPU actor per GPU; see the module docstring."""
+
+    def __init__(self, space, problem, gpus: int | None = None, ray_address: str | None = None,
+                 replay: str | None = None, replay_study: str | None = None, arch: str | None = None,
+                 timeout_s: float = 60.0, compile_slots: int | None = None, delay_s: float = 0.0,
+                 logical_gpus: int | None = None):
+        import ray
+
+        self.space, self.problem = space, problem
+        self.family = kernels.get(space.kernel)
+        self.replay = replay
+        self.timeout_s = timeout_s
+        resources = init_ray(ray_address, gpus, logical_gpus if replay else None)
+        available = int(resources.get("GPU", 0))
+        want = gpus or available
+        if want < 1:
+            raise InputError("no GPU visible to Ray (use --replay PATH to run without one)")
+        if want > available:
+            raise InputError(f"--gpus {want}: Ray sees only {available} GPU(s)")
+        from tuner.compile import default_arch
+
+        self.arch = arch or ("sm_90" if replay else default_arch())
+        cpus = int(resources.get("CPU", 1))
+        self.compile_slots = compile_slots or max(1, cpus - want)
+        self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
+        self._actor_cls = ray.remote(num_gpus=1, max_restarts=0, max_concurrency=1)(_GpuActor)
+        self._actor_args = (space.kernel, problem.env, replay, replay_study, delay_s)
+        self.slots = [self._start_actor() for _ in range(want)]
+        self.compiling: dict[Any, Job] = {}
+        self.ready: collections.deque[Job] = collections.deque()
+        self.finished: list[tuple[int, Result]] = []
+        self.replaced = 0
+        self.started = time.perf_counter()
+
+    # -- actors -----------------------------------------------------------------------------------------------
+    def _start_actor(self) -> _Slot:
+        import ray
+
+        actor = self._actor_cls.remote(*self._actor_args)
+        info = ray.get(actor.info.remote())
+        return _Slot(actor=actor, info=info)
+
+    def _replace(self, slot: _Slot, reason: str) -> None:
+        """Kill a faulted or hung actor, fail what it had queued, and put a fresh actor in its place."""
+        import ray
+
+        ray.kill(slot.actor, no_restart=True)
+        for i, (_, job) in enumerate(slot.queue):
+            if i == 0:
+                continue  # the head job's failure is reported by the caller
+            self.ready.appendleft(job)  # not started: give it to the next free actor
+        fresh = self._start_actor()
+        slot.actor, slot.info, slot.queue, slot.head_started = fresh.actor, fresh.info, collections.deque(), 0.0
+        self.replaced += 1
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        return [s.info for s in self.slots]
+
+    # -- work ---------------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """How many configs to keep in flight so no GPU and no compile slot waits on the driver."""
+        return self.compile_slots + len(self.slots) * (ACTOR_DEPTH + 1)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.compiling) + len(self.ready) + sum(len(s.queue) for s in self.slots)
+
+    def submit(self, number: int, params: dict[str, Any]) -> None:
+        config = self.space.resolve(params, self.problem)
+        job = Job(number=number, params=params, config=config)
+        if self.replay:
+            self.ready.append(job)
+            return
+        source = render(self.family, params, config, self.problem.env)
+        ref = self._compile.remote(source, self.arch)
+        self.compiling[ref] = job
+
+    def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
+        """Advance the pipeline; return the configs finished since the last call."""
+        import ray
+
+        self._dispatch()
+        refs = list(self.compiling) + [s.queue[0][0] for s in self.slots if s.queue]
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            for ref in done:
+                if ref in self.compiling:
+                    job = self.compiling.pop(ref)
+                    result = ray.get(ref)
+                    if result.ok:
+                        job.compiled = result
+                        self.ready.append(job)
+                    else:
+                        self.finished.append((job.number, result))
+                else:
+                    self._collect(ref)
+        self._check_hangs()
+        self._dispatch()
+        out, self.finished = self.finished, []
+        return out
+
+    def _collect(self, ref) -> None:
+        import ray
+
+        slot = next(s for s in self.slots if s.queue and s.queue[0][0] == ref)
+        _, job = slot.queue[0]
+        try:
+            result, _busy = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            cause = type(exc).__name__
+            self._replace(slot, cause)
+            self.finished.append((job.number, LaunchFailed(reason=f"GPU worker died ({cause}); replaced")))
+            return
+        slot.queue.popleft()
+        slot.head_started = time.perf_counter()
+        self.finished.append((job.number, result))
+        if getattr(result, "details", {}).get("sticky"):
+            # The CUDA context is poisoned: everything after this on that actor would fail too.
+            slot.queue.appendleft((None, job))
+            self._replace(slot, "sticky CUDA error")
+
+    def _check_hangs(self) -> None:
+        now = time.perf_counter()
+        for slot in self.slots:
+            if slot.queue and now - slot.head_started > self.timeout_s:
+                _, job = slot.queue[0]
+                self._replace(slot, "timed out")
+                self.finished.append((job.number, TimedOut(
+                    reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced")))
+
+    def _dispatch(self) -> None:
+        for slot in sorted(self.slots, key=lambda s: len(s.queue)):
+            while self.ready and len(slot.queue) < ACTOR_DEPTH:
+                job = self.ready.popleft()
+                ref = slot.actor.evaluate.remote(job.params, job.config, job.compiled)
+                if not slot.queue:
+                    slot.head_started = time.perf_counter()
+                slot.queue.append((ref, job))
+
+    def busy_seconds(self) -> float:
+        import ray
+
+        return sum(ray.get([s.actor.busy.remote() for s in self.slots]))
+
+    def close(self) -> None:
+        import ray
+
+        for slot in self.slots:
+            ray.kill(slot.actor, no_restart=True)
+        self.slots = []

@@ -1,0 +1,523 @@
+"""The study driver: ask → evaluate → tell, with Optuna, over a `cluster.Pool`.
+
+One process owns the study. Optuna samples from an in-memory copy of it (ask + tell ≈ 8 ms with TPE, against
+≈ 75 ms on SQLite, which would starve the GPUs); a writer process mirrors every trial into the durable storage
+(SQLite by default, any SQLAlchemy URL) in the same order, so trial numbers agree and the database is the record.
+A trial is written as RUNNING when its config goes out and completed when its result comes back; if the driver
+is killed, rerunning the same command fails the RUNNING leftovers ("interrupted"), re-enqueues their configs and
+carries on to N trials without benchmarking any recorded config twice.
+
+Per asked config, in order: a config that breaks a constraint is PRUNED (constraint value 1) before any work; a
+config already measured is answered from its earlier trial (``duplicate_of``) without GPU time; a config already
+in flight waits for that result; anything else goes to the pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import queue as queue_mod
+import re
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner import kernels
+from tuner import space as space_mod
+from tuner.errors import InputError
+from tuner.replay import params_key
+from tuner.result import Invalid, Result
+
+SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "grid")
+CONSTRAINT_KEY = "space"
+
+
+@dataclass
+class StudyOptions:
+    kernel: str
+    space: str
+    trials: int
+    storage: str | None = None
+    study_name: str | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    gpus: int | None = None
+    ray_address: str | None = None
+    timeout: float = 60.0
+    replay: str | None = None
+    replay_study: str | None = None
+    replay_delay_s: float = 0.0
+    problem: str | None = None
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# storage
+
+
+def default_storage(kernel: str) -> str:
+    return f"sqlite:///studies/{kernel}.db"
+
+
+def open_storage(url: str):
+    """An Optuna RDBStorage; SQLite gets WAL so the writer's commits stay cheap. Errors are InputErrors."""
+    import optuna
+    from sqlalchemy import event
+
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.parent and not path.parent.exists():
+            try:
+                path.parent.mkdir(parents=True)
+            except OSError as exc:
+                raise InputError(f"--storage {url}: cannot create {path.parent}: {exc.strerror}") from None
+    try:
+        storage = optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    except Exception as exc:  # SQLAlchemy raises ArgumentError/OperationalError/...; all mean "cannot open"
+        first = str(exc).strip().splitlines()[0][:200]
+        raise InputError(f"--storage {url}: cannot open: {first}") from None
+    if url.startswith("sqlite"):
+
+        @event.listens_for(storage.engine, "connect")
+        def _pragmas(dbapi_conn, _record):
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        storage.engine.dispose()
+    return storage
+
+
+def templates_hash(space: space_mod.SearchSpace) -> str:
+    from tuner.render import TEMPLATES_DIR
+
+    family = kernels.get(space.kernel)
+    return hashlib.sha256((Path(TEMPLATES_DIR) / family.template).read_bytes()).hexdigest()
+
+
+def default_study_name(space: space_mod.SearchSpace, problem, gpu: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{space.kernel}-{problem.label()}-{gpu}")
+
+
+def _distributions(space: space_mod.SearchSpace):
+    from optuna.distributions import CategoricalDistribution
+
+    return {name: CategoricalDistribution(list(values)) for name, values in space.params.items()}
+
+
+def make_sampler(name: str, seed: int | None, n_objectives: int):
+    import optuna
+
+    # Optuna 5 samplers read each trial's constraints (trial.set_constraint) themselves.
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name in ("random", "grid"):
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        try:
+            return optuna.samplers.GPSampler(seed=seed)
+        except ImportError as exc:
+            raise InputError(f"--sampler gp needs {exc.name} (pip install torch scipy)") from None
+    if name == "cmaes":
+        if n_objectives > 1:
+            raise InputError("--sampler cmaes handles one objective only; set one objective in the space")
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise InputError("--sampler cmaes needs the cmaes package (pip install cmaes)") from None
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    raise InputError(f"--sampler {name}: unknown (choose from {', '.join(SAMPLERS)})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the writer process
+
+
+def _writer_main(url: str, study_id: int, inbox: mp.Queue, done: mp.Queue) -> None:
+    """Mirror trials into durable storage in ask order. A start and a finish that arrive together become one
+    insert; a start alone is a RUNNING trial completed by a later finish."""
+    storage = open_storage(url)
+    trial_ids: dict[int, int] = {}
+    stop = False
+    while not stop:
+        batch = [inbox.get()]
+        while True:
+            try:
+                batch.append(inbox.get_nowait())
+            except queue_mod.Empty:
+                break
+        finals = {msg[1]: msg[2] for msg in batch if msg[0] == "finish"}
+        for msg in batch:
+            kind = msg[0]
+            if kind == "stop":
+                stop = True
+            elif kind == "start":
+                number, frozen = msg[1], msg[2]
+                template = finals.pop(number, frozen)
+                trial_ids[number] = storage.create_new_trial(study_id, template_trial=template)
+            elif kind == "finish" and msg[1] in finals:
+                number, frozen = msg[1], finals.pop(msg[1])
+                trial_id = trial_ids[number]
+                for key, value in frozen.user_attrs.items():
+                    storage.set_trial_user_attr(trial_id, key, value)
+                for key, value in frozen.system_attrs.items():
+                    storage.set_trial_system_attr(trial_id, key, value)
+                storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
+        done.put(len(batch))
+
+
+class _Mirror:
+    def __init__(self, url: str, study_id: int):
+        ctx = mp.get_context("spawn")
+        self.inbox, self.done = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_writer_main, args=(url, study_id, self.inbox, self.done), daemon=True)
+        self.proc.start()
+
+    def start(self, number: int, frozen) -> None:
+        self.inbox.put(("start", number, frozen))
+
+    def finish(self, number: int, frozen) -> None:
+        self.inbox.put(("finish", number, frozen))
+
+    def close(self, timeout: float = 300.0) -> None:
+        self.inbox.put(("stop",))
+        self.proc.join(timeout)
+        if self.proc.exitcode not in (0, None):
+            raise RuntimeError(f"study writer exited with code {self.proc.exitcode}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the driver
+
+
+def _values(result, objectives, family) -> list[float]:
+    figures = result.to_dict()
+    figures["throughput"] = result.tflops if family.throughput_unit == "TFLOP/s" else result.tbps
+    figures["time_ms"] = result.median_ms
+    return [float(figures[o.name]) for o in objectives]
+
+
+def _counts(trial) -> bool:
+    """Trials that count towards --trials: everything but the leftovers of a killed driver."""
+    return trial.state.is_finished() and trial.user_attrs.get("failure") != "interrupted"
+
+
+class Driver:
+    """Runs one study to N counted trials. Construct, then `run()`; `summary` holds the outcome."""
+
+    def __init__(self, opts: StudyOptions):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.t0 = time.perf_counter()
+        self.opts = opts
+        if opts.trials < 1:
+            raise InputError(f"--trials {opts.trials}: must be ≥ 1")
+        if opts.sampler not in SAMPLERS:
+            raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
+        if opts.kernel not in kernels.names():
+            raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
+        self.space = space_mod.load(opts.space)
+        if self.space.kernel != opts.kernel:
+            raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
+        self.problem = self.space.problem(opts.problem)
+        self.family = kernels.get(self.space.kernel)
+        self.objectives = self.space.objectives
+        self.replay_records = None
+        if opts.replay:
+            from tuner.replay import ReplayEvaluator
+
+            replay = ReplayEvaluator(opts.replay, opts.replay_study)
+            if replay.covers(self.space.enumerate(self.problem)) == 0:
+                raise InputError("replay file holds none of the space's configs", opts.replay)
+        self.url = opts.storage or default_storage(opts.kernel)
+        self.storage = open_storage(self.url)
+        self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def _open_study(self, gpu: str, arch: str):
+        import optuna
+
+        from tuner.compile import versions
+
+        name = self.opts.study_name or default_study_name(self.space, self.problem, gpu)
+        attrs = {
+            "kernel": self.space.kernel,
+            "space_path": str(self.space.path),
+            "space_hash": self.space.content_hash(),
+            "templates_hash": templates_hash(self.space),
+            "problem": {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
+            "gpu": gpu,
+            "arch": arch,
+            "versions": versions(),
+            "throughput_unit": self.family.throughput_unit,
+            "objectives": [[o.name, o.direction] for o in self.objectives],
+        }
+        directions = [o.direction for o in self.objectives]
+        try:
+            existing = optuna.load_study(study_name=name, storage=self.storage)
+        except KeyError:
+            existing = None
+        if existing is not None:
+            old = existing.user_attrs
+            for key, what in (("space_hash", "space file"), ("templates_hash", "kernel template")):
+                if old.get(key) != attrs[key]:
+                    raise InputError(f"study {name!r} was made with a different {what}; refusing to mix trials "
+                                     f"(use --study-name for a new study)", self.url)
+            if old.get("kernel") != attrs["kernel"] or old.get("problem") != attrs["problem"]:
+                raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
+            durable = existing
+        else:
+            durable = optuna.create_study(study_name=name, storage=self.storage, directions=directions)
+            for key, value in attrs.items():
+                durable.set_user_attr(key, value)
+            durable.set_metric_names([o.name for o in self.objectives])
+        return durable
+
+    def _recover(self, durable) -> list[dict[str, Any]]:
+        """Fail trials a killed driver left RUNNING; return their configs to run again."""
+        from optuna.trial import TrialState
+
+        again = []
+        for trial in durable.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            self.storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+            self.storage.set_trial_user_attr(trial._trial_id, "reason", "the driver stopped before this finished")
+            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            again.append(dict(trial.params))
+        return again
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        import optuna
+        from optuna.trial import TrialState
+
+        from tuner.cluster import Pool
+
+        pool = Pool(self.space, self.problem, gpus=self.opts.gpus, ray_address=self.opts.ray_address,
+                    replay=self.opts.replay, replay_study=self.opts.replay_study, timeout_s=self.opts.timeout,
+                    delay_s=self.opts.replay_delay_s,
+                    logical_gpus=(self.opts.gpus or 1) if self.opts.replay else None)
+        gpu = pool.gpus[0]["gpu"]
+        durable = self._open_study(gpu, pool.arch)
+        again = self._recover(durable)
+        past = durable.get_trials(deepcopy=False)
+
+        fast = optuna.create_study(directions=[o.direction for o in self.objectives], sampler=self.sampler)
+        fast.add_trials(past)
+        measured: dict[str, int] = {}
+        for t in past:
+            if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+                measured.setdefault(params_key(t.params), t.number)
+        counted = sum(1 for t in past if _counts(t))
+        target = self.opts.trials
+        for params in again:
+            fast.enqueue_trial(params)
+        if self.opts.sampler == "grid":
+            done_keys = {params_key(t.params) for t in past if _counts(t)}
+            for params in self.space.enumerate(self.problem):
+                if params_key(params) not in done_keys:
+                    fast.enqueue_trial(params)
+            grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            target = min(target, counted + grid_left)
+
+        mirror = _Mirror(self.url, durable._study_id)
+        dists = _distributions(self.space)
+        trials: dict[int, Any] = {}
+        running: dict[str, int] = {}  # params key → trial number in flight
+        waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
+        stats = _Stats(self.family.throughput_unit, past)
+        progress = _Progress(self.opts.progress, target, counted, stats)
+        first_result_at = None
+        asked = counted
+        try:
+            with progress:
+                while counted < target:
+                    while asked < target and pool.in_flight < pool.capacity:
+                        trial = fast.ask(dists)
+                        asked += 1
+                        params = trial.params
+                        key = params_key(params)
+                        mirror.start(trial.number, _frozen(fast, trial))
+                        reason = self.space.validate(params, self.problem)
+                        if reason is not None:
+                            counted += self._tell(fast, mirror, trial, Invalid(reason=reason), stats)
+                        elif key in measured:
+                            counted += self._tell_duplicate(fast, mirror, trial, measured[key], stats)
+                        elif key in running:
+                            waiting[key].append(trial)
+                        else:
+                            running[key] = trial.number
+                            trials[trial.number] = trial
+                            pool.submit(trial.number, params)
+                    for number, result in pool.poll():
+                        first_result_at = first_result_at or time.perf_counter()
+                        trial = trials.pop(number)
+                        key = params_key(trial.params)
+                        running.pop(key, None)
+                        counted += self._tell(fast, mirror, trial, result, stats)
+                        if result.ok:
+                            measured[key] = trial.number
+                        for dup in waiting.pop(key, []):
+                            if result.ok:
+                                counted += self._tell_duplicate(fast, mirror, dup, trial.number, stats)
+                            else:
+                                counted += self._tell(fast, mirror, dup, result, stats)
+                    progress.update(counted)
+            wall = time.perf_counter() - self.t0
+            busy = pool.busy_seconds() if not self.opts.replay else None
+            started = pool.started
+            gpus = pool.gpus
+        finally:
+            pool.close()
+            mirror.close()
+        after_start = time.perf_counter() - started
+        summary = {
+            "study": durable.study_name,
+            "storage": self.url,
+            "trials": counted,
+            "measured_this_run": stats.measured,
+            "duplicates_this_run": stats.duplicates,
+            "failures_this_run": dict(stats.failures),
+            "wall_s": round(wall, 3),
+            "cold_start_s": round(first_result_at - self.t0, 3) if first_result_at else None,
+            "gpus": gpus,
+            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3) if busy is not None else None,
+            "best": stats.best,
+        }
+        progress.final(summary)
+        return summary
+
+    # -- telling ------------------------------------------------------------------------------------------------
+    def _tell(self, fast, mirror, trial, result: Result, stats: _Stats) -> int:
+        from optuna.trial import TrialState
+
+        if result.ok:
+            trial.set_constraint(CONSTRAINT_KEY, 0.0)
+            for key, value in result.to_dict().items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("derived", {k: v for k, v in self.space.resolve(trial.params, self.problem).items()
+                                            if k not in trial.params})
+            trial.set_user_attr("constraint", 0.0)
+            values = _values(result, self.objectives, self.family)
+            fast.tell(trial, values)
+            stats.add(trial.number, trial.params, result, values)
+        else:
+            invalid = result.kind == "invalid"
+            trial.set_constraint(CONSTRAINT_KEY, 1.0 if invalid else 0.0)
+            trial.set_user_attr("constraint", 1.0 if invalid else 0.0)
+            trial.set_user_attr("failure", result.kind)
+            trial.set_user_attr("reason", result.reason)
+            fast.tell(trial, state=TrialState.PRUNED if invalid else TrialState.FAIL)
+            stats.fail(result.kind)
+        mirror.finish(trial.number, fast._storage.get_trial(trial._trial_id))
+        return 1
+
+    def _tell_duplicate(self, fast, mirror, trial, original: int, stats: _Stats) -> int:
+        first = fast._storage.get_trial(fast._storage.get_trial_id_from_study_id_trial_number(
+            fast._study_id, original))
+        trial.set_constraint(CONSTRAINT_KEY, 0.0)
+        for key, value in first.user_attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", original)
+        fast.tell(trial, list(first.values))
+        stats.duplicates += 1
+        mirror.finish(trial.number, fast._storage.get_trial(trial._trial_id))
+        return 1
+
+
+def _frozen(study, trial):
+    return study._storage.get_trial(trial._trial_id)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# progress and summary
+
+
+class _Stats:
+    def __init__(self, unit: str, past):
+        self.unit = unit
+        self.measured = 0
+        self.duplicates = 0
+        self.failures: Counter[str] = Counter()
+        self.best: dict[str, Any] | None = None
+        for t in past:
+            if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs:
+                self._consider(t.number, t.params, t.user_attrs)
+
+    def _consider(self, number, params, figures) -> None:
+        key = "tflops" if self.unit == "TFLOP/s" else "tbps"
+        if self.best is None or figures[key] > self.best[key]:
+            self.best = {"trial": number, "params": dict(params), "uri": figures.get("uri"),
+                         "tbps": figures["tbps"], "tflops": figures["tflops"],
+                         "fraction_of_ceiling": figures["fraction_of_ceiling"], "registers": figures["registers"],
+                         "smem_bytes": figures["smem_bytes"]}
+
+    def add(self, number, params, result, values) -> None:
+        self.measured += 1
+        self._consider(number, params, result.to_dict())
+
+    def fail(self, kind: str) -> None:
+        self.failures[kind] += 1
+
+
+class _Progress:
+    """A rich progress bar: trials done/N, best so far, trials/s, failures by kind."""
+
+    def __init__(self, enabled: bool, total: int, done: int, stats: _Stats):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.stats, self.started, self.done0 = stats, time.perf_counter(), done
+        self.enabled = enabled
+        self.bar = Progress(TextColumn("[bold]study"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[info]}"), console=self.console, disable=not enabled)
+        self.task = self.bar.add_task("study", total=total, completed=done, info="")
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+
+    def update(self, done: int) -> None:
+        s = self.stats
+        rate = (done - self.done0) / max(time.perf_counter() - self.started, 1e-9)
+        best = ""
+        if s.best:
+            figure = f"{s.best['tflops']:.1f} TFLOP/s" if s.unit == "TFLOP/s" else f"{s.best['tbps']:.2f} TB/s"
+            best = f"best {figure} ({s.best['fraction_of_ceiling']:.2f}× ceiling)"
+        fails = " ".join(f"{k}:{v}" for k, v in sorted(s.failures.items()))
+        self.bar.update(self.task, completed=done, info=f"{best}  {rate:.1f} trials/s  {fails}")
+
+    def final(self, summary: dict[str, Any]) -> None:
+        from rich.table import Table
+
+        if not self.enabled:
+            return
+        table = Table(title=f"study {summary['study']}", show_header=False)
+        table.add_row("stored in", summary["storage"])
+        table.add_row("trials", f"{summary['trials']} ({summary['measured_this_run']} measured this run, "
+                                f"{summary['duplicates_this_run']} answered from earlier trials)")
+        if summary["failures_this_run"]:
+            table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
+        table.add_row("wall time", f"{summary['wall_s']:.1f} s (first result after {summary['cold_start_s']} s)")
+        if summary["gpu_busy_fraction"] is not None:
+            table.add_row("GPU busy", f"{summary['gpu_busy_fraction']:.0%}")
+        best = summary["best"]
+        if best:
+            table.add_row("best", best["uri"] or str(best["params"]))
+            table.add_row("", f"{best['tbps']:.3f} TB/s, {best['tflops']:.2f} TFLOP/s, "
+                              f"{best['fraction_of_ceiling']:.3f}× ceiling, {best['registers']} registers, "
+                              f"{best['smem_bytes']} B SMEM")
+        self.console.print(table)
+
+
+def run_study(opts: StudyOptions) -> dict[str, Any]:
+    return Driver(opts).run()
