@@ -145,6 +145,57 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# bench / ceiling (one GPU, in a worker process so a faulting kernel cannot take the CLI down)
+
+
+def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
+    """Start the GPU worker; no usable GPU or driver is a one-line error, not a traceback."""
+    from tuner.worker import WorkerError
+
+    try:
+        return evaluator.start()
+    except WorkerError as exc:
+        raise InputError(f"GPU {gpu} is not usable: {str(exc).splitlines()[0].split(': ', 1)[-1]}") from None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.evaluate import evaluate_config
+    from tuner.worker import IsolatedEvaluator
+
+    s, problem = _load_space_and_problem(args)
+    params = s.config_from_assignments(args.set or [], problem)
+    with IsolatedEvaluator(gpu=args.gpu, timeout_s=args.timeout) as evaluator:
+        info = _start_gpu(evaluator, args.gpu)
+        result = evaluate_config(s, params, problem, evaluator=evaluator, budget_ms=args.budget_ms)
+    record = {"space": str(s.path), "problem": problem.name, "params": params, "gpu": info.get("gpu"),
+              **result.to_dict()}
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+        return 0 if result.ok else 1
+    table = Table(title=f"{s.name} on {info.get('gpu')}", show_header=False)
+    for key, value in record.items():
+        if key not in ("clocks", "versions", "log"):
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    return 0 if result.ok else 1
+
+
+def cmd_ceiling(args: argparse.Namespace) -> int:
+    from tuner.worker import IsolatedEvaluator
+
+    with IsolatedEvaluator(gpu=args.gpu, timeout_s=120.0) as evaluator:
+        info = _start_gpu(evaluator, args.gpu)
+    record = {"gpu": info["gpu"], "ceiling_tbps": info["ceiling_tbps"], "method": "cudaMemcpyAsync D2D, 2 GiB, "
+              "read + write counted, median of event-timed repetitions with L2 flushed"}
+    print(json.dumps(record, indent=2) if args.json else f"{record['gpu']}: {record['ceiling_tbps']:.3f} TB/s "
+          f"({record['method']})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # study
 
 
@@ -155,6 +206,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         kernel=args.kernel, space=args.space or args.kernel, trials=args.trials, storage=args.storage,
         study_name=args.study_name, sampler=args.sampler, seed=args.seed, gpus=args.gpus,
         ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
+        replay_delay_s=args.replay_delay,
         progress=not args.json,
     ))
     if args.json:
@@ -190,6 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
 
+    p = sub.add_parser("bench", help="verify and time one config on a GPU")
+    p.add_argument("space")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE")
+    p.add_argument("--problem")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before the kernel is a hang")
+    p.add_argument("--budget-ms", type=_positive_float, default=100.0, help="timed work per config")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("ceiling", help="measure the device-to-device copy bandwidth")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ceiling)
+
     from tuner.study import SAMPLERS
 
     p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
@@ -204,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
     p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
+    p.add_argument("--replay-delay", type=float, default=0.0, metavar="S",
+                   help="seconds each replayed answer takes, standing in for GPU time")
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)

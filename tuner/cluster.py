@@ -83,7 +83,9 @@ class _GpuActor:
             from tuner.bench import GpuEvaluator
 
             self.replay = None
-            self.evaluator = GpuEvaluator()
+            # Ray shows the actor only its own GPU (device 0 inside); keep the cluster-wide index for records.
+            self.evaluator = GpuEvaluator(0, gpu_index=self.gpu_index)
+            self.evaluator.start()
 
     def info(self) -> dict[str, Any]:
         if self.replay is not None:

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import queue as queue_mod
 import re
 import time
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,7 @@ class Driver:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         self.t0 = time.perf_counter()
         self.opts = opts
         if opts.trials < 1:

@@ -1,16 +1,16 @@
 """gemm: FP32 C = gelu(A·B + bias) + R with a fusable epilogue (templates/gemm.cu.j2).
 
-A is M×K, B is K×N, R and C are M×N, bias has N entries; all float32, row-major. The config's `fusion` (0..3) says
-how many epilogue stages (bias → GELU → residual) the GEMM kernel applies itself; each remaining stage is its own
-elementwise kernel (`{entry}_bias`, `{entry}_gelu`, `{entry}_residual`) that reads and writes C in place, so every
-config computes the same C and `launches` returns 4 - fusion launches.
+A is M×K, B is K×N, R and C are M×N, bias has N entries; all float32, row-major. The config's `fusion`
+(0..3) says how many epilogue stages (bias → GELU → residual) the GEMM kernel applies itself; each remaining
+stage is its own elementwise kernel (`{entry}_bias`, `{entry}_gelu`, `{entry}_residual`) that reads and
+writes C in place, so every config computes the same C and `launches` returns 4 - fusion launches.
 
 Kernel signatures (scalars are 32-bit `int`, looked up by name in the problem):
     {entry}(A, B, [bias if fusion >= 1], [R if fusion >= 3], C, M, N, K)
     {entry}_bias(C, bias, M, N)    {entry}_gelu(C, M, N)    {entry}_residual(C, R, M, N)
 
-Accounting: `flops` is the GEMM's 2·M·N·K only (the epilogue's O(M·N) work is left out), so TFLOP/s compare directly
-with cuBLAS SGEMM figures; `bytes_moved` is A, B, bias and R read once and C written once.
+Accounting: `flops` is the GEMM's 2·M·N·K only (the epilogue's O(M·N) work is left out), so TFLOP/s compare
+directly with cuBLAS SGEMM figures; `bytes_moved` is A, B, bias and R read once and C written once.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Gemm(Family):
         "stages": "st",
     }
 
-    # -- launching ----------------------------------------------------------------------------------------------
+    # -- launching ---------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         M, N = problem["M"], problem["N"]
         fusion = int(config["fusion"])
@@ -68,14 +68,24 @@ class Gemm(Family):
             )
         ]
         ew_vec = 4 if N % 4 == 0 else 1  # the template's EW_VEC
-        ew_grid = (math.ceil(M * N / ew_vec / ELEMENTWISE_THREADS), 1, 1)
-        stage_args = {"bias": ("C", "bias", "M", "N"), "gelu": ("C", "M", "N"), "residual": ("C", "R", "M", "N")}
+        ew_grid = (-(-(M * N // ew_vec) // ELEMENTWISE_THREADS), 1, 1)  # ceil division
+        stage_args = {
+            "bias": ("C", "bias", "M", "N"),
+            "gelu": ("C", "M", "N"),
+            "residual": ("C", "R", "M", "N"),
+        }
         for stage in EPILOGUE_STAGES[fusion:]:
-            out.append(Launch(entry=f"{entry}_{stage}", grid=ew_grid, block=(ELEMENTWISE_THREADS, 1, 1),
-                              args=stage_args[stage]))
+            out.append(
+                Launch(
+                    entry=f"{entry}_{stage}",
+                    grid=ew_grid,
+                    block=(ELEMENTWISE_THREADS, 1, 1),
+                    args=stage_args[stage],
+                )
+            )
         return out
 
-    # -- data ---------------------------------------------------------------------------------------------------
+    # -- data --------------------------------------------------------------------------------------------
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         """A ~ N(0, 1), B ~ N(0, 1/K) so that A·B ~ N(0, 1) (GELU sees both signs), bias and R ~ N(0, 1)."""
         M, N, K = problem["M"], problem["N"], problem["K"]
@@ -98,12 +108,12 @@ class Gemm(Family):
         return {"C": gelu(xp, x) + inputs["R"].astype(f64)}
 
     def tolerance(self, problem: Problem) -> float:
-        """FP32 accumulation over K terms of an O(1) result errs by about 2^-24 · sqrt(K/2) (a few 1e-6 at K =
-        4096, some 1e-5 at the worst of 16M outputs); allow 1e-4, growing as sqrt(K) beyond K = 1024. TF32 or a
-        dropped K tile errs by 1e-3 or more and fails."""
+        """FP32 accumulation over K terms of an O(1) result errs by about 2^-24 · sqrt(K/2) (a few 1e-6 at
+        K = 4096, some 1e-5 at the worst of 16M outputs); allow 1e-4, growing as sqrt(K) beyond K = 1024.
+        TF32 or a dropped K tile errs by 1e-3 or more and fails."""
         return 1e-4 * max(1.0, math.sqrt(problem["K"] / 1024))
 
-    # -- accounting ---------------------------------------------------------------------------------------------
+    # -- accounting --------------------------------------------------------------------------------------
     def bytes_moved(self, problem: Problem) -> int:
         M, N, K = problem["M"], problem["N"], problem["K"]
         return 4 * (M * K + K * N + N + M * N + M * N)  # A, B, bias, R read; C written

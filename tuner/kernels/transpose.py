@@ -1,8 +1,8 @@
-"""FP32 out-of-place transpose through a shared-memory tile: dst (cols × rows) = src (rows × cols)ᵀ, row-major.
+"""FP32 out-of-place transpose through a shared-memory tile: dst (cols × rows) = src (rows × cols)ᵀ.
 
-Knobs (templates/transpose.cu.j2): `tile` (square tile side), `rows_per_thread` (tile rows each thread moves, so
-that many independent global loads are in flight per thread), `pad` (SMEM row padding, floats) and `vec` (global
-access width, floats). The block is (tile/vec, tile/rows_per_thread) threads; one block per tile.
+Knobs (templates/transpose.cu.j2): `tile` (square tile side), `rows_per_thread` (tile rows each thread moves,
+so that many independent global loads are in flight per thread), `pad` (SMEM row padding, floats) and `vec`
+(global access width, floats). The block is (tile/vec, tile/rows_per_thread) threads; one block per tile.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ class Transpose(Family):
         tile, rpt, vec = config["tile"], config["rows_per_thread"], config["vec"]
         rows, cols = problem["rows"], problem["cols"]
         if rows % tile or cols % tile or tile % vec or tile % rpt:
-            raise ValueError(f"transpose: tile {tile} (vec {vec}, rows_per_thread {rpt}) does not divide "
-                             f"{rows}x{cols}")
+            raise ValueError(
+                f"transpose: tile {tile} (vec {vec}, rows_per_thread {rpt}) does not divide {rows}x{cols}"
+            )
         return [
             Launch(
                 entry=entry,

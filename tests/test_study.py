@@ -1,0 +1,226 @@
+"""The study driver on CPUs: real Ray (logical GPUs), real Optuna, real SQLite, answers replayed from a study
+recorded on an H200 (tests/data/transpose_h200.db, see tests/data/README.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.replay import ReplayEvaluator, params_key
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
+
+
+def tuner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def load(url: str) -> optuna.Study:
+    summaries = optuna.get_all_study_summaries(url)
+    assert len(summaries) == 1
+    return optuna.load_study(study_name=summaries[0].study_name, storage=url)
+
+
+def test_recording_is_a_real_h200_grid_over_the_transpose_space():
+    replay = ReplayEvaluator(RECORDING)
+    from tuner import space as space_mod
+
+    space = space_mod.load(SPACE)
+    assert replay.covers(space.enumerate()) == space.count_valid()
+    gpus = {attrs.get("gpu") for state, attrs in replay.records.values() if state == "COMPLETE"}
+    assert gpus == {"NVIDIA H200"}
+
+
+def test_replay_study_over_two_logical_gpus(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    proc = tuner("study", "transpose", "--space", str(SPACE), "--trials", "200", "--replay", str(RECORDING),
+                 "--gpus", "2", "--storage", url, "--seed", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    study = load(url)
+    assert summary["trials"] == 200 == len(study.trials)
+    states = Counter(t.state.name for t in study.trials)
+    assert states["RUNNING"] == 0 and states["COMPLETE"] > 0
+    assert {g["gpu_index"] for g in summary["gpus"]} == {0, 1}
+    assert study.metric_names == ["throughput", "registers", "smem_bytes"]
+
+    # Constraint violations are PRUNED with an Optuna constraint, before any work.
+    for t in study.trials:
+        if t.state.name == "PRUNED":
+            assert t.constraints == {"space": 1.0} and t.user_attrs["failure"] == "invalid"
+    # Duplicates are answered from the first trial of that config and never measured again.
+    measured = [params_key(t.params) for t in study.trials
+                if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    assert len(measured) == len(set(measured))
+    by_number = {t.number: t for t in study.trials}
+    dups = [t for t in study.trials if "duplicate_of" in t.user_attrs]
+    assert dups, "TPE re-proposes measured configs on a space of this size"
+    for t in dups:
+        first = by_number[t.user_attrs["duplicate_of"]]
+        assert t.params == first.params and t.values == first.values
+    # Every measured figure is the recorded one.
+    replay = ReplayEvaluator(RECORDING)
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            state, attrs = replay.records[params_key(t.params)]
+            assert t.user_attrs["tbps"] == attrs["tbps"] and t.user_attrs["median_ms"] == attrs["median_ms"]
+    assert summary["best"]["tbps"] == max(t.user_attrs["tbps"] for t in study.trials if t.state.name == "COMPLETE")
+
+
+def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
+    url = f"sqlite:///{tmp_path}/g.db"
+    proc = tuner("study", "transpose", "--trials", "100000", "--sampler", "grid", "--replay", str(RECORDING),
+                 "--storage", url, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = load(url)
+    from tuner import space as space_mod
+
+    valid = {params_key(c) for c in space_mod.load(SPACE).enumerate()}
+    assert [params_key(t.params) for t in study.trials if True].__len__() == len(valid)
+    assert {params_key(t.params) for t in study.trials} == valid
+
+
+def test_kill_9_and_resume(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    args = [sys.executable, "-m", "tuner", "study", "transpose", "--trials", "60", "--replay", str(RECORDING),
+            "--storage", url, "--seed", "3", "--json", "--replay-delay", "0.3"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    db = tmp_path / "k.db"
+    deadline = time.time() + 300
+    seen = 0
+    while time.time() < deadline and seen < 8:
+        time.sleep(1.0)
+        if db.exists():
+            try:
+                study = load(url)
+                seen = sum(1 for t in study.trials if t.state.name == "COMPLETE")
+            except Exception:
+                seen = 0
+    assert seen >= 8, "the study did not get going"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, as a crash would
+    proc.wait()
+    before = load(url)
+    kept = {t.number: t for t in before.trials if t.state.name == "COMPLETE"}
+    assert kept
+
+    again = subprocess.run(args[:-2], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = load(url)
+    for number, t in kept.items():
+        assert after.trials[number].state.name == "COMPLETE" and after.trials[number].values == t.values
+    interrupted = [t for t in after.trials if t.user_attrs.get("failure") == "interrupted"]
+    assert all(t.state.name == "FAIL" for t in interrupted)
+    counted = [t for t in after.trials if t.user_attrs.get("failure") != "interrupted"]
+    assert len(counted) == 60 and not [t for t in after.trials if t.state.name == "RUNNING"]
+    measured = [params_key(t.params) for t in after.trials
+                if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    assert len(measured) == len(set(measured)), "a config was benchmarked twice"
+    interrupted_keys = {params_key(t.params) for t in interrupted}
+    finished_keys = {params_key(t.params) for t in counted}
+    assert interrupted_keys <= finished_keys, "interrupted configs are re-enqueued and finished"
+
+
+def test_changed_space_is_refused_under_the_same_study_name(tmp_path):
+    url = f"sqlite:///{tmp_path}/c.db"
+    assert tuner("study", "transpose", "--trials", "5", "--replay", str(RECORDING), "--storage", url,
+                 "--json").returncode == 0
+    changed = tmp_path / "transpose.yaml"
+    changed.write_text(SPACE.read_text() + "\n# a comment changes the content hash\n")
+    proc = tuner("study", "transpose", "--space", str(changed), "--trials", "10", "--replay", str(RECORDING),
+                 "--storage", url, "--study-name", load(url).study_name)
+    assert proc.returncode == 2 and "different space file" in proc.stderr
+    assert len(load(url).trials) == 5
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("study", "fft", "--trials", "5"), "unknown kernel 'fft'"),
+        (("study", "gemm", "--space", "search_spaces/transpose.yaml", "--trials", "5"), "not 'gemm'"),
+        (("study", "transpose", "--trials", "0"), "--trials"),
+        (("study", "transpose", "--space", "nope.yaml", "--trials", "5"), "no such space file"),
+        (("study", "transpose", "--trials", "5", "--storage", "notadb://x"), "cannot open"),
+        (("study", "transpose", "--trials", "5", "--replay", "tests/data/absent.db"), "replay file not found"),
+        (("study", "transpose", "--trials", "5", "--replay", "pyproject.toml"), "cannot read as a study database"),
+    ],
+)
+def test_bad_study_input_is_one_line_exit_2(args, fragment):
+    proc = tuner(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_gpus_beyond_what_ray_sees_and_unreachable_cluster(tmp_path):
+    url = f"sqlite:///{tmp_path}/x.db"
+    proc = tuner("study", "transpose", "--trials", "5", "--storage", url)  # no GPU here, no replay
+    assert proc.returncode == 2 and "no GPU visible to Ray" in proc.stderr, proc.stderr
+    proc = tuner("study", "transpose", "--trials", "5", "--storage", url, "--ray-address", "127.0.0.1:1")
+    assert proc.returncode == 2 and "--ray-address 127.0.0.1:1" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
+    """Kill the worker process under a running trial: the trial fails with the reason, a fresh worker takes the
+    next config."""
+    import ray
+
+    from tuner import space as space_mod
+    from tuner.cluster import Pool
+
+    space = space_mod.load(SPACE)
+    configs = list(space.enumerate())[:3]
+    pool = Pool(space, space.problem(), gpus=1, replay=str(RECORDING), delay_s=3.0, logical_gpus=1)
+    try:
+        victim = pool.gpus[0]["pid"]
+        pool.submit(0, configs[0])
+        pool.poll(0.5)
+        os.kill(victim, signal.SIGKILL)
+        results = []
+        deadline = time.time() + 60
+        while not results and time.time() < deadline:
+            results = pool.poll(0.5)
+        assert results[0][0] == 0 and results[0][1].kind == "launch_failed" and "died" in results[0][1].reason
+        assert pool.gpus[0]["pid"] != victim and pool.replaced == 1
+        pool.submit(1, configs[1])
+        results = []
+        while not results and time.time() < deadline + 30:
+            results = pool.poll(0.5)
+        assert results[0][0] == 1 and results[0][1].ok
+    finally:
+        pool.close()
+        ray.shutdown()
+
+
+def test_hung_worker_times_out_and_is_replaced(tmp_path):
+    import ray
+
+    from tuner import space as space_mod
+    from tuner.cluster import Pool
+
+    space = space_mod.load(SPACE)
+    pool = Pool(space, space.problem(), gpus=1, replay=str(RECORDING), delay_s=30.0, timeout_s=2.0,
+                logical_gpus=1)
+    try:
+        pool.submit(0, next(space.enumerate()))
+        started = time.time()
+        results = []
+        while not results and time.time() - started < 60:
+            results = pool.poll(0.2)
+        assert results[0][1].kind == "timed_out" and time.time() - started < 20
+        assert pool.replaced == 1
+    finally:
+        pool.close()
+        ray.shutdown()

@@ -1,0 +1,714 @@
+"""The in-process GPU evaluator: `Compiled` + family + config + problem → `Measurement` or a typed failure.
+
+It runs inside a process that owns one GPU (a Ray actor, or the child of `tuner.worker.IsolatedEvaluator`)
+and implements the timing protocol of DESIGN.md once, for every caller:
+
+* correctness first: fresh random inputs (a fresh seed per check), outputs poisoned with NaN (all bytes 0xFF,
+  a NaN in every IEEE float format), every launch of the config run, the outputs compared on the GPU with the
+  family's reference: ``|out - ref| / max(|ref|, 1) <= tolerance`` element-wise, and any NaN fails;
+* timing: one warm-up, a first estimate from 3 repetitions, then enough repetitions for ``budget_ms`` of
+  timed work (at least ``min_reps``); before each repetition a write of a buffer twice the L2 size flushes L2,
+  outside the timed region; one CUDA event pair per repetition around all the config's launches, on one
+  stream; the median and p20/p80 are reported;
+* the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per evaluator.
+
+`time_launches` is the only place in the package that records CUDA events.
+
+Failures are decided by CUDA status codes (``CUDADriverError.status`` for driver calls: module load, launch;
+``CUDARuntimeError.status`` for runtime calls: synchronize, memcpy), never by message text. A refused launch
+is a `LaunchFailed` with ``details["sticky"] = False``; a fault that poisons the CUDA context (illegal
+address, misaligned address, launch failure, ...) is a `LaunchFailed` with ``details["sticky"] = True`` and
+marks the evaluator `poisoned`: its process must be replaced. Any other exception is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from cupy_backends.cuda.api import driver as _driver
+from cupy_backends.cuda.api import runtime as _runtime
+
+from tuner import kernels
+from tuner.kernels.base import Family, Launch
+from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
+
+__all__ = [
+    "CUDA_ERRORS",
+    "LAUNCH_STATUSES",
+    "STICKY_STATUSES",
+    "EvaluatorPoisoned",
+    "GpuEvaluator",
+    "OutputCheck",
+    "Timing",
+    "check_output",
+    "classify_status",
+    "cuda_failure",
+    "measure_ceiling",
+    "repetitions",
+    "summarize",
+    "time_launches",
+]
+
+GiB = 1 << 30
+#: The exceptions CuPy raises for a failed CUDA call; both carry the CUDA status code as `.status`.
+CUDA_ERRORS = (_driver.CUDADriverError, _runtime.CUDARuntimeError)
+
+#: Status codes after which the CUDA context is unusable: every later call fails too, the process must go.
+#: Driver (CUresult) and runtime (cudaError_t) use the same numbers for all of these (cuda.h, driver_types.h).
+STICKY_STATUSES: dict[int, str] = {
+    214: "ECC uncorrectable",
+    226: "contained (hardware error)",
+    700: "illegal address",
+    702: "launch timeout",
+    709: "context is destroyed",
+    710: "device-side assert",
+    714: "hardware stack error",
+    715: "illegal instruction",
+    716: "misaligned address",
+    717: "invalid address space",
+    718: "invalid program counter",
+    719: "launch failed",
+    721: "tensor memory leak",
+    911: "external device",
+    999: "unknown error",
+}
+#: Status codes of a refused launch (or a module that would not load): nothing ran, the context is fine.
+LAUNCH_STATUSES: dict[int, str] = {
+    1: "invalid value",
+    2: "out of memory",
+    98: "invalid device function",
+    200: "invalid image",
+    209: "no binary for this GPU",
+    218: "invalid PTX",
+    222: "unsupported PTX version",
+    500: "entry point not found",
+    701: "too many resources requested for launch",
+    720: "cooperative launch too large",
+}
+_NOT_READY = 600  # cudaErrorNotReady: what cudaStreamQuery answers while work is pending
+
+# cuFuncGetAttribute / cuFuncSetAttribute attribute numbers (CUfunction_attribute), as CuPy exports them.
+_ATTR_MAX_THREADS = _driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+_ATTR_SHARED = _driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+_ATTR_LOCAL = _driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+_ATTR_REGS = _driver.CU_FUNC_ATTRIBUTE_NUM_REGS
+_ATTR_MAX_DYNAMIC_SMEM = _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+#: Static + dynamic shared memory a block may use without opting in through the function attribute.
+DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+class EvaluatorPoisoned(RuntimeError):
+    """evaluate() was called on an evaluator whose CUDA context a sticky error has destroyed."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# status codes → failures
+
+
+def classify_status(status: int | None) -> str | None:
+    """``"sticky"`` (context lost), ``"launch"`` (launch refused, context fine) or None (not ours: a bug)."""
+    if status in STICKY_STATUSES:
+        return "sticky"
+    if status in LAUNCH_STATUSES:
+        return "launch"
+    return None
+
+
+def status_name(status: int) -> str:
+    return STICKY_STATUSES.get(status) or LAUNCH_STATUSES.get(status) or "unclassified"
+
+
+def cuda_failure(exc: BaseException, phase: str) -> LaunchFailed | None:
+    """The LaunchFailed for a CUDA error raised while `phase` ran, or None when its status is not one we
+    expect from a bad kernel (then the caller re-raises: it is a bug)."""
+    status = getattr(exc, "status", None)
+    kind = classify_status(status)
+    if kind is None:
+        return None
+    sticky = kind == "sticky"
+    reason = f"{phase}: CUDA error {status} ({status_name(status)})"
+    if sticky:
+        reason += "; the CUDA context is lost and the worker must be replaced"
+    return LaunchFailed(reason=reason, details={"status": int(status), "sticky": sticky, "phase": phase,
+                                                "message": str(exc)})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# timing
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call milliseconds over `repetitions` timed repetitions."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    repetitions: int
+
+
+def summarize(times_ms: list[float]) -> Timing:
+    p20, median, p80 = np.percentile(np.asarray(times_ms, dtype=np.float64), [20, 50, 80])
+    return Timing(median_ms=float(median), p20_ms=float(p20), p80_ms=float(p80), repetitions=len(times_ms))
+
+
+def repetitions(estimate_ms: float, budget_ms: float, min_reps: int = 10, max_reps: int = 10_000) -> int:
+    """How many repetitions fill `budget_ms` of timed work, given one takes about `estimate_ms`; clamped to
+    [min_reps, max_reps]."""
+    if not math.isfinite(estimate_ms) or estimate_ms < 0:
+        return min_reps
+    if estimate_ms == 0:  # below the events' resolution
+        return max(min_reps, max_reps)
+    return int(min(max_reps, max(min_reps, round(budget_ms / estimate_ms))))
+
+
+def time_launches(
+    run: Callable[[], None],
+    *,
+    stream,
+    reps: int,
+    flush: Callable[[], None] | None = None,
+    sync: Callable[[], None] | None = None,
+) -> list[float]:
+    """Time `reps` calls of `run` (which enqueues its work on `stream`): for each, `flush` (outside the
+    timed region), then a CUDA event pair around `run`. Everything is enqueued first and synchronized once at
+    the end (`sync`, default ``stream.synchronize()``), so the host never waits between repetitions. Returns
+    the per-repetition milliseconds. The only place in the package that records CUDA events."""
+    import cupy
+
+    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
+    for start, end in events:
+        if flush is not None:
+            flush()
+        start.record(stream)
+        run()
+        end.record(stream)
+    (sync or stream.synchronize)()
+    return [cupy.cuda.get_elapsed_time(start, end) for start, end in events]
+
+
+def benchmark(
+    run: Callable[[], None],
+    *,
+    stream,
+    budget_ms: float,
+    min_reps: int = 10,
+    max_reps: int = 10_000,
+    flush: Callable[[], None] | None = None,
+    sync: Callable[[], None] | None = None,
+) -> Timing:
+    """The protocol around `time_launches`: one warm-up, an estimate from 3 repetitions, then the budget."""
+    run()
+    (sync or stream.synchronize)()
+    estimate = summarize(time_launches(run, stream=stream, reps=3, flush=flush, sync=sync)).median_ms
+    reps = repetitions(estimate, budget_ms, min_reps, max_reps)
+    return summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync))
+
+
+def measure_ceiling(
+    device_buffer_bytes: int = 2 * GiB,
+    budget_ms: float = 200.0,
+    min_reps: int = 10,
+    stream=None,
+    flush: Callable[[], None] | None = None,
+) -> float:
+    """TB/s of a device-to-device cudaMemcpyAsync of `device_buffer_bytes` (source and destination each that
+    size), counted as read + write (2 × size), timed with the kernels' protocol on the current device."""
+    import cupy
+
+    stream = stream or cupy.cuda.Stream(non_blocking=True)
+    timing = _time_copy(device_buffer_bytes, stream, budget_ms, min_reps, flush)
+    cupy.get_default_memory_pool().free_all_blocks()  # give the copy's buffers back to the kernels
+    return 2 * device_buffer_bytes / (timing.median_ms * 1e-3) / 1e12
+
+
+def _time_copy(nbytes: int, stream, budget_ms: float, min_reps: int, flush) -> Timing:
+    import cupy
+
+    with stream:
+        src = cupy.empty(nbytes, dtype=cupy.uint8)
+        dst = cupy.empty(nbytes, dtype=cupy.uint8)
+        src.data.memset_async(1, nbytes, stream)  # touch both: no first-use cost in the timing
+        dst.data.memset_async(0, nbytes, stream)
+
+        def run() -> None:
+            _runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, _runtime.memcpyDeviceToDevice,
+                                 stream.ptr)
+
+        return benchmark(run, stream=stream, budget_ms=budget_ms, min_reps=min_reps, flush=flush)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# correctness
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output compared with its reference. Errors: abs = |out - ref|, rel = |out - ref| / max(|ref|, 1),
+    the figure the tolerance bounds; NaN elements count as mismatches and are left out of the maxima."""
+
+    name: str
+    elements: int
+    mismatches: int
+    nan_count: int
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0
+
+    def describe(self) -> str:
+        text = (f"{self.name}: {self.mismatches} of {self.elements} elements off (max abs error "
+                f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g}, "
+                f"tolerance {self.tolerance:g}")
+        return text + (f", {self.nan_count} NaN)" if self.nan_count else ")")
+
+
+def check_output(xp, name: str, out, ref, tolerance: float) -> OutputCheck:
+    """Compare `out` with `ref` on `xp` (numpy or cupy: the data never leaves the device)."""
+    o = out.astype(xp.float64)
+    r = xp.asarray(ref).astype(xp.float64)
+    if o.shape != r.shape:
+        raise ValueError(f"output {name!r} has shape {o.shape} but its reference has {r.shape}")
+    if o.size == 0:
+        return OutputCheck(name, 0, 0, 0, 0.0, 0.0, tolerance)
+    diff = xp.abs(o - r)
+    rel = diff / xp.maximum(xp.abs(r), 1.0)
+    finite = ~xp.isnan(rel)
+    mismatches = int((~(rel <= tolerance)).sum())  # NaN compares False: a NaN is a mismatch
+    nan_count = int(xp.isnan(o).sum())
+    max_abs = float(xp.where(finite, diff, 0.0).max())
+    max_rel = float(xp.where(finite, rel, 0.0).max())
+    return OutputCheck(name, int(o.size), mismatches, nan_count, max_abs, max_rel, tolerance)
+
+
+def _scalar(value: Any):
+    """A kernel scalar argument. Ints go as 64-bit: cuLaunchKernel copies as many bytes as the parameter
+    has, so on a little-endian host one int64 serves an `int` and a `long long` parameter alike. Floats go as
+    float32."""
+    if isinstance(value, np.generic):
+        return value
+    if isinstance(value, bool):
+        return np.int32(value)
+    if isinstance(value, int):
+        return np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    raise TypeError(f"kernel argument {value!r} is neither an array nor a number")
+
+
+def _np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes  # optional: only families that offer bf16 need it
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def _problem_dict(problem) -> dict[str, Any]:
+    return dict(getattr(problem, "env", problem))
+
+
+def _takes_config(family: Family) -> bool:
+    """Some families' references need the config (copy: the stride); base.Family's contract has none."""
+    return "config" in inspect.signature(family.reference).parameters
+
+
+class _Hung(Exception):
+    """Internal: the stream did not drain within hang_timeout_s."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the evaluator
+
+
+@dataclass
+class _Loaded:
+    module: Any
+    functions: dict[str, Any]
+
+
+class GpuEvaluator:
+    """Measures compiled configs on one GPU. One per process; see the module docstring for the protocol.
+
+    Set-up happens on first use (`start`): the CUDA context, a stream, the L2 flush buffer (2× the L2 size),
+    the copy ceiling, the GPU's name, clocks (static ones; NVML's current clocks too where nvidia-ml-py is
+    installed) and the CuPy/NVRTC/CUDA versions. Loaded modules are kept in an LRU keyed by `Compiled.key`.
+
+    `hang_timeout_s`: when set, every wait for the GPU polls instead of blocking and gives up after that long
+    with `TimedOut` (the evaluator is then poisoned: a hung kernel cannot be stopped from inside the process).
+    Left None, a hang blocks; `tuner.worker.IsolatedEvaluator` and the Ray pool kill the process instead.
+    """
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        gpu_index: int | None = None,
+        ceiling_bytes: int = 2 * GiB,
+        ceiling_budget_ms: float = 200.0,
+        hang_timeout_s: float | None = None,
+        module_cache_size: int = 256,
+        max_reps: int = 10_000,
+    ):
+        self.device = device
+        self.gpu_index = device if gpu_index is None else gpu_index
+        self.ceiling_bytes = ceiling_bytes
+        self.ceiling_budget_ms = ceiling_budget_ms
+        self.hang_timeout_s = hang_timeout_s
+        self.module_cache_size = module_cache_size
+        self.max_reps = max_reps
+        self.poisoned = False
+        self.poisoned_by: LaunchFailed | TimedOut | None = None
+        self._started = False
+        self._modules: OrderedDict[str, _Loaded] = OrderedDict()
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        """Create the context, flush buffer and stream, measure the ceiling (once); return `info`."""
+        if not self._started:
+            self._start()
+            self._started = True
+        return self._info()
+
+    def _start(self) -> None:
+        import cupy
+
+        from tuner.compile import versions as compile_versions
+
+        self._device = cupy.cuda.Device(self.device)
+        self._device.use()
+        props = _runtime.getDeviceProperties(self.device)
+        name = props.get("name", b"")
+        self._gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        self._arch = f"sm_{self._device.compute_capability}"
+        self.l2_bytes = int(props.get("l2CacheSize") or 0) or _runtime.deviceGetAttribute(
+            _runtime.cudaDevAttrL2CacheSize, self.device)
+        self.sm_count = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMultiProcessorCount, self.device)
+        self.smem_optin_bytes = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                            self.device)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.flush_bytes = max(2 * self.l2_bytes, 8 << 20)
+        with self.stream:
+            self._flush_buf = cupy.empty(self.flush_bytes, dtype=cupy.uint8)
+        self._flush()
+        self.versions = {
+            **compile_versions(),
+            "cuda_driver": _runtime.driverGetVersion(),
+            "cuda_runtime": _runtime.runtimeGetVersion(),
+        }
+        self._static_clocks = self._read_static_clocks()
+        self._nvml = self._open_nvml()
+        self._warm_up_cupy()
+        self._ceiling_tbps = measure_ceiling(self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream,
+                                             flush=self._flush)
+
+    @property
+    def gpu_name(self) -> str:
+        self.start()
+        return self._gpu_name
+
+    @property
+    def arch(self) -> str:
+        """``sm_90`` on an H100/H200: what to compile for."""
+        self.start()
+        return self._arch
+
+    @property
+    def ceiling_tbps(self) -> float:
+        """The device-to-device copy's TB/s, measured once at start."""
+        self.start()
+        return self._ceiling_tbps
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.start()
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "gpu": self._gpu_name,
+            "gpu_index": self.gpu_index,
+            "arch": self._arch,
+            "ceiling_tbps": self._ceiling_tbps,
+            "l2_bytes": self.l2_bytes,
+            "flush_bytes": self.flush_bytes,
+            "sm_count": self.sm_count,
+            "clocks": self.clocks(),
+            "versions": dict(self.versions),
+            "pid": os.getpid(),
+        }
+
+    def _flush(self) -> None:
+        self._flush_buf.data.memset_async(0, self.flush_bytes, self.stream)
+
+    def _warm_up_cupy(self) -> None:
+        """Run once the CuPy kernels every check uses, so their first-use JIT is not billed to a config."""
+        import cupy
+
+        with self.stream:
+            rng = cupy.random.default_rng(0)
+            x = rng.standard_normal(1024, dtype=cupy.float32)
+            rng.random(1024, dtype=cupy.float32)
+            check_output(cupy, "warm-up", x, x.astype(cupy.float64), 0.0)
+        self._sync()
+
+    def _read_static_clocks(self) -> dict[str, Any]:
+        clocks: dict[str, Any] = {}
+        for key, attr in (("sm_clock_max_mhz", "cudaDevAttrClockRate"),
+                          ("mem_clock_max_mhz", "cudaDevAttrMemoryClockRate")):
+            try:
+                clocks[key] = _runtime.deviceGetAttribute(getattr(_runtime, attr), self.device) // 1000
+            except (AttributeError, _runtime.CUDARuntimeError):
+                pass  # attribute dropped by this CUDA version: clocks are informative only
+        return clocks
+
+    def _open_nvml(self):
+        """(pynvml, handle) for this GPU when nvidia-ml-py is installed and NVML answers; else None."""
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(self._device.pci_bus_id)
+        except Exception:  # optional telemetry (NVMLError, or a pynvml that wants bytes): never fatal
+            return None
+
+    def clocks(self) -> dict[str, Any]:
+        """Static clocks, plus NVML's current SM/memory clocks where available (never fatal)."""
+        clocks = dict(getattr(self, "_static_clocks", {}))
+        nvml = getattr(self, "_nvml", None)
+        if nvml is None:
+            return clocks
+        pynvml, handle = nvml
+        try:
+            clocks["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            clocks["mem_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+            clocks["sm_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        except Exception:  # optional telemetry: never fatal
+            pass
+        return clocks
+
+    # -- waiting ---------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Wait for the stream; with hang_timeout_s, poll and raise _Hung past it."""
+        if self.hang_timeout_s is None:
+            self.stream.synchronize()
+            return
+        deadline = time.monotonic() + self.hang_timeout_s
+        delay = 1e-5
+        while True:
+            status = _runtime.streamQuery(self.stream.ptr)
+            if status == 0:
+                return
+            if status != _NOT_READY:
+                raise _runtime.CUDARuntimeError(status)
+            if time.monotonic() > deadline:
+                raise _Hung()
+            time.sleep(delay)
+            delay = min(2 * delay, 1e-3)
+
+    # -- modules ---------------------------------------------------------------------------------------------
+    def _load(self, compiled, entries: list[str]) -> _Loaded:
+        import hashlib
+
+        import cupy
+
+        key = compiled.key or hashlib.sha256(compiled.cubin).hexdigest()
+        loaded = self._modules.get(key)
+        if loaded is None:
+            module = cupy.cuda.function.Module()
+            module.load(compiled.cubin)
+            loaded = _Loaded(module=module, functions={})
+            self._modules[key] = loaded
+            while len(self._modules) > self.module_cache_size:
+                self._modules.popitem(last=False)  # the Module's destructor unloads it
+        else:
+            self._modules.move_to_end(key)
+        for entry in entries:
+            if entry not in loaded.functions:
+                loaded.functions[entry] = loaded.module.get_function(entry)
+        return loaded
+
+    # -- evaluation ------------------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        compiled,
+        family: Family | str,
+        config: dict[str, Any],
+        problem,
+        seed: int | None = None,
+        budget_ms: float = 25.0,
+        min_reps: int = 10,
+    ) -> Result:
+        """Check, then time one compiled config. `family` is a Family or a registered family's name;
+        `config` the resolved config (params + derived); `problem` a Problem or its env dict (sizes, dtype).
+        Returns a Measurement, LaunchFailed, WrongResult or TimedOut; raises EvaluatorPoisoned once a sticky
+        error has destroyed the context, and anything else that is a bug."""
+        if self.poisoned:
+            raise EvaluatorPoisoned(f"GPU {self.gpu_index}: CUDA context lost earlier "
+                                    f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})")
+        if isinstance(family, str):
+            family = kernels.get(family)
+        problem = _problem_dict(problem)
+        self.start()
+        phase = ["load"]
+        try:
+            with self._device:
+                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, phase)
+        except CUDA_ERRORS as exc:
+            failure = cuda_failure(exc, phase[0])
+            if failure is None:
+                raise
+            if failure.details["sticky"]:
+                self.poisoned, self.poisoned_by = True, failure
+            return failure
+        except _Hung:
+            failure = TimedOut(reason=f"{phase[0]}: the GPU did not finish within {self.hang_timeout_s:g} s; "
+                                      "the worker must be replaced",
+                               details={"timeout_s": self.hang_timeout_s, "phase": phase[0]})
+            self.poisoned, self.poisoned_by = True, failure
+            return failure
+
+    def _evaluate(self, compiled, family: Family, config, problem, seed, budget_ms, min_reps,
+                  phase: list[str]) -> Result:
+        import cupy
+
+        launches: list[Launch] = family.launches(compiled.entry, config, problem)
+        if not launches:
+            raise ValueError(f"{family.name}: launches() returned no launch")
+        entries = list(dict.fromkeys(launch.entry for launch in launches))
+        loaded = self._load(compiled, entries)
+
+        # -- resources and launch limits (no launch yet) --
+        phase[0] = "launch configuration"
+        attrs = {
+            entry: {name: _driver.funcGetAttribute(attr, loaded.functions[entry].ptr)
+                    for name, attr in (("max_threads", _ATTR_MAX_THREADS), ("regs", _ATTR_REGS),
+                                       ("smem_static", _ATTR_SHARED), ("local", _ATTR_LOCAL))}
+            for entry in entries
+        }
+        dynamic_by_entry: dict[str, int] = {}
+        for launch in launches:
+            a = attrs[launch.entry]
+            threads = math.prod(launch.block)
+            if threads > a["max_threads"]:
+                status = 1 if threads > 1024 else 701
+                return LaunchFailed(
+                    reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
+                           f"{a['max_threads']} (registers or launch bounds)",
+                    details={"status": status, "sticky": False, "phase": phase[0], "block_threads": threads,
+                             "max_threads_per_block": a["max_threads"]})
+            smem_total = a["smem_static"] + launch.smem_dynamic
+            if smem_total > self.smem_optin_bytes:
+                return LaunchFailed(
+                    reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
+                           f"({a['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
+                           f"{self.smem_optin_bytes}",
+                    details={"status": 1, "sticky": False, "phase": phase[0], "smem_bytes": smem_total,
+                             "smem_limit": self.smem_optin_bytes})
+            dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
+        for entry, dynamic in dynamic_by_entry.items():
+            if dynamic and attrs[entry]["smem_static"] + dynamic > DEFAULT_SMEM_LIMIT:
+                _driver.funcSetAttribute(loaded.functions[entry].ptr, _ATTR_MAX_DYNAMIC_SMEM, dynamic)
+        main = next((launch for launch in launches if launch.entry == compiled.entry), launches[0])
+        main_threads = math.prod(main.block)
+        blocks_per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic)
+        warps_per_sm = blocks_per_sm * -(-main_threads // 32)
+
+        # -- correctness --
+        phase[0] = "correctness check"
+        stream = self.stream
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        with stream:
+            rng = cupy.random.default_rng(seed)
+            inputs = family.inputs(cupy, problem, rng)
+            if _takes_config(family):
+                reference = family.reference(cupy, inputs, problem, config=config)
+            else:
+                reference = family.reference(cupy, inputs, problem)
+            outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype))
+                       for name, (shape, dtype) in family.outputs(problem, config).items()}
+            for array in outputs.values():
+                if array.nbytes:
+                    array.data.memset_async(0xFF, array.nbytes, stream)  # NaN in every IEEE float format
+            arrays = {**inputs, **outputs}
+
+            def argument(name: str):
+                if name in arrays:
+                    return arrays[name]
+                return _scalar(problem[name] if name in problem else config[name])
+
+            calls = [(loaded.functions[launch.entry], tuple(launch.grid), tuple(launch.block),
+                      tuple(argument(name) for name in launch.args), launch.smem_dynamic)
+                     for launch in launches]
+
+            def run() -> None:
+                for function, grid, block, args, smem in calls:
+                    function(grid, block, args, shared_mem=smem, stream=stream)
+
+            phase[0] = "launch"
+            run()
+            self._sync()
+            phase[0] = "correctness check"
+            tolerance = family.tolerance(problem)
+            checks = [check_output(cupy, name, outputs[name], reference[name], tolerance)
+                      for name in (family.checked() or tuple(reference))]
+            del reference
+        bad = [check for check in checks if not check.ok]
+        if bad:
+            worst = bad[0]
+            return WrongResult(
+                reason="; ".join(check.describe() for check in bad),
+                details={"output": worst.name, "max_abs_error": worst.max_abs_error,
+                         "max_rel_error": worst.max_rel_error, "mismatches": worst.mismatches,
+                         "elements": worst.elements, "nan_count": worst.nan_count, "tolerance": tolerance,
+                         "seed": seed})
+
+        # -- timing --
+        phase[0] = "timing"
+        timing = benchmark(run, stream=stream, budget_ms=budget_ms, min_reps=min_reps, max_reps=self.max_reps,
+                           flush=self._flush, sync=self._sync)
+
+        seconds = timing.median_ms * 1e-3
+        bytes_moved = int(family.bytes_moved(problem))
+        flops = int(family.flops(problem))
+        tbps = bytes_moved / seconds / 1e12
+        return Measurement(
+            median_ms=timing.median_ms,
+            p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms,
+            repetitions=timing.repetitions,
+            bytes_moved=bytes_moved,
+            flops=flops,
+            tbps=tbps,
+            tflops=flops / seconds / 1e12,
+            ceiling_tbps=self._ceiling_tbps,
+            fraction_of_ceiling=tbps / self._ceiling_tbps,
+            registers=max(attrs[launch.entry]["regs"] for launch in launches),
+            smem_static_bytes=max(attrs[launch.entry]["smem_static"] for launch in launches),
+            smem_dynamic_bytes=max(launch.smem_dynamic for launch in launches),
+            spill_bytes=int(getattr(compiled, "spill_bytes", 0)),
+            local_bytes=max(attrs[launch.entry]["local"] for launch in launches),
+            blocks_per_sm=blocks_per_sm,
+            warps_per_sm=warps_per_sm,
+            max_abs_error=max(check.max_abs_error for check in checks),
+            max_rel_error=max(check.max_rel_error for check in checks),
+            gpu=self._gpu_name,
+            gpu_index=self.gpu_index,
+            clocks=self.clocks(),
+            versions={**self.versions, "arch": compiled.arch},
+            uri=compiled.uri,
+        )

@@ -1,0 +1,311 @@
+"""Fault containment for callers that are not Ray actors (``tuner bench``, tests): a GPU evaluator in a child.
+
+`IsolatedEvaluator` keeps one child process (``multiprocessing`` spawn context) that owns one GPU and a
+`tuner.bench.GpuEvaluator`, and sends it work over a Pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``)
+before CuPy touches CUDA, sets up once (context, flush buffer, copy ceiling: about a second) and stays alive
+across calls. What a kernel can do to a process stays in the child:
+
+* it hangs → no answer within ``timeout_s``: the child is killed, the call returns `TimedOut`;
+* it kills the process (or the driver does) → the call returns `LaunchFailed` ("worker died ...");
+* it poisons the CUDA context (a sticky error such as an illegal address) → the child returns that
+  `LaunchFailed` and exits by itself.
+
+In every case the next call starts a fresh child, so one caller can go on evaluating. The protocol is tuples
+over the pipe; what crosses is picklable by construction: the `Compiled` (cubin bytes and resources), the
+family's *name* (or, for a family that is not registered, the Family object itself: its class must be
+importable by the child), the resolved config, the problem's env dict, the seed and the budget.
+
+    parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps)
+                     ("ceiling",)   ("stop",)
+    child → parent   ("ready", info)   ("result", Result, exiting)   ("value", float)
+                     ("error", type name, message, traceback)   — a bug in the child; it then exits
+
+``exiting`` is True when the child's evaluator is poisoned (a sticky error): it leaves right after the reply.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from tuner.kernels.base import Family
+from tuner.result import LaunchFailed, Result, TimedOut
+
+__all__ = ["IsolatedEvaluator", "WorkerError"]
+
+
+class WorkerError(RuntimeError):
+    """The child could not start, or raised an exception (a bug, not a property of the config); `remote` holds
+    the child's traceback. The child is gone; the next call starts a fresh one."""
+
+    def __init__(self, message: str, remote: str = ""):
+        super().__init__(message + (f"\n--- in the GPU worker ---\n{remote}" if remote else ""))
+        self.remote = remote
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the child
+
+
+def _pin_gpu(gpu: int) -> None:
+    """Make physical GPU `gpu` (counted within the parent's CUDA_VISIBLE_DEVICES, if set) the only one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[gpu]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+
+
+def _error(exc: BaseException) -> tuple[str, str, str, str]:
+    return ("error", type(exc).__name__, str(exc), traceback.format_exc())
+
+
+def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
+    """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
+    it must offer start() -> info, evaluate(...), ceiling_tbps and poisoned."""
+    _pin_gpu(gpu)  # before anything imports CuPy or touches CUDA
+    try:
+        if factory is None:
+            from tuner.bench import GpuEvaluator
+
+            evaluator = GpuEvaluator(0, gpu_index=gpu, **kwargs)
+        else:
+            evaluator = factory(**kwargs)
+        info = evaluator.start()
+    except Exception as exc:
+        conn.send(_error(exc))
+        return
+    conn.send(("ready", info))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        except Exception as exc:  # a request that does not unpickle here (a family it cannot import)
+            conn.send(_error(exc))
+            return
+        op = message[0]
+        if op == "stop":
+            return
+        try:
+            if op == "evaluate":
+                result = evaluator.evaluate(*message[1:])
+                reply: tuple = ("result", result, bool(getattr(evaluator, "poisoned", False)))
+            elif op == "ceiling":
+                reply = ("value", evaluator.ceiling_tbps)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+            conn.send(reply)
+        except Exception as exc:  # a bug (or an unpicklable result): report it, and leave
+            conn.send(_error(exc))
+            return
+        if getattr(evaluator, "poisoned", False):
+            # The CUDA context is lost: leave without running CuPy's destructors against it.
+            conn.close()
+            os._exit(0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the parent
+
+
+class IsolatedEvaluator:
+    """A GpuEvaluator in a child process; see the module docstring.
+
+    `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it).
+    `evaluator_factory` (a picklable callable, default GpuEvaluator) and `evaluator_kwargs` build the child's
+    evaluator: tests inject a fake one to exercise the fault handling without a GPU.
+    """
+
+    def __init__(
+        self,
+        gpu: int = 0,
+        timeout_s: float = 30.0,
+        *,
+        start_timeout_s: float = 180.0,
+        evaluator_factory: Callable[..., Any] | None = None,
+        evaluator_kwargs: dict[str, Any] | None = None,
+    ):
+        self.gpu = gpu
+        self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.evaluator_factory = evaluator_factory
+        self.evaluator_kwargs = dict(evaluator_kwargs or {})
+        self.info: dict[str, Any] = {}
+        self.restarts = 0  # children started after the first
+        self.poisoned = False  # never: a poisoned child is replaced (the attribute mirrors GpuEvaluator's)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._children = 0
+        self._dying: list = []  # retired children still releasing their GPU context
+
+    # -- child life -----------------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def start(self) -> dict[str, Any]:
+        """Start the child if none is running; return its info (GPU name, arch, ceiling, versions, ...)."""
+        if self.alive():
+            return self.info
+        self._retire(wait_s=1.0)
+        self._bury(wait_s=30.0)  # a retired child's context must be gone before a new one is made
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_child_main,
+            args=(child_conn, self.gpu, self.evaluator_factory, self.evaluator_kwargs),
+            name=f"tuner-gpu{self.gpu}",
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()  # the child holds the only other end: its death reads as EOF here
+        self._proc, self._conn = proc, parent_conn
+        if self._children:
+            self.restarts += 1
+        self._children += 1
+        who = f"GPU worker for GPU {self.gpu}"
+        if not parent_conn.poll(self.start_timeout_s):
+            self._retire(kill=True)
+            raise WorkerError(f"{who} did not start within {self.start_timeout_s:g} s")
+        try:
+            reply = parent_conn.recv()
+        except (EOFError, OSError):
+            code = self._retire()
+            raise WorkerError(f"{who} died while starting (exit code {code})") from None
+        if reply[0] != "ready":
+            self._retire()
+            raise WorkerError(f"{who} failed to start: {reply[1]}: {reply[2]}", reply[3])
+        self.info = reply[1]
+        return self.info
+
+    def _retire(self, kill: bool = False, wait_s: float = 10.0) -> int | None:
+        """Forget the current child (SIGKILL it first if `kill`) and return its exit code. A child that has
+        not exited within `wait_s` (the driver is still tearing down its context, e.g. stopping a hung kernel)
+        is left to `_bury`, which the next start runs before creating a new context."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is None:
+            return None
+        if kill and proc.is_alive():
+            proc.kill()
+        proc.join(wait_s)
+        if proc.exitcode is None:
+            self._dying.append(proc)
+            return None
+        code = proc.exitcode
+        proc.close()
+        return code
+
+    def _bury(self, wait_s: float) -> None:
+        """Wait for retired children to exit, killing those that outlive `wait_s`."""
+        for proc in self._dying:
+            proc.join(wait_s)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(wait_s)
+            if proc.exitcode is not None:
+                proc.close()
+        self._dying = [proc for proc in self._dying if proc.exitcode is None]
+
+    def close(self) -> None:
+        """Stop the child (politely, then by force)."""
+        if self._conn is not None and self.alive():
+            try:
+                self._conn.send(("stop",))
+            except OSError:
+                pass  # already gone
+        self._retire(wait_s=5.0)
+        self._bury(wait_s=5.0)
+
+    def __enter__(self) -> IsolatedEvaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the daemon child dies with us anyway
+            pass
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def _request(self, message: tuple, timeout_s: float) -> tuple | Result:
+        """Send one request; the reply tuple, or the TimedOut / LaunchFailed that replaced a lost child."""
+        self.start()
+        try:
+            self._conn.send(message)
+        except OSError:  # the child left while idle: nothing of this request ran, so start afresh and resend
+            self._retire()
+            self.start()
+            self._conn.send(message)
+        if not self._conn.poll(timeout_s):
+            self._retire(kill=True, wait_s=2.0)
+            return TimedOut(reason=f"no answer from the GPU worker within {timeout_s:g} s (a hung kernel?); "
+                                   "worker killed and replaced",
+                            details={"timeout_s": timeout_s})
+        try:
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._retire()
+            return LaunchFailed(reason=f"worker died (exit code {code}) during the request; replaced",
+                                details={"exitcode": code, "sticky": False, "worker_died": True})
+        if reply[0] == "error":
+            self._retire()
+            raise WorkerError(f"GPU worker raised {reply[1]}: {reply[2]}", reply[3])
+        return reply
+
+    def _family_ref(self, family: Family | str) -> Family | str:
+        """A registered family crosses by name; any other Family crosses pickled."""
+        if isinstance(family, str):
+            return family
+        from tuner import kernels
+
+        if family.name in kernels.names() and kernels.get(family.name) is family:
+            return family.name
+        return family
+
+    def evaluate(
+        self,
+        compiled,
+        family: Family | str,
+        config: dict[str, Any],
+        problem,
+        seed: int | None = None,
+        budget_ms: float = 25.0,
+        min_reps: int = 10,
+        timeout_s: float | None = None,
+    ) -> Result:
+        """GpuEvaluator.evaluate in the child, bounded by `timeout_s` (default: the instance's)."""
+        problem_env = dict(getattr(problem, "env", problem))
+        message = ("evaluate", compiled, self._family_ref(family), dict(config), problem_env, seed, budget_ms,
+                   min_reps)
+        reply = self._request(message, self.timeout_s if timeout_s is None else timeout_s)
+        if not isinstance(reply, tuple):
+            return reply
+        _, result, exiting = reply
+        if exiting:  # the child leaves by itself after a sticky error; the next call starts a fresh one
+            self._retire(wait_s=2.0)
+        return result
+
+    def ceiling(self) -> float:
+        """The child's device-to-device copy ceiling in TB/s (measured once per child, at start)."""
+        reply = self._request(("ceiling",), self.timeout_s)
+        if not isinstance(reply, tuple):
+            raise WorkerError(f"GPU worker lost while reading the ceiling: {reply.reason}")
+        return float(reply[1])
+
+    @property
+    def arch(self) -> str:
+        """The child's GPU arch (``sm_90``), what to compile for."""
+        return self.start()["arch"]
