@@ -155,11 +155,13 @@ def main() -> int:
                        stride=stride)
             x = torch.randn(n * stride, device="cuda")
             xc = cupy.asarray(x)
-            record("copy", f"n={n} stride={stride}", "torch eager",
-                   useful / time_peer(ev, lambda x=x, s=stride: x[::s].contiguous()) / 1e9, stride=stride)
-            record("copy", f"n={n} stride={stride}", "cupy",
-                   useful / time_peer(ev, lambda xc=xc, s=stride: cupy.ascontiguousarray(xc[::s])) / 1e9,
+            # x[::1].contiguous() is x itself (no work): stride 1 copies with clone()/copy() instead.
+            torch_op = (lambda x=x: x.clone()) if stride == 1 else (lambda x=x, s=stride: x[::s].contiguous())
+            cupy_op = (lambda xc=xc: xc.copy()) if stride == 1 else (
+                lambda xc=xc, s=stride: cupy.ascontiguousarray(xc[::s]))
+            record("copy", f"n={n} stride={stride}", "torch eager", useful / time_peer(ev, torch_op) / 1e9,
                    stride=stride)
+            record("copy", f"n={n} stride={stride}", "cupy", useful / time_peer(ev, cupy_op) / 1e9, stride=stride)
             del x, xc
             torch.cuda.empty_cache()
             cupy.get_default_memory_pool().free_all_blocks()

@@ -276,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)
+
+    from tuner.results_cli import add_commands
+
+    add_commands(sub)  # pareto, export, dashboard, trials, best
     return parser
 
 

@@ -139,8 +139,8 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
     by_prefix = STUDIES_DIR / f"{study.split('-')[0]}.db"  # study names start with the kernel: gemm-mnk4096_...
     if by_prefix.is_file():
         return _as_url(str(by_prefix)), study
-    raise InputError(f"unknown study {study!r}: no {by_kernel} and no {by_prefix}; give a database path or "
-                     f"--storage URL")
+    looked = by_kernel if by_kernel == by_prefix else f"{by_kernel} and no {by_prefix}"
+    raise InputError(f"unknown study {study!r}: no {looked}; give a database path or --storage URL")
 
 
 def get_storage(url: str) -> optuna.storages.RDBStorage:
@@ -1324,12 +1324,16 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
 
 __all__ = [
     "AttachReport",
+    "StudyContext",
+    "artifact_dir_for",
     "atomic_write",
     "attach_artifacts",
     "best_summary",
     "best_trial",
+    "c_string",
     "check_namespace",
     "check_writable",
+    "compile_ptx",
     "get_storage",
     "header_text",
     "is_duplicate",
@@ -1342,10 +1346,17 @@ __all__ = [
     "pareto_trials",
     "plot_pareto",
     "register_budget",
+    "render_command",
+    "render_trial",
     "resolve_storage",
     "smem_budget",
+    "storage_url",
+    "study_context",
     "throughput",
+    "throughput_unit",
+    "trial_record",
     "trials_frame",
+    "virtual_arch",
     "write_header",
     "write_pareto",
     "write_trials",
