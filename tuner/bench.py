@@ -37,6 +37,7 @@ from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import kernels
+from tuner.kernels import bf16
 from tuner.kernels.base import Family, Launch
 from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
 
@@ -308,10 +309,9 @@ def _scalar(value: Any):
 
 
 def _np_dtype(name: str):
+    """The array dtype that stores `name`: bfloat16 travels as uint16 bits (tuner.kernels.bf16)."""
     if name == "bfloat16":
-        import ml_dtypes  # optional: only families that offer bf16 need it
-
-        return ml_dtypes.bfloat16
+        return np.dtype(bf16.STORAGE)
     return np.dtype(name)
 
 
@@ -664,7 +664,11 @@ class GpuEvaluator:
             self._sync()
             phase[0] = "correctness check"
             tolerance = family.tolerance(problem)
-            checks = [check_output(cupy, name, outputs[name], reference[name], tolerance)
+            out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
+            checks = [check_output(cupy, name,
+                                   bf16.decode(cupy, outputs[name]) if out_dtypes[name] == "bfloat16"
+                                   else outputs[name],
+                                   reference[name], tolerance)
                       for name in (family.checked() or tuple(reference))]
             del reference
         bad = [check for check in checks if not check.ok]

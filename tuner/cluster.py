@@ -129,7 +129,9 @@ class Pool:
         self.family = kernels.get(space.kernel)
         self.replay = replay
         self.timeout_s = timeout_s
+        t0 = time.perf_counter()
         resources = init_ray(ray_address, gpus, logical_gpus if replay else None)
+        self.startup = {"ray_init_s": round(time.perf_counter() - t0, 3)}
         available = int(resources.get("GPU", 0))
         want = gpus or available
         if want < 1:
@@ -144,7 +146,9 @@ class Pool:
         self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
         self._actor_cls = ray.remote(num_gpus=1, max_restarts=0, max_concurrency=1)(_GpuActor)
         self._actor_args = (space.kernel, problem.env, replay, replay_study, delay_s)
-        self.slots = [self._start_actor() for _ in range(want)]
+        t1 = time.perf_counter()
+        self.slots = self._start_actors(want)
+        self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self.compiling: dict[Any, Job] = {}
         self.ready: collections.deque[Job] = collections.deque()
         self.finished: list[tuple[int, Result]] = []
@@ -152,12 +156,13 @@ class Pool:
         self.started = time.perf_counter()
 
     # -- actors -----------------------------------------------------------------------------------------------
-    def _start_actor(self) -> _Slot:
+    def _start_actors(self, count: int) -> list[_Slot]:
+        """Start `count` GPU actors at once (each sets up CUDA and measures its ceiling) and wait for all."""
         import ray
 
-        actor = self._actor_cls.remote(*self._actor_args)
-        info = ray.get(actor.info.remote())
-        return _Slot(actor=actor, info=info)
+        actors = [self._actor_cls.remote(*self._actor_args) for _ in range(count)]
+        infos = ray.get([a.info.remote() for a in actors])
+        return [_Slot(actor=a, info=i) for a, i in zip(actors, infos, strict=True)]
 
     def _replace(self, slot: _Slot, reason: str) -> None:
         """Kill a faulted or hung actor, fail what it had queued, and put a fresh actor in its place."""
@@ -168,7 +173,7 @@ class Pool:
             if i == 0:
                 continue  # the head job's failure is reported by the caller
             self.ready.appendleft(job)  # not started: give it to the next free actor
-        fresh = self._start_actor()
+        fresh = self._start_actors(1)[0]
         slot.actor, slot.info, slot.queue, slot.head_started = fresh.actor, fresh.info, collections.deque(), 0.0
         self.replaced += 1
 

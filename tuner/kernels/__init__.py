@@ -8,6 +8,12 @@ _REGISTRY: dict[str, str] = {
     "copy": "tuner.kernels.copy",
     "transpose": "tuner.kernels.transpose",
     "gemm": "tuner.kernels.gemm",
+    "elementwise": "tuner.kernels.elementwise",
+    "reduce": "tuner.kernels.reduce",
+    "softmax": "tuner.kernels.softmax",
+    "rmsnorm": "tuner.kernels.rmsnorm",
+    "layernorm": "tuner.kernels.layernorm",
+    "gemv": "tuner.kernels.gemv",
 }
 _LOADED: dict[str, Family] = {}
 
