@@ -141,7 +141,7 @@ def main() -> int:
     # -- copy exercise --------------------------------------------------------------------------------------
     if "copy" not in args.skip:
         space = space_mod.load(ROOT / "search_spaces" / "copy.yaml")
-        problem = space.problem()
+        problem = space.problem("n64M")
         n = problem.sizes["n"]
         useful = 2 * n * 4
         all_results = sweep(ev, space, list(space.enumerate(problem)), problem)
@@ -165,6 +165,21 @@ def main() -> int:
             del x, xc
             torch.cuda.empty_cache()
             cupy.get_default_memory_pool().free_all_blocks()
+
+        # The coalesced copy at scale (1 GiB each way), against cudaMemcpy of the same size.
+        big = space.problem("n256M")
+        nb = big.sizes["n"]
+        p, r = best_of(sweep(ev, space, list(space.enumerate(big)), big))
+        record("copy", f"n={nb} stride=1", "tuner", r.tbps, config=p, stride=1)
+        x = torch.randn(nb, device="cuda")
+        y = torch.empty_like(x)
+        record("copy", f"n={nb} stride=1", "cudaMemcpy (same size)",
+               2 * nb * 4 / time_peer(ev, lambda: y.copy_(x)) / 1e9, stride=1,
+               note="torch copy_ between two contiguous fp32 tensors: a device-to-device cudaMemcpyAsync")
+        record("copy", f"n={nb} stride=1", "torch eager", 2 * nb * 4 / time_peer(ev, lambda: x.clone()) / 1e9,
+               stride=1)
+        del x, y
+        torch.cuda.empty_cache()
 
     # -- GEMM ---------------------------------------------------------------------------------------------------
     if "gemm" not in args.skip:

@@ -36,6 +36,7 @@ def init_ray(address: str | None, gpus: int | None, logical_gpus: int | None = N
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
     if address:
+        _check_reachable(address)
         kwargs["address"] = address
     elif logical_gpus is not None:
         kwargs["num_gpus"] = logical_gpus
@@ -45,6 +46,22 @@ def init_ray(address: str | None, gpus: int | None, logical_gpus: int | None = N
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"--ray-address {address or 'local'}: cannot start or join Ray: {first}") from None
     return ray.cluster_resources()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing listens at: Ray itself retries for minutes before it gives up."""
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--ray-address {address}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InputError(f"--ray-address {address}: unreachable ({exc.strerror or type(exc).__name__})") from None
 
 
 @dataclass

@@ -5,8 +5,9 @@ written to dst[c*vec ...]. Stride 1 is a plain coalesced copy; `bytes_moved` cou
 (n read, n written), so the useful bandwidth falls as the stride grows, which is what the exercise shows.
 
 The stride and vec are knobs of the config, but `inputs` and `reference` do not receive the config in
-base.Family's contract. So `inputs` allocates src for the largest stride (n * max_stride elements: one input
-serves every config of the space), and `reference` takes the config as an extra argument
+base.Family's contract. So `inputs` allocates src for the largest stride the problem allows (n * span elements,
+`span` a problem size, default 32: one input serves every config of the problem; the space requires
+stride <= span), and `reference` takes the config as an extra argument
 (``reference(xp, inputs, problem, config)``): without it there is no way to know which elements to expect.
 """
 
@@ -22,11 +23,14 @@ class Copy(Family):
     problem_sizes = ("n",)
     throughput_unit = "TB/s"
     uri_names = {"stride": "stride", "vec": "vec", "block": "block", "items": "items"}
-    #: src holds n * max_stride elements, enough for every stride; a larger stride knob is refused.
+    #: The span (src holds n * span elements) of a problem that names none: enough for every shipped stride.
     max_stride = 32
 
+    def span(self, problem: Problem) -> int:
+        return problem.get("span", self.max_stride)
+
     def src_elements(self, problem: Problem) -> int:
-        return problem["n"] * self.max_stride
+        return problem["n"] * self.span(problem)
 
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         n, stride = problem["n"], config["stride"]
@@ -34,8 +38,8 @@ class Copy(Family):
         per_block = block * items * vec
         if n % per_block:
             raise ValueError(f"copy: n={n} is not a multiple of block*items*vec={per_block}")
-        if stride > self.max_stride:
-            raise ValueError(f"copy: stride {stride} > max_stride {self.max_stride} reads past src")
+        if stride > self.span(problem):
+            raise ValueError(f"copy: stride {stride} > span {self.span(problem)} reads past src")
         return [
             Launch(entry=entry, grid=(n // per_block, 1, 1), block=(block, 1, 1), args=("src", "dst", "n"))
         ]

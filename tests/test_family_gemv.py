@@ -1,0 +1,445 @@
+"""The gemv family: its space, template and host-side contract, with real NVRTC (no GPU needed).
+
+`emulate` re-traces templates/gemv.cu.j2 in NumPy, thread by thread, with element *indices* in place of
+values: every product the kernel would form is recorded as the pair (x index, W index) of the accumulator it
+lands in, through the FMA lanes and shuffle butterfly or the mma.sync fragment layout (as the PTX ISA defines
+it for m16n8k16 .bf16), the SMEM reduction over k_warps, the y / fp32-partials stores and the split-K
+reduction. The tests then demand that every y[m, n] is written exactly once and holds x[m, k]·W[n, k] for each
+k exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner import compile as tcompile
+from tuner import kernels, render, space
+from tuner.kernels import bf16
+
+MNK = {"N": 8192, "K": 8192, "dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def gemv_space() -> space.SearchSpace:
+    return space.load("gemv")
+
+
+@pytest.fixture(scope="module")
+def family():
+    return kernels.get("gemv")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The emulator
+
+
+def _lane_words(base, words):
+    """Element indices of the low halves of `words` 32-bit words loaded from element `base` (any shape)."""
+    return [np.asarray(base) + 2 * e for e in range(words)]
+
+
+def emulate(family, config: dict, problem: dict, skip_iteration: int | None = None) -> dict:
+    """Trace one call of the config on `problem`. Returns {"y": terms, "y_writes": counts} where terms[(m, n)]
+    is the array of (x index, W index) pairs summed into y[m, n] (x index -1: a zero row of an mma tile).
+    `skip_iteration` drops one K iteration of every warp (to show that the checks notice)."""
+    M, N, K = problem["M"], problem["N"], problem["K"]
+    launches = family.launches("e", config, problem)
+    main = launches[0]
+    mma, split_k = config["mma"], config["split_k"]
+    threads, k_warps = config["threads"], config["k_warps"]
+    warps = threads // 32
+    n_warps = warps // k_warps
+    rpw = config["rows_per_warp"]
+    rpb = n_warps * rpw
+    m_tile = family.m_rows(config, problem)
+    vec, unroll, prefetch = config["vec"], config["unroll"], config["prefetch"]
+    words = vec // 2
+    k_block = K // split_k
+    k_warp = k_block // k_warps
+    step = 32 if mma else 32 * vec
+    chunk = step * unroll
+    iters = k_warp // chunk
+    row_loads = rpw // 8 if mma else rpw
+    row_stride = 8 if mma else 1
+    loads = row_loads * unroll
+    assert main.block == (threads, 1, 1)
+    assert iters >= 1 and iters * chunk == k_warp and k_warp * k_warps * split_k == K
+
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    out_terms: dict[tuple[int, int], list] = {}
+    part_terms: dict[tuple[int, int, int], np.ndarray] = {}
+    y_writes = np.zeros((M, N), dtype=int)
+    part_writes = np.zeros((split_k, M, N), dtype=int)
+
+    def iteration_order():
+        """The (buffer, iteration) pairs of the template's K loop in execution order: loads then computes."""
+        events = []
+        if prefetch:
+            events.append(("load", "a", 0))
+            for it in range(0, iters, 2):
+                if it + 1 < iters:
+                    events.append(("load", "c", it + 1))
+                events.append(("compute", "a", it))
+                if it + 2 < iters:
+                    events.append(("load", "a", it + 2))
+                if it + 1 < iters:
+                    events.append(("compute", "c", it + 1))
+        else:
+            for it in range(iters):
+                events += [("load", "a", it), ("compute", "a", it)]
+        return events
+
+    gx, gy, gz = main.grid
+    for bx in range(gx):
+        for by in range(gy):
+            for bz in range(gz):
+                m0, n0, split = bx * m_tile, by * rpb, bz
+                red = {}
+                warp_results = []
+                for warp in range(warps):
+                    wn, wk = warp % n_warps, warp // n_warps
+                    k0 = split * k_block + wk * k_warp
+                    if mma:
+                        w_lane = (n0 + wn * rpw + g) * K + k0 + 8 * t
+                        x_lane = (m0 + g) * K + k0 + 8 * t
+                        m_frags = m_tile // 8
+                        x_ok = [(m0 + 8 * j + g) < M for j in range(m_frags)]
+                        # D[q][j]: 16×8 matrix of term lists (pairs of index arrays).
+                        acc = [[[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)]
+                               for _ in range(rpw // 16)]
+                    else:
+                        w_lane = (n0 + wn * rpw) * K + k0 + lane * vec
+                        x_lane = m0 * K + k0 + lane * vec
+                        acc = [[[] for _ in range(m_tile)] for _ in range(rpw)]  # lists of (x, w) lane arrays
+                    buffers = {}
+                    for kind, buf, it in iteration_order():
+                        if kind == "load":
+                            p = w_lane + it * chunk
+                            buffers[buf] = [
+                                _lane_words(p + (li // unroll) * row_stride * K + (li % unroll) * step, words)
+                                for li in range(loads)
+                            ]
+                            continue
+                        if it == skip_iteration:
+                            continue
+                        wv = buffers[buf]
+                        xp = x_lane + it * chunk
+                        for u in range(unroll):
+                            if mma:
+                                xv = []
+                                for j in range(m_frags):
+                                    w_ = _lane_words(xp + 8 * j * K + u * step, 4)
+                                    xv.append([np.where(x_ok[j], a, -1) for a in w_])
+                                for s in range(2):
+                                    for q in range(rpw // 16):
+                                        lo = wv[(2 * q) * unroll + u]
+                                        hi = wv[(2 * q + 1) * unroll + u]
+                                        regs_a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
+                                        for j in range(m_frags):
+                                            regs_b = (xv[j][2 * s], xv[j][2 * s + 1])
+                                            _mma(acc[q][j], regs_a, regs_b, g, t)
+                            else:
+                                xv = [_lane_words(xp + m * K + u * step, words) for m in range(m_tile)]
+                                for e in range(words):
+                                    for m in range(m_tile):
+                                        for r in range(rpw):
+                                            w_lo = wv[r * unroll + u][e]
+                                            acc[r][m].append((xv[m][e], w_lo))
+                                            acc[r][m].append((xv[m][e] + 1, w_lo + 1))
+                    warp_results.append((wn, wk, acc))
+
+                # red[m][nl] = sum over warp slices wk = 0, 1, ... (the first slice stores, the rest add).
+                for w in range(k_warps):
+                    written = set()
+                    for wn, wk, acc in warp_results:
+                        if wk != w:
+                            continue
+                        if mma:
+                            for q in range(rpw // 16):
+                                for j in range(m_tile // 8):
+                                    for lane_id in range(32):
+                                        for i in range(4):
+                                            gg, tt = lane_id // 4, lane_id % 4
+                                            m = 8 * j + 2 * tt + (i % 2)
+                                            nl = wn * rpw + 16 * q + gg + 8 * (i // 2)
+                                            value = _terms(acc[q][j][gg + 8 * (i // 2)][2 * tt + (i % 2)])
+                                            _store(red, written, (m, nl), value, w)
+                        else:
+                            for r in range(rpw):
+                                for m in range(m_tile):
+                                    # Shuffle butterfly: lane l adds lane l ^ off, for off = 16, 8, 4, 2, 1.
+                                    xs = np.stack([x for x, _ in acc[r][m]], axis=1)  # (32 lanes, terms)
+                                    ws = np.stack([w_ for _, w_ in acc[r][m]], axis=1)
+                                    for off in (16, 8, 4, 2, 1):
+                                        xs = np.concatenate([xs, xs[lane ^ off]], axis=1)
+                                        ws = np.concatenate([ws, ws[lane ^ off]], axis=1)
+                                    value = np.stack([xs[0], ws[0]], axis=1)  # lane 0 stores
+                                    _store(red, written, (m, wn * rpw + r), value, w)
+                    if w == 0:
+                        assert written == {(m, nl) for m in range(m_tile) for nl in range(rpb)}, \
+                            "slice 0 must write every cell of red before anyone reads it"
+
+                # The block's tile: consecutive threads on consecutive n.
+                for tid in range(threads):
+                    for idx in range(tid, m_tile * rpb, threads):
+                        m, n = m0 + idx // rpb, n0 + idx % rpb
+                        if m < M:
+                            value = red[(idx // rpb, idx % rpb)]
+                            if split_k == 1:
+                                y_writes[m, n] += 1
+                                out_terms[(m, n)] = value
+                            else:
+                                part_writes[split, m, n] += 1
+                                part_terms[(split, m, n)] = value
+
+    if split_k > 1:
+        assert (part_writes == 1).all(), "every fp32 partial is written exactly once"
+        reduce_launch = launches[1]
+        assert reduce_launch.args == ("part", "y", "M", "N")
+        total = M * N
+        for bx in range(reduce_launch.grid[0]):
+            for tid in range(reduce_launch.block[0]):
+                i = (bx * 256 + tid) * 4
+                if i >= total:
+                    continue
+                for e in range(4):
+                    m, n = divmod(i + e, N)
+                    y_writes[m, n] += 1
+                    out_terms[(m, n)] = np.concatenate([part_terms[(s, m, n)] for s in range(split_k)])
+    return {"y": out_terms, "y_writes": y_writes}
+
+
+def _mma(d, regs_a, regs_b, g, t):
+    """d[16][8] += A·B for one mma.m16n8k16 .row.col bf16, given each lane's registers as arrays over the 32
+    lanes of the low-half element index (the high half is index + 1). PTX ISA fragment layout (groupID
+    g = lane / 4, threadID_in_group t = lane % 4): A a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
+    a3 = (g+8, 2t+8..); B b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)."""
+    A = np.full((16, 16), -2, dtype=np.int64)
+    B = np.full((16, 8), -2, dtype=np.int64)
+    for lane_id in range(32):
+        gg, tt = lane_id // 4, lane_id % 4
+        for e in range(2):
+            def half(reg, e=e, lane_id=lane_id):
+                lo = int(reg[lane_id])
+                return -1 if lo < 0 else lo + e
+            A[gg, 2 * tt + e] = half(regs_a[0])
+            A[gg + 8, 2 * tt + e] = half(regs_a[1])
+            A[gg, 2 * tt + 8 + e] = half(regs_a[2])
+            A[gg + 8, 2 * tt + 8 + e] = half(regs_a[3])
+            B[2 * tt + e, gg] = half(regs_b[0])
+            B[2 * tt + 8 + e, gg] = half(regs_b[1])
+    assert (A != -2).all() and (B != -2).all(), "every fragment element comes from exactly one lane register"
+    for r in range(16):
+        for c in range(8):
+            d[r][c].append((B[:, c], A[r, :]))  # (x index, W index) for kk = 0..15
+
+
+def _terms(pairs) -> np.ndarray:
+    xs = np.concatenate([x for x, _ in pairs])
+    ws = np.concatenate([w for _, w in pairs])
+    return np.stack([xs, ws], axis=1)
+
+
+def _store(red, written, cell, value, w):
+    assert cell not in written, f"two lanes of slice {w} write red{cell}"
+    written.add(cell)
+    red[cell] = value if w == 0 else np.concatenate([red[cell], value])
+
+
+def check_emulation(family, config, problem, skip_iteration=None):
+    """Every y[m, n] written once, holding x[m, k]·W[n, k] for k = 0..K-1 exactly once (and nothing else)."""
+    M, N, K = problem["M"], problem["N"], problem["K"]
+    result = emulate(family, config, problem, skip_iteration)
+    assert (result["y_writes"] == 1).all(), f"y written {np.unique(result['y_writes'])} times"
+    k = np.arange(K)
+    for m in range(M):
+        for n in range(N):
+            terms = result["y"][(m, n)]
+            expected = np.stack([m * K + k, n * K + k], axis=1)
+            got = terms[np.lexsort((terms[:, 1], terms[:, 0]))]
+            ok = got.shape == expected.shape and (got == expected).all()
+            assert ok, f"y[{m}, {n}] sums the wrong terms"
+
+
+BASE = {"mma": 0, "split_k": 1, "threads": 128, "k_warps": 1, "rows_per_warp": 2, "m_tile": 16, "vec": 8,
+        "unroll": 1, "prefetch": 0, "w_cache": "na", "min_blocks": 1}
+
+EMULATED = [
+    # (problem M, N, K), overrides of BASE
+    ((2, 16, 256), {}),
+    ((2, 16, 512), {"unroll": 2, "prefetch": 1}),                 # 1 iteration of 2 steps; prefetch guards
+    ((2, 32, 2048), {"prefetch": 1, "vec": 4, "unroll": 2}),      # 4 iterations, double buffer
+    ((3, 16, 1536), {"prefetch": 1, "vec": 2, "rows_per_warp": 4}),  # 3 iterations (odd)
+    ((2, 16, 1024), {"split_k": 2, "k_warps": 2, "rows_per_warp": 4}),
+    ((4, 8, 2048), {"split_k": 4, "k_warps": 4, "threads": 256, "rows_per_warp": 2, "vec": 2}),
+    ((6, 16, 512), {"m_tile": 16, "rows_per_warp": 1, "threads": 256, "k_warps": 2, "vec": 2}),
+    ((2, 32, 256), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "unroll": 2}),
+    ((3, 32, 512), {"mma": 1, "rows_per_warp": 32, "m_tile": 64, "k_warps": 4, "unroll": 1}),   # M tail
+    ((9, 16, 1024), {"mma": 1, "rows_per_warp": 16, "m_tile": 16, "k_warps": 4, "split_k": 2, "prefetch": 1,
+                     "unroll": 2}),                              # 2 M fragments, rows 9..15 zero
+    ((16, 32, 512), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "split_k": 2, "unroll": 4}),
+    ((8, 64, 384), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "threads": 128, "k_warps": 1, "unroll": 4,
+                    "prefetch": 1}),                             # 3 iterations, 4 warps on rows
+]
+
+
+@pytest.mark.parametrize("shape, overrides", EMULATED)
+def test_emulated_index_math_sums_each_term_once(family, shape, overrides):
+    M, N, K = shape
+    problem = {"M": M, "N": N, "K": K, "dtype": "bfloat16"}
+    check_emulation(family, {**BASE, **overrides}, problem)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2}])
+def test_emulator_catches_a_dropped_iteration(family, overrides):
+    """The emulation check is not vacuous: a kernel that skips one K iteration fails it."""
+    problem = {"M": 2, "N": 32, "K": 512, "dtype": "bfloat16"}
+    config = {**BASE, **overrides}
+    check_emulation(family, config, problem)
+    with pytest.raises(AssertionError, match="wrong terms"):
+        check_emulation(family, config, problem, skip_iteration=1)
+
+
+def test_emulator_catches_an_uncovered_row_block(family, monkeypatch):
+    """... and a grid that misses a block of rows fails it too."""
+    problem = {"M": 2, "N": 16, "K": 512, "dtype": "bfloat16"}
+    config = {**BASE, "unroll": 1}
+    real = family.launches
+
+    def fewer_blocks(entry, cfg, prob):
+        launches = real(entry, cfg, prob)
+        main = launches[0]
+        grid = (main.grid[0], main.grid[1] - 1, main.grid[2])
+        return [main.__class__(main.entry, grid, main.block, main.args)]
+
+    monkeypatch.setattr(family, "launches", fewer_blocks)
+    with pytest.raises(AssertionError, match="y written"):
+        check_emulation(family, config, problem)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Space, compile, launches, reference, accounting
+
+
+def test_family_contract(family):
+    assert family.name == "gemv" and family.template == "gemv.cu.j2"
+    assert family.dtypes == ("bfloat16",) and family.problem_sizes == ("M", "N", "K")
+    assert family.throughput_unit == "TB/s"
+    assert kernels.get("gemv") is family
+
+
+def test_space_problems_and_counts(gemv_space, family):
+    assert gemv_space.kernel == "gemv"
+    assert [p.name for p in gemv_space.problems] == ["m1", "m8", "m64"]
+    assert [p.sizes["M"] for p in gemv_space.problems] == [1, 8, 64]
+    assert set(family.uri_names) == set(gemv_space.params)
+    for problem in gemv_space.problems:
+        assert gemv_space.validate(gemv_space.default, problem) is None
+        assert 300 <= gemv_space.count_valid(problem) <= 6000
+        engines = {c["mma"] for c in gemv_space.enumerate(problem)}
+        assert engines == {0, 1}
+
+
+@pytest.mark.parametrize("problem_name", ["m1", "m8", "m64"])
+def test_default_compiles_without_spills(family, gemv_space, problem_name):
+    problem = gemv_space.problem(problem_name)
+    config = gemv_space.resolve(gemv_space.default, problem)
+    source = render.render(family, gemv_space.default, config, problem.env)
+    result = tcompile.compile_source(source)
+    assert result.ok, result.reason
+    assert set(result.functions) == {source.entry}  # split_k 1: one kernel
+    assert 0 < result.registers <= 255
+    assert result.spill_bytes == 0
+    assert result.smem_static_bytes == config["red_bytes"]
+
+
+def test_split_k_and_mma_compile(family, gemv_space):
+    problem = gemv_space.problem("m64")
+    params = {**gemv_space.default, "mma": 1, "split_k": 2, "threads": 256, "k_warps": 4, "rows_per_warp": 32,
+              "m_tile": 64, "unroll": 1, "w_cache": "na256"}
+    assert gemv_space.validate(params, problem) is None
+    source = render.render(family, params, gemv_space.resolve(params, problem), problem.env)
+    result = tcompile.compile_source(source)
+    assert result.ok, result.reason
+    assert set(result.functions) == {source.entry, source.entry + "_reduce"}
+    assert result.spill_bytes == 0 and result.main.registers > 0
+
+
+@pytest.mark.parametrize("M", [1, 8, 64])
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_launch_grids_cover_the_problem(family, gemv_space, M, split_k):
+    problem = {**MNK, "M": M}
+    base = {**gemv_space.default, "split_k": split_k}
+    for params in (base, {**base, "mma": 1, "rows_per_warp": 16, "m_tile": 64, "k_warps": 2}):
+        config = gemv_space.resolve(params, space.Problem("p", "bfloat16", {"M": M, "N": 8192, "K": 8192}))
+        launches = family.launches("e", config, problem)
+        main = launches[0]
+        rows = family.m_rows(config, problem)
+        assert main.entry == "e" and main.block == (params["threads"], 1, 1)
+        assert main.grid[0] * rows >= M > (main.grid[0] - 1) * rows  # M tiles cover M, none empty
+        assert main.grid[1] * config["rows_per_block"] == 8192
+        assert main.grid[2] == split_k
+        names = set(family.inputs(np, {**problem, "N": 4, "K": 8}, np.random.default_rng(0)))
+        names |= set(family.outputs(problem, config)) | {"M", "N", "K"}
+        assert all(arg in names for launch in launches for arg in launch.args)
+        if split_k == 1:
+            assert len(launches) == 1 and main.args == ("x", "W", "y", "M", "N", "K")
+            assert family.outputs(problem, config) == {"y": ((M, 8192), "bfloat16")}
+        else:
+            assert main.args == ("x", "W", "part", "M", "N", "K")
+            reduce = launches[1]
+            assert reduce.entry == "e_reduce" and reduce.block == (256, 1, 1)
+            assert reduce.grid == (math.ceil(M * 8192 / 1024), 1, 1)
+            assert family.outputs(problem, config)["part"] == ((split_k, M, 8192), "float32")
+
+
+def test_launches_refuse_uncovered_shapes(family, gemv_space):
+    config = gemv_space.resolve(gemv_space.default)
+    with pytest.raises(ValueError, match="rows_per_block"):
+        family.launches("e", config, {**MNK, "M": 1, "N": 8200})
+    with pytest.raises(ValueError, match="K="):
+        family.launches("e", config, {**MNK, "M": 1, "K": 8192 + 64})
+
+
+def test_reference_matches_numpy_and_tolerance_catches_errors(family):
+    problem = {"M": 4, "N": 48, "K": 8192, "dtype": "bfloat16"}
+    inputs = family.inputs(np, problem, np.random.default_rng(0))
+    assert {k: (v.shape, v.dtype) for k, v in inputs.items()} == {
+        "x": ((4, 8192), np.uint16),
+        "W": ((48, 8192), np.uint16),
+    }
+    x = bf16.decode(np, inputs["x"]).astype(np.float64)
+    w = bf16.decode(np, inputs["W"]).astype(np.float64)
+    ref = family.reference(np, inputs, problem)["y"]
+    assert ref.shape == (4, 48) and ref.dtype == np.float64
+    np.testing.assert_allclose(ref, np.einsum("mk,nk->mn", x, w), rtol=1e-12, atol=1e-12)
+    assert 0.5 < ref.std() < 2  # O(1) outputs
+
+    tol = family.tolerance(problem)
+
+    def err(out):
+        return np.max(np.abs(out - ref) / np.maximum(np.abs(ref), 1))
+
+    # fp32 accumulation, in any order, rounded to bf16: passes.
+    fp32 = (bf16.decode(np, inputs["x"]) @ bf16.decode(np, inputs["W"]).T).astype(np.float32)
+    assert err(bf16.decode(np, bf16.encode(np, fp32))) < tol / 2
+    # a dropped 32-element chunk of K fails.
+    dropped = x[:, 32:] @ w[:, 32:].T
+    assert err(dropped) > tol
+    assert family.checked() == ("y",)
+
+
+def test_accounting(family):
+    for M in (1, 8, 64):
+        problem = {**MNK, "M": M}
+        assert family.flops(problem) == 2 * M * 8192 * 8192
+        assert family.bytes_moved(problem) == 2 * (8192 * 8192 + M * 8192 + M * 8192)
+    assert family.bytes_moved({**MNK, "M": 1}) == 134_250_496
+    assert family.bytes_moved({**MNK, "M": 8}) == 134_479_872
+    assert family.bytes_moved({**MNK, "M": 64}) == 136_314_880
+    assert family.flops({**MNK, "M": 64}) == 8_589_934_592
+    assert family.tolerance({**MNK, "M": 1}) == 1e-2
