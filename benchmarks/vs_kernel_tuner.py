@@ -423,6 +423,11 @@ def run_ours(args, tmp: Path, timeout: float) -> tuple[dict[str, Any], float, li
     return summary, wall, cmd
 
 
+def _detail(outcome: dict[str, Any]) -> str:
+    text = outcome.get("traceback") or outcome.get("stderr_tail") or outcome.get("stdout_tail") or ""
+    return text[-1500:]
+
+
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -440,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the JSON and MD go (default benchmarks/results)")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="contenders to leave out")
     parser.add_argument("--seed", type=int, default=0, help="seed of Kernel Tuner's input matrix")
-    parser.add_argument("--timeout", type=float, default=1200.0,
-                        help="seconds per contender before giving up (default 1200)")
+    parser.add_argument("--timeout", type=float, default=420.0,
+                        help="seconds per contender before giving up (default 420)")
     parser.add_argument("--no-preflight", action="store_true",
                         help="skip the preflight subprocess (imports; Kernel Tuner's search space == ours)")
     parser.add_argument("--keep-tmp", action="store_true",
@@ -475,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: dict[str, dict[str, Any]] = {}
     try:
         if not args.no_preflight and not {"answer", "none"} <= set(args.skip):
-            pre, pre_wall = run_child(args, "preflight", tmp, timeout=600)
+            pre, pre_wall = run_child(args, "preflight", tmp, timeout=300)
             if "error" in pre or not pre.get("same"):
                 print("preflight failed (Kernel Tuner or CuPy not importable, or Kernel Tuner's search space "
                       "is not ours):", file=sys.stderr)
@@ -503,12 +508,21 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  --- {k} ---\n{summary[k]}", file=sys.stderr)
             else:
                 print(f"  done in {wall:.1f} s (subprocess wall)", flush=True)
+            write_results(args.out, outcomes, shape, date, command, nbytes, final=False)
     finally:
         if args.keep_tmp:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    bad = write_results(args.out, outcomes, shape, date, command, nbytes, final=True)
+    return 1 if failed or bad else 0
+
+
+def build_records(outcomes: dict[str, dict[str, Any]], shape: str, date: str,
+                  command: str) -> tuple[list[dict[str, Any]], str | None, float | None, bool]:
+    """The records (list format of benchmarks/results) from the contenders' outcomes; also the GPU, the copy
+    ceiling, and whether a Kernel Tuner run evaluated other configs than ours or had failures."""
     ours = outcomes.get("tuner", {})
     ours_ok = bool(ours) and "error" not in ours
     gpu = ceiling = None
@@ -518,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu = gpu or outcomes.get(key, {}).get("gpu")
 
     records: list[dict[str, Any]] = []
+    bad = False
 
     def record(impl: str, tbps: float | None, **extra) -> None:
         records.append({"kernel": "transpose", "shape": shape, "impl": impl, "TBps": _r(tbps, 4),
@@ -555,19 +570,21 @@ def main(argv: list[str] | None = None) -> int:
                           "alongside",
                study_command=ours.get("cmd"))
     elif "tuner" in outcomes:
-        record("tuner", None, error=ours.get("error"), subprocess_wall_s=ours.get("subprocess_wall_s"))
+        record("tuner", None, error=ours.get("error"), detail=_detail(ours),
+               subprocess_wall_s=ours.get("subprocess_wall_s"))
     for key in ("answer", "none"):
         if key not in outcomes:
             continue
         kt = outcomes[key]
         if "error" in kt:
-            record(IMPLS[key], None, error=kt["error"], subprocess_wall_s=kt.get("subprocess_wall_s"))
+            record(IMPLS[key], None, error=kt["error"], detail=_detail(kt),
+                   subprocess_wall_s=kt.get("subprocess_wall_s"))
             continue
         n = kt["configs_evaluated"]
         rates[key] = kt["trials_per_gpu_minute"]
         best = kt.get("best") or {}
         if not kt["configs_match_ours"] or kt["configs_failed"]:
-            failed = True
+            bad = True
         record(IMPLS[key], best.get("TBps"),
                configs_evaluated=n, configs_failed=kt["configs_failed"], failures=kt["failures"],
                configs_match_ours=kt["configs_match_ours"],
@@ -606,15 +623,24 @@ def main(argv: list[str] | None = None) -> int:
                 "tune_kernel's wall. Ours verifies every config on the GPU; 'answer' verifies on the host; "
                 "'unverified' does not verify.")
 
-    out = Path(args.out)
+    return records, gpu, ceiling, bad
+
+
+def write_results(out_dir: str, outcomes, shape: str, date: str, command: str, nbytes: int,
+                  final: bool) -> bool:
+    """Write (or rewrite: it runs after every contender, so a run cut short keeps what it measured) the JSON
+    and the markdown; print the table when `final`. Returns whether a Kernel Tuner run looked wrong."""
+    records, gpu, ceiling, bad = build_records(outcomes, shape, date, command)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"vs_kernel_tuner-{date}.json", out / f"vs_kernel_tuner-{date}.md"
     json_path.write_text(json.dumps(records, indent=1, default=str) + "\n")
     table = _table(records)
     md_path.write_text(_markdown(table, gpu, date, command, ceiling, nbytes))
-    print(f"\nwrote {json_path} and {md_path}\n")
-    print("\n".join(table))
-    return 1 if failed else 0
+    if final:
+        print(f"\nwrote {json_path} and {md_path}\n")
+        print("\n".join(table))
+    return bad
 
 
 def _fmt(x: Any, spec: str) -> str:

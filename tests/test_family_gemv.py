@@ -11,6 +11,7 @@ k exactly once.
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -367,6 +368,23 @@ def test_split_k_and_mma_compile(family, gemv_space):
     assert result.ok, result.reason
     assert set(result.functions) == {source.entry, source.entry + "_reduce"}
     assert result.spill_bytes == 0 and result.main.registers > 0
+
+
+def test_sampled_configs_compile(family, gemv_space):
+    """For each problem, one seeded random valid config per (engine, split-K or not) compiles."""
+    rng = random.Random(1)
+    sources = []
+    for problem in gemv_space.problems:
+        groups: dict[tuple, list] = {}
+        for config in gemv_space.enumerate(problem):
+            groups.setdefault((config["mma"], config["split_k"] > 1), []).append(config)
+        assert len(groups) == 4
+        for configs in groups.values():
+            config = rng.choice(configs)
+            sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
+    for source, result in tcompile.compile_many(sources, jobs=4):
+        assert result.ok, (source.uri, result.reason)
+        assert result.main.registers > 0 and source.entry in result.functions
 
 
 @pytest.mark.parametrize("M", [1, 8, 64])

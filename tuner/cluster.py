@@ -161,7 +161,8 @@ class Pool:
         cpus = int(resources.get("CPU", 1))
         self.compile_slots = compile_slots or max(1, cpus - want)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
-        self._actor_cls = ray.remote(num_gpus=1, max_restarts=0, max_concurrency=1)(_GpuActor)
+        # num_cpus=0: an actor reserves a CPU by default, and 8 GPU actors must fit on a 2-core host.
+        self._actor_cls = ray.remote(num_gpus=1, num_cpus=0, max_restarts=0, max_concurrency=1)(_GpuActor)
         self._actor_args = (space.kernel, problem.env, replay, replay_study, delay_s)
         t1 = time.perf_counter()
         self.slots = self._start_actors(want)
@@ -169,6 +170,8 @@ class Pool:
         self.compiling: dict[Any, Job] = {}
         self.ready: collections.deque[Job] = collections.deque()
         self.finished: list[tuple[int, Result]] = []
+        #: trial number → index of the GPU whose worker answered it (absent for compile failures)
+        self.ran_on: dict[int, int] = {}
         self.replaced = 0
         self.started = time.perf_counter()
 
@@ -225,7 +228,11 @@ class Pool:
         self._dispatch()
         refs = list(self.compiling) + [s.queue[0][0] for s in self.slots if s.queue]
         if refs:
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            # Wake on the first finished ref, then take whatever else is already done without waiting.
+            done, pending = ray.wait(refs, num_returns=1, timeout=timeout)
+            if done and pending:
+                more, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+                done += more
             for ref in done:
                 if ref in self.compiling:
                     job = self.compiling.pop(ref)
@@ -247,6 +254,7 @@ class Pool:
 
         slot = next(s for s in self.slots if s.queue and s.queue[0][0] == ref)
         _, job = slot.queue[0]
+        self.ran_on[job.number] = slot.info["gpu_index"]
         try:
             result, _busy = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
@@ -267,6 +275,7 @@ class Pool:
         for slot in self.slots:
             if slot.queue and now - slot.head_started > self.timeout_s:
                 _, job = slot.queue[0]
+                self.ran_on[job.number] = slot.info["gpu_index"]
                 self._replace(slot, "timed out")
                 self.finished.append((job.number, TimedOut(
                     reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced")))

@@ -360,6 +360,8 @@ class Driver:
                     for number, result in pool.poll():
                         first_result_at = first_result_at or time.perf_counter()
                         trial = trials.pop(number)
+                        if number in pool.ran_on:
+                            trial.set_user_attr("worker_gpu_index", pool.ran_on.pop(number))
                         key = params_key(trial.params)
                         running.pop(key, None)
                         counted += self._tell(fast, mirror, trial, result, stats)
@@ -371,16 +373,19 @@ class Driver:
                             else:
                                 counted += self._tell(fast, mirror, dup, result, stats)
                     progress.update(counted)
-            wall = time.perf_counter() - self.t0
-            busy = pool.busy_seconds() if not self.opts.replay else None
+            loop_end = time.perf_counter()
+            wall = loop_end - self.t0
+            busy = pool.busy_seconds()
             started = pool.started
             gpus = pool.gpus
             pool_startup = {**pool.startup, "process_start_to_driver_s": round(self.t_imports, 3)}
             _process_age_at_t0 = self.t_imports
         finally:
             pool.close()
+            flush_started = time.perf_counter()
             mirror.close()
-        after_start = time.perf_counter() - started
+        after_start = loop_end - started
+        evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
         summary = {
             "study": durable.study_name,
             "storage": self.url,
@@ -393,7 +398,11 @@ class Driver:
             "cold_start_s": round(first_result_at - self.t0 + _process_age_at_t0, 3) if first_result_at else None,
             "gpus": gpus,
             "startup": pool_startup,
-            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3) if busy is not None else None,
+            # Busy = inside a GPU worker's evaluate (launch, verify, time); compiling is CPU work elsewhere.
+            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3),
+            "after_start_s": round(after_start, 3),
+            "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
+            "writer_flush_s": round(time.perf_counter() - flush_started, 3),
             "best": stats.best,
         }
         progress.final(summary)
