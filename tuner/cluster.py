@@ -70,6 +70,7 @@ class Job:
     params: dict[str, Any]
     config: dict[str, Any]
     compiled: Any = None
+    budget_ms: float = 25.0
     submitted: float = field(default_factory=time.perf_counter)
 
 
@@ -114,12 +115,13 @@ class _GpuActor:
     def busy(self) -> float:
         return self.busy_s
 
-    def evaluate(self, params: dict[str, Any], config: dict[str, Any], compiled) -> tuple[Result, float]:
+    def evaluate(self, params: dict[str, Any], config: dict[str, Any], compiled,
+                 budget_ms: float = 25.0) -> tuple[Result, float]:
         started = time.perf_counter()
         if self.replay is not None:
             result = self.replay.evaluate(params)
         else:
-            result = self.evaluator.evaluate(compiled, self.family, config, self.problem_env)
+            result = self.evaluator.evaluate(compiled, self.family, config, self.problem_env, budget_ms=budget_ms)
         busy = time.perf_counter() - started
         self.busy_s += busy
         return result, busy
@@ -211,9 +213,10 @@ class Pool:
     def in_flight(self) -> int:
         return len(self.compiling) + len(self.ready) + sum(len(s.queue) for s in self.slots)
 
-    def submit(self, number: int, params: dict[str, Any]) -> None:
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
+        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more)."""
         config = self.space.resolve(params, self.problem)
-        job = Job(number=number, params=params, config=config)
+        job = Job(number=number, params=params, config=config, budget_ms=budget_ms)
         if self.replay:
             self.ready.append(job)
             return
@@ -284,7 +287,7 @@ class Pool:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                ref = slot.actor.evaluate.remote(job.params, job.config, job.compiled)
+                ref = slot.actor.evaluate.remote(job.params, job.config, job.compiled, job.budget_ms)
                 if not slot.queue:
                     slot.head_started = time.perf_counter()
                 slot.queue.append((ref, job))
