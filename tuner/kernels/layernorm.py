@@ -10,10 +10,12 @@ the squared deviations from it over the on-chip row: 2 barriers) or welford (eac
 (mean, M2), merged across the row with Chan et al.'s pairwise rule in one reduction: 1 barrier). Neither
 uses E[h^2] - E[h]^2.
 
-Inputs: rows s_r * (z + c_r) with z ~ N(0, 1) plus one spike of +-32 per row, s_r log-uniform in
-[1e-4, 10) (rows whose variance is far below eps expose a misplaced eps) and c_r uniform in [-64, 64)
-(offsets up to 64 standard deviations: the cancellation of E[h^2] - E[h]^2 in fp32 shows there). weight is
-1 + N(0, 1) / 2, bias N(0, 1) / 2.
+Inputs: rows s_r * (z + c_r) with z ~ N(0, 1) plus 4 spikes of +-32 per row (as rmsnorm's), s_r
+log-uniform in [1e-4, 10) (rows whose variance is far below eps expose a misplaced eps) and c_r = +-2^(10u),
+u uniform in [0, 1): offsets of 1 to 1024 standard deviations. Beyond a few hundred, E[h^2] - E[h]^2 in fp32
+cancels catastrophically (tens of % off), so a naive variance fails the check; a two-pass or Chan/Welford
+variance stays within ~1e-4. (bf16 rounds such rows coarsely — the reference uses the rounded values.)
+weight is 1 + N(0, 1) / 2, bias N(0, 1) / 2.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ class LayerNorm(RMSNorm):
         rows, cols = problem["rows"], problem["cols"]
         scale = row_scales(xp, rng, rows, 1e-4, 10.0)
         z = rng.standard_normal((rows, cols), dtype=xp.float32)
-        add_spikes(xp, rng, z, 32.0)
-        z += row_offsets(xp, rng, rows, 64.0)
+        add_spikes(xp, rng, z, 32.0, count=4)
+        # offsets of +-2^(10u) standard deviations, u uniform in [0, 1): up to 1024
+        sign = xp.where(row_offsets(xp, rng, rows, 1.0) < 0, -1.0, 1.0).astype(xp.float32)
+        z += sign * xp.exp2(rng.random((rows, 1), dtype=xp.float32) * 10).astype(xp.float32)
         out = {"x": bf16.encode(xp, z * scale)}
         del z
         if has_residual(problem):
