@@ -13,8 +13,6 @@ import json
 import sys
 from typing import Any
 
-from tuner.errors import InputError
-
 STUDY_HELP = "a study name, a kernel name (studies/<kernel>.db) or a .db path"
 
 
@@ -183,20 +181,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run just these subcommands (as `tuner.cli.main` does once it registers them): for tests and scripts."""
-    from tuner.cli import EXIT_BAD_INPUT, _Parser
+    """`python -m tuner.results_cli ...` is `tuner ...`: tuner.cli registers these commands beside the others."""
+    from tuner.cli import main as cli_main
 
-    parser = _Parser(prog="tuner", description="Study results: Pareto front, export, dashboard.")
-    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    try:
-        args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
-    except InputError as exc:
-        print(f"tuner: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("tuner: interrupted", file=sys.stderr)
-        return 130
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
