@@ -57,7 +57,7 @@ def test_defaults_compile_without_spills(name):
     for prob in spc.problems:
         config = spc.resolve(spc.default, prob)
         source = render.render(family, spc.default, config, prob.env)
-        assert f'extern "C" __global__' in source.text and f"{source.entry}(" in source.text
+        assert 'extern "C" __global__' in source.text and f"{source.entry}(" in source.text
         compiled = compile_source(source)
         assert compiled.ok, getattr(compiled, "reason", "")
         assert compiled.registers > 0

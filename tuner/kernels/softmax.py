@@ -60,7 +60,7 @@ def add_spikes(xp, rng, z, height: float, count: int = 1) -> None:
     rows, cols = z.shape
     for _ in range(count):
         at = rng.integers(0, cols, size=rows)
-        sign = xp.where(rng.random(rows, dtype=xp.float32) < 0.5, -1.0, 1.0).astype(xp.float32)
+        sign = (rng.random(rows, dtype=xp.float32) < 0.5).astype(xp.float32) * 2 - 1
         z[xp.arange(rows), at] = sign * height
 
 
