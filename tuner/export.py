@@ -272,9 +272,25 @@ def throughput(study: optuna.Study, trial: FrozenTrial) -> float:
     return float(trial.values[0]) if trial.values else math.nan
 
 
+def finalist(study: optuna.Study, number: int) -> dict[str, Any] | None:
+    """The re-timed figures of trial `number` when the study re-timed it at the end (user attr "finalists",
+    written by the driver with a longer budget than screening), else None."""
+    for entry in study.user_attrs.get("finalists") or []:
+        if entry.get("trial") == number and "tbps" in entry:
+            return entry
+    return None
+
+
 def best_trial(study: optuna.Study) -> FrozenTrial:
-    """The fastest measured, original, feasible trial (by `throughput`). InputError when there is none."""
-    return max(measured_trials(study), key=lambda t: throughput(study, t))
+    """The fastest measured, original, feasible trial. Where the study re-timed its fastest configs at the end,
+    the fastest by those figures (the screening order can differ by noise); else the fastest by `throughput`.
+    InputError when there is none."""
+    measured = measured_trials(study)
+    by_number = {t.number: t for t in measured}
+    retimed = [f for f in study.user_attrs.get("finalists") or [] if "tbps" in f and f.get("trial") in by_number]
+    if retimed:
+        return by_number[retimed[0]["trial"]]  # the driver stores finalists fastest first
+    return max(measured, key=lambda t: throughput(study, t))
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -1308,6 +1324,15 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         "occupancy": (float(warps) / MAX_WARPS_PER_SM) if warps is not None else None,
         "threads": _threads(t),
     }
+    final = finalist(study, t.number)
+    if final is not None:
+        # Report the longer re-timing, and say so; the screening figure stays alongside.
+        out["screening_tbps"] = out["tbps"]
+        out.update({k: final[k] for k in ("tbps", "tflops", "fraction_of_ceiling", "median_ms") if k in final})
+        out["throughput"] = out["tflops"] if throughput_unit(study) == "TFLOP/s" else out["tbps"]
+        out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
+    else:
+        out["timing"] = "screening"
     ids = a.get("artifacts") if isinstance(a.get("artifacts"), dict) else {}
     if artifact_dir is None:
         try:
