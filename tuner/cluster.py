@@ -27,7 +27,7 @@ from tuner.result import LaunchFailed, Result, TimedOut
 ACTOR_DEPTH = 2
 
 
-def init_ray(address: str | None, gpus: int | None, logical_gpus: int | None = None) -> dict[str, Any]:
+def init_ray(address: str | None, logical_gpus: int | None = None) -> dict[str, Any]:
     """Start Ray locally (default) or join a cluster. Returns the cluster's resources. Errors are InputErrors."""
     import ray
 
@@ -71,7 +71,6 @@ class Job:
     config: dict[str, Any]
     compiled: Any = None
     budget_ms: float = 25.0
-    submitted: float = field(default_factory=time.perf_counter)
 
 
 def _compile_task(source, arch):
@@ -116,15 +115,14 @@ class _GpuActor:
         return self.busy_s
 
     def evaluate(self, params: dict[str, Any], config: dict[str, Any], compiled,
-                 budget_ms: float = 25.0) -> tuple[Result, float]:
+                 budget_ms: float = 25.0) -> Result:
         started = time.perf_counter()
         if self.replay is not None:
             result = self.replay.evaluate(params)
         else:
             result = self.evaluator.evaluate(compiled, self.family, config, self.problem_env, budget_ms=budget_ms)
-        busy = time.perf_counter() - started
-        self.busy_s += busy
-        return result, busy
+        self.busy_s += time.perf_counter() - started
+        return result
 
 
 @dataclass
@@ -149,7 +147,7 @@ class Pool:
         self.replay = replay
         self.timeout_s = timeout_s
         t0 = time.perf_counter()
-        resources = init_ray(ray_address, gpus, logical_gpus if replay else None)
+        resources = init_ray(ray_address, logical_gpus if replay else None)
         self.startup = {"ray_init_s": round(time.perf_counter() - t0, 3)}
         available = int(resources.get("GPU", 0))
         want = gpus or available
@@ -186,15 +184,13 @@ class Pool:
         infos = ray.get([a.info.remote() for a in actors])
         return [_Slot(actor=a, info=i) for a, i in zip(actors, infos, strict=True)]
 
-    def _replace(self, slot: _Slot, reason: str) -> None:
-        """Kill a faulted or hung actor, fail what it had queued, and put a fresh actor in its place."""
+    def _replace(self, slot: _Slot) -> None:
+        """Kill a faulted or hung actor and put a fresh one in its place. The caller has taken the job it failed
+        off the slot's queue; the jobs still queued never started and go back, in order, to the next free actor."""
         import ray
 
         ray.kill(slot.actor, no_restart=True)
-        for i, (_, job) in enumerate(slot.queue):
-            if i == 0:
-                continue  # the head job's failure is reported by the caller
-            self.ready.appendleft(job)  # not started: give it to the next free actor
+        self.ready.extendleft(job for _, job in reversed(slot.queue))
         fresh = self._start_actors(1)[0]
         slot.actor, slot.info, slot.queue, slot.head_started = fresh.actor, fresh.info, collections.deque(), 0.0
         self.replaced += 1
@@ -256,30 +252,27 @@ class Pool:
         import ray
 
         slot = next(s for s in self.slots if s.queue and s.queue[0][0] == ref)
-        _, job = slot.queue[0]
+        _, job = slot.queue.popleft()
+        slot.head_started = time.perf_counter()
         self.ran_on[job.number] = slot.info["gpu_index"]
         try:
-            result, _busy = ray.get(ref)
+            result = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            cause = type(exc).__name__
-            self._replace(slot, cause)
-            self.finished.append((job.number, LaunchFailed(reason=f"GPU worker died ({cause}); replaced")))
-            return
-        slot.queue.popleft()
-        slot.head_started = time.perf_counter()
+            result = LaunchFailed(reason=f"GPU worker died ({type(exc).__name__}); replaced")
+            self._replace(slot)
+        else:
+            if getattr(result, "details", {}).get("sticky"):
+                # The CUDA context is poisoned: everything after this on that actor would fail too.
+                self._replace(slot)
         self.finished.append((job.number, result))
-        if getattr(result, "details", {}).get("sticky"):
-            # The CUDA context is poisoned: everything after this on that actor would fail too.
-            slot.queue.appendleft((None, job))
-            self._replace(slot, "sticky CUDA error")
 
     def _check_hangs(self) -> None:
         now = time.perf_counter()
         for slot in self.slots:
             if slot.queue and now - slot.head_started > self.timeout_s:
-                _, job = slot.queue[0]
+                _, job = slot.queue.popleft()
                 self.ran_on[job.number] = slot.info["gpu_index"]
-                self._replace(slot, "timed out")
+                self._replace(slot)
                 self.finished.append((job.number, TimedOut(
                     reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced")))
 
