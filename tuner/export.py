@@ -42,6 +42,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import InputError
+from tuner.expr import ceil_div
 
 if TYPE_CHECKING:  # pandas is imported where it is used: it costs ~0.3 s at startup
     import pandas as pd
@@ -914,10 +915,6 @@ class _Exported:
     source: str | None
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tuple[str, str] | None:
     """A formula g = c or g = ceil_div(product of some sizes, q) that reproduces every (sizes, g) probe; as
     (C++ expression over `p`, readable text). None when none fits."""
@@ -932,10 +929,10 @@ def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tupl
         product0 = math.prod(base_sizes[s] for s in subset)
         if g0 <= 0:
             continue
-        for q in dict.fromkeys((product0 // g0, _ceil_div(product0, g0))):
+        for q in dict.fromkeys((product0 // g0, ceil_div(product0, g0))):
             if q <= 0:
                 continue
-            if all(_ceil_div(math.prod(sz[s] for s in subset), q) == g for sz, g in values):
+            if all(ceil_div(math.prod(sz[s] for s in subset), q) == g for sz, g in values):
                 operand = " * ".join(f"p.{_cpp_name(s)}" for s in subset)
                 readable = " * ".join(subset)
                 if q == 1:

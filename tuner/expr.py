@@ -18,7 +18,8 @@ from typing import Any
 Env = Mapping[str, Any]
 
 
-def _ceil_div(a, b):
+def ceil_div(a, b):
+    """Integer division rounding up (also what templates' launch geometry uses)."""
     return -(-a // b)
 
 
@@ -35,7 +36,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "min": min,
     "max": max,
     "abs": abs,
-    "ceil_div": _ceil_div,
+    "ceil_div": ceil_div,
     "is_pow2": _is_pow2,
     "log2": _log2,
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tuner.expr import ceil_div
 from tuner.kernels.base import Config, Family, Launch, Problem
 
 GELU_C = 0.7978845608  # sqrt(2 / pi), as the template writes it
@@ -68,7 +69,7 @@ class Gemm(Family):
             )
         ]
         ew_vec = 4 if N % 4 == 0 else 1  # the template's EW_VEC
-        ew_grid = (-(-(M * N // ew_vec) // ELEMENTWISE_THREADS), 1, 1)  # ceil division
+        ew_grid = (ceil_div(M * N // ew_vec, ELEMENTWISE_THREADS), 1, 1)
         stage_args = {
             "bias": ("C", "bias", "M", "N"),
             "gelu": ("C", "M", "N"),
@@ -101,7 +102,7 @@ class Gemm(Family):
         # Unfused stages update C in place: no scratch buffers.
         return {"C": ((problem["M"], problem["N"]), "float32")}
 
-    def reference(self, xp, inputs: dict[str, Any], problem: Problem) -> dict[str, Any]:
+    def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
         f64 = xp.float64
         a, b = inputs["A"].astype(f64), inputs["B"].astype(f64)
         x = a @ b + inputs["bias"].astype(f64)[None, :]

@@ -23,16 +23,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tuner.expr import ceil_div
 from tuner.kernels import bf16
 from tuner.kernels.base import Config, Family, Launch, Problem
 
 #: Threads per block of the split-K reduction kernel (fixed in the template), and elements per thread.
 REDUCE_THREADS = 256
 REDUCE_VEC = 4
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Gemv(Family):
@@ -65,7 +62,7 @@ class Gemv(Family):
     def m_rows(config: Config, problem: Problem) -> int:
         """Rows of x per block (the template's M_TILE): m_tile capped at M (mma: at M rounded up to 8)."""
         M = problem["M"]
-        cap = 8 * _ceil_div(M, 8) if config["mma"] else M
+        cap = 8 * ceil_div(M, 8) if config["mma"] else M
         return min(config["m_tile"], cap)
 
     @staticmethod
@@ -103,13 +100,13 @@ class Gemv(Family):
         self.check(config, problem)
         M, N = problem["M"], problem["N"]
         split_k = config["split_k"]
-        grid = (_ceil_div(M, self.m_rows(config, problem)), N // self.rows_per_block(config), split_k)
+        grid = (ceil_div(M, self.m_rows(config, problem)), N // self.rows_per_block(config), split_k)
         main_out = "y" if split_k == 1 else "part"
         out = [Launch(entry=entry, grid=grid, block=(config["threads"], 1, 1),
                       args=("x", "W", main_out, "M", "N", "K"))]
         if split_k > 1:
             out.append(Launch(entry=f"{entry}_reduce",
-                              grid=(_ceil_div(M * N, REDUCE_THREADS * REDUCE_VEC), 1, 1),
+                              grid=(ceil_div(M * N, REDUCE_THREADS * REDUCE_VEC), 1, 1),
                               block=(REDUCE_THREADS, 1, 1), args=("part", "y", "M", "N")))
         return out
 
@@ -132,7 +129,7 @@ class Gemv(Family):
     def checked(self) -> tuple[str, ...]:
         return ("y",)
 
-    def reference(self, xp, inputs: dict[str, Any], problem: Problem) -> dict[str, Any]:
+    def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
         """y in float64 from the exact bf16 inputs."""
         x = bf16.decode(xp, inputs["x"]).astype(xp.float64)
         w = bf16.decode(xp, inputs["W"]).astype(xp.float64)
