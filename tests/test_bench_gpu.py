@@ -83,7 +83,7 @@ class Probe(Family):
     def outputs(self, problem, config):
         return {"y": ((problem["n"],), "float32")}
 
-    def reference(self, xp, inputs, problem):
+    def reference(self, xp, inputs, problem, config=None):
         return {"y": inputs["x"].astype(xp.float64)}
 
     def tolerance(self, problem):

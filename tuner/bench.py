@@ -23,7 +23,6 @@ marks the evaluator `poisoned`: its process must be replaced. Any other exceptio
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
@@ -317,11 +316,6 @@ def _np_dtype(name: str):
 
 def _problem_dict(problem) -> dict[str, Any]:
     return dict(getattr(problem, "env", problem))
-
-
-def _takes_config(family: Family) -> bool:
-    """Some families' references need the config (copy: the stride); base.Family's contract has none."""
-    return "config" in inspect.signature(family.reference).parameters
 
 
 class _Hung(Exception):
@@ -635,10 +629,7 @@ class GpuEvaluator:
         with stream:
             rng = cupy.random.default_rng(seed)
             inputs = family.inputs(cupy, problem, rng)
-            if _takes_config(family):
-                reference = family.reference(cupy, inputs, problem, config=config)
-            else:
-                reference = family.reference(cupy, inputs, problem)
+            reference = family.reference(cupy, inputs, problem, config=config)
             outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype))
                        for name, (shape, dtype) in family.outputs(problem, config).items()}
             for array in outputs.values():

@@ -70,8 +70,10 @@ class Family:
         """Names of the outputs that must match the reference (default: all that `reference` returns)."""
         return ()
 
-    def reference(self, xp, inputs: dict[str, Any], problem: Problem) -> dict[str, Any]:
-        """Expected outputs, computed in float64 (or the best the backend offers) on `xp`."""
+    def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
+        """Expected outputs, computed in float64 (or the best the backend offers) on `xp`. The evaluator passes the
+        resolved config; most families compute the same function for every config and ignore it (copy's
+        expected output depends on its stride and vec)."""
         raise NotImplementedError
 
     def tolerance(self, problem: Problem) -> float:

@@ -4,11 +4,10 @@ With `vec` > 1 the unit is a chunk of vec consecutive elements: chunk c is read 
 written to dst[c*vec ...]. Stride 1 is a plain coalesced copy; `bytes_moved` counts only the useful bytes
 (n read, n written), so the useful bandwidth falls as the stride grows, which is what the exercise shows.
 
-The stride and vec are knobs of the config, but `inputs` and `reference` do not receive the config in
-base.Family's contract. So `inputs` allocates src for the largest stride the problem allows (n * span elements,
-`span` a problem size, default 32: one input serves every config of the problem; the space requires
-stride <= span), and `reference` takes the config as an extra argument
-(``reference(xp, inputs, problem, config)``): without it there is no way to know which elements to expect.
+The stride and vec are knobs of the config, but `inputs` does not receive the config in base.Family's contract,
+so it allocates src for the largest stride the problem allows (n * span elements, `span` a problem size, default
+32: one input serves every config of the problem; the space requires stride <= span). `reference` needs the
+config (the evaluator always passes it): without it there is no way to know which elements to expect.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Transpose(Family):
         return {"dst": ((problem["cols"], problem["rows"]), problem["dtype"])}
 
     def reference(self, xp, inputs: dict, problem: Problem, config: Config | None = None) -> dict:
-        # `config` is accepted (and unused) so a caller can pass it to every family alike: copy needs it.
+        # `config` is part of the contract; a transpose is the same for every config.
         return {"dst": xp.ascontiguousarray(inputs["src"].T)}
 
     def tolerance(self, problem: Problem) -> float:
