@@ -395,7 +395,6 @@ class Driver:
             started = pool.started
             gpus = pool.gpus
             pool_startup = {**pool.startup, "process_start_to_driver_s": round(self.t_imports, 3)}
-            _process_age_at_t0 = self.t_imports
         finally:
             pool.close()
             flush_started = time.perf_counter()
@@ -411,7 +410,7 @@ class Driver:
             "failures_this_run": dict(stats.failures),
             "wall_s": round(wall, 3),
             # From the process's start (the command), not from this object's: imports count too.
-            "cold_start_s": round(first_result_at - self.t0 + _process_age_at_t0, 3) if first_result_at else None,
+            "cold_start_s": round(first_result_at - self.t0 + self.t_imports, 3) if first_result_at else None,
             "gpus": gpus,
             "startup": pool_startup,
             # Busy = inside a GPU worker's evaluate (launch, verify, time); compiling is CPU work elsewhere.
@@ -474,7 +473,7 @@ class Driver:
             trial.set_user_attr("constraint", 0.0)
             values = _values(result, self.objectives, self.family)
             fast.tell(trial, values)
-            stats.add(trial.number, trial.params, result, values)
+            stats.add(trial.number, trial.params, result)
         else:
             invalid = result.kind == "invalid"
             trial.set_constraint(CONSTRAINT_KEY, 1.0 if invalid else 0.0)
@@ -483,7 +482,7 @@ class Driver:
             trial.set_user_attr("reason", result.reason)
             fast.tell(trial, state=TrialState.PRUNED if invalid else TrialState.FAIL)
             stats.fail(result.kind)
-        mirror.finish(trial.number, fast._storage.get_trial(trial._trial_id))
+        mirror.finish(trial.number, _frozen(fast, trial))
         return 1
 
     def _tell_duplicate(self, fast, mirror, trial, original: int, stats: _Stats) -> int:
@@ -495,7 +494,7 @@ class Driver:
         trial.set_user_attr("duplicate_of", original)
         fast.tell(trial, list(first.values))
         stats.duplicates += 1
-        mirror.finish(trial.number, fast._storage.get_trial(trial._trial_id))
+        mirror.finish(trial.number, _frozen(fast, trial))
         return 1
 
 
@@ -567,7 +566,7 @@ class _Stats:
                          "fraction_of_ceiling": figures["fraction_of_ceiling"], "registers": figures["registers"],
                          "smem_bytes": figures["smem_bytes"]}
 
-    def add(self, number, params, result, values) -> None:
+    def add(self, number, params, result) -> None:
         self.measured += 1
         self._consider(number, params, result.to_dict())
 
