@@ -349,6 +349,9 @@ def _load_problems(spec: Any, family, fail) -> list[Problem]:
         missing = [s for s in family.problem_sizes if s not in item]
         if missing:
             raise fail(f"problem {name!r} lacks sizes {missing} that {family.name} needs", *keys)
+        fault = family.problem_fault({**item, "dtype": dtype})
+        if fault is not None:
+            raise fail(f"problem {name!r}: {fault}", *keys)
         problems.append(Problem(name=name, dtype=dtype, sizes=item))
     return problems
 

@@ -14,6 +14,8 @@ _REGISTRY: dict[str, str] = {
     "rmsnorm": "tuner.kernels.rmsnorm",
     "layernorm": "tuner.kernels.layernorm",
     "gemv": "tuner.kernels.gemv",
+    "fp8_quant": "tuner.kernels.fp8_quant",
+    "rope": "tuner.kernels.rope",
 }
 _LOADED: dict[str, Family] = {}
 

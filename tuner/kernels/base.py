@@ -76,9 +76,23 @@ class Family:
         expected output depends on its stride and vec)."""
         raise NotImplementedError
 
-    def tolerance(self, problem: Problem) -> float:
-        """Allowed max |out - ref| / max(|ref|, 1) element-wise; fits the dtype and the reduction length."""
+    def tolerance(self, problem: Problem) -> float | dict[str, float]:
+        """Allowed max |out - ref| / max(|ref|, 1) element-wise; fits the dtype and the reduction length. A dict
+        gives one tolerance per checked output name."""
         return {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}[problem["dtype"]]
+
+    def checked_value(self, xp, name: str, array, dtype: str | None):
+        """What the check compares with ``reference()[name]``: the stored `array` of output `name` (`dtype` as
+        `outputs` declares it; None for an input updated in place), bf16 bits decoded to float32 by default.
+        Families that store other encodings (fp8 codes) map them to the scale their reference uses."""
+        from tuner.kernels import bf16
+
+        return bf16.decode(xp, array) if dtype == "bfloat16" else array
+
+    def problem_fault(self, problem: Problem) -> str | None:
+        """Why this family cannot run `problem` whatever the config (e.g. head counts that do not group), or
+        None. The space loader reports it against the problem's line in the space file."""
+        return None
 
     # -- accounting -----------------------------------------------------------------------------------------------
     def bytes_moved(self, problem: Problem) -> int:
