@@ -40,7 +40,7 @@ def encode_e4m3(xp, x):
     → 0x7f. Exact for any float32/float64 input: the rounding works on the value's binade in float64."""
     v = xp.asarray(x, dtype=xp.float64)
     sign = xp.signbit(v)
-    a = xp.minimum(xp.abs(v), E4M3_MAX)
+    a = xp.minimum(xp.abs(xp.where(xp.isnan(v), 0.0, v)), E4M3_MAX)  # NaN: code set at the end
     # The spacing of e4m3 values around a: 2^(e-3) for normals (e = floor(log2 a) >= -6), 2^-9 below 2^-6.
     safe = xp.where(a > 0, a, 1.0)
     e = xp.maximum(xp.floor(xp.log2(safe)), -6.0)
@@ -94,8 +94,10 @@ class Fp8Quant(Family):
         threads, rpb, vec = config["threads"], config["rows_per_block"], config["vec"]
         tpr = threads // rpb
         if threads % rpb or tpr % 32 or T % rpb or H % (tpr * vec):
-            raise ValueError(f"fp8_quant: threads={threads}, rows_per_block={rpb}, vec={vec} do not tile "
-                             f"T={T} x H={H} (whole warps per row, H a multiple of threads/row x vec)")
+            raise ValueError(
+                f"fp8_quant: threads={threads}, rows_per_block={rpb}, vec={vec} do not tile "
+                f"T={T} x H={H} (whole warps per row, H a multiple of threads/row x vec)"
+            )
         args = ("q", "scale", "y", "T", "H") if is_dequant(problem) else ("x", "q", "scale", "T", "H")
         return [Launch(entry=entry, grid=(T // rpb, 1, 1), block=(threads, 1, 1), args=args)]
 

@@ -32,8 +32,7 @@ class Rope(Family):
     dtypes = ("bfloat16",)
     problem_sizes = ("T", "Hq", "Hkv", "D")
     throughput_unit = "TB/s"
-    uri_names = {"vec": "v", "heads_per_thread": "hpt", "tokens_per_block": "tpb", "hint": "",
-                 "min_blocks": "lb"}
+    uri_names = {"vec": "v", "heads_per_thread": "hpt", "tokens_per_block": "tpb", "hint": "", "min_blocks": "lb"}
 
     def problem_fault(self, problem: Problem) -> str | None:
         Hq, Hkv, D = problem["Hq"], problem["Hkv"], problem["D"]
@@ -52,10 +51,18 @@ class Rope(Family):
         T, Hq, Hkv, D = problem["T"], problem["Hq"], problem["Hkv"], problem["D"]
         vec, hpt, tpb = config["vec"], config["heads_per_thread"], config["tokens_per_block"]
         if (D // 2) % vec or Hq % hpt or Hkv % hpt or T % tpb or self.threads(config, problem) > 1024:
-            raise ValueError(f"rope: vec={vec}, heads_per_thread={hpt}, tokens_per_block={tpb} do not tile "
-                             f"T={T}, Hq={Hq}, Hkv={Hkv}, D={D} in blocks of at most 1024 threads")
-        return [Launch(entry=entry, grid=(T // tpb, 1, 1), block=(self.threads(config, problem), 1, 1),
-                       args=("q", "k", "cos", "sin", "T"))]
+            raise ValueError(
+                f"rope: vec={vec}, heads_per_thread={hpt}, tokens_per_block={tpb} do not tile "
+                f"T={T}, Hq={Hq}, Hkv={Hkv}, D={D} in blocks of at most 1024 threads"
+            )
+        return [
+            Launch(
+                entry=entry,
+                grid=(T // tpb, 1, 1),
+                block=(self.threads(config, problem), 1, 1),
+                args=("q", "k", "cos", "sin", "T"),
+            )
+        ]
 
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         T, Hq, Hkv, D = problem["T"], problem["Hq"], problem["Hkv"], problem["D"]
