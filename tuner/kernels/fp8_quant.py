@@ -62,7 +62,7 @@ def decode_e4m3(xp, codes):
     mag = c & 0x7F
     e, m = mag >> 3, mag & 7
     value = xp.where(e == 0, m.astype(xp.float64) * 2.0**-9, (1 + m / 8.0) * xp.exp2(e.astype(xp.float64) - 7))
-    value = xp.where(c & 0x80, -value, value)
+    value = xp.where((c & 0x80) != 0, -value, value)
     return xp.where(mag == 0x7F, xp.nan, value).astype(xp.float32)
 
 
@@ -70,7 +70,7 @@ def ordinal(xp, codes):
     """Signed ordinal of e4m3 codes as float64: sign · (code & 0x7f), NaN for the NaN codes."""
     c = xp.asarray(codes).astype(xp.int32)
     mag = (c & 0x7F).astype(xp.float64)
-    out = xp.where(c & 0x80, -mag, mag)
+    out = xp.where((c & 0x80) != 0, -mag, mag)
     return xp.where((c & 0x7F) == 0x7F, xp.nan, out)
 
 
