@@ -4,6 +4,13 @@ A space's constraints (``threads <= 1024``) and derived values (``threads: tile_
 thread_n)``) are data, not code. They are parsed with `ast`, checked against a whitelist of node types, and
 turned into a tree of small closures; nothing ever reaches `eval` or `exec`. The closures are much faster than
 re-walking the AST per config, which matters when a space has hundreds of thousands of Cartesian points.
+
+Expressions are bounded, so a space file cannot hang or exhaust the process that reads it: the text is at most
+`MAX_CHARS` characters, the tree at most `MAX_NODES` nodes and `MAX_DEPTH` levels deep (checked before the tree is
+walked recursively), ``**`` refuses exponents above `MAX_EXPONENT` and results above `MAX_INT_BITS` bits, ``*``
+refuses integers above `MAX_INT_BITS` bits and strings or tuples longer than `MAX_SEQUENCE`, and ``%`` never
+formats strings. A refused operation raises `ExprLimit` (an ArithmeticError, so a constraint that hits a limit
+rules its config out like any other arithmetic fault).
 """
 
 from __future__ import annotations
@@ -16,6 +23,44 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Env = Mapping[str, Any]
+
+MAX_CHARS = 4096
+MAX_NODES = 1000
+MAX_DEPTH = 64
+MAX_EXPONENT = 64
+MAX_INT_BITS = 4096
+MAX_SEQUENCE = 4096
+
+
+class ExprLimit(ArithmeticError):
+    """An operation whose result would exceed an expression bound (too large a power, integer or string)."""
+
+
+def _pow(base, exponent):
+    if isinstance(exponent, int) and not isinstance(exponent, bool) and isinstance(base, int):
+        if exponent > MAX_EXPONENT and base not in (0, 1, -1):
+            raise ExprLimit(f"exponent {exponent} is above the limit of {MAX_EXPONENT}")
+        if exponent > 0 and abs(base).bit_length() * exponent > MAX_INT_BITS:
+            raise ExprLimit(f"{base}**{exponent} has more than {MAX_INT_BITS} bits")
+    return operator.pow(base, exponent)
+
+
+def _mul(a, b):
+    if isinstance(a, str | tuple) or isinstance(b, str | tuple):
+        count, seq = (b, a) if isinstance(a, str | tuple) else (a, b)
+        if isinstance(count, int) and count * len(seq) > MAX_SEQUENCE:
+            raise ExprLimit(f"a repeated string or tuple longer than {MAX_SEQUENCE} items")
+        return a * b
+    result = a * b
+    if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
+        raise ExprLimit(f"a product with more than {MAX_INT_BITS} bits")
+    return result
+
+
+def _mod(a, b):
+    if isinstance(a, str):
+        raise TypeError("string formatting with % is not allowed")
+    return operator.mod(a, b)
 
 
 def ceil_div(a, b):
@@ -44,11 +89,11 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
+    ast.Mult: _mul,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Mod: _mod,
+    ast.Pow: _pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
 _COMPARE = {
@@ -80,16 +125,39 @@ class Expr:
         if isinstance(text, bool) or not isinstance(text, str | int | float):
             raise ExprError(f"expected an expression string, got {type(text).__name__} {text!r}")
         source = str(text)
+        if len(source) > MAX_CHARS:
+            raise ExprError(f"expression of {len(source)} characters is longer than the limit of {MAX_CHARS}: "
+                            f"{source[:40]!r}...")
         try:
             tree = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:
             raise ExprError(f"cannot parse {source!r}: {exc.msg}") from None
+        except (RecursionError, MemoryError):
+            raise ExprError(f"expression nests too deeply: {_short(source)}") from None
+        _check_size(tree.body, source)
         names: set[str] = set()
         fn = _build(tree.body, names, source)
         return cls(text=source, names=frozenset(names), _fn=fn)
 
     def __call__(self, env: Env) -> Any:
         return self._fn(env)
+
+
+def _short(source: str) -> str:
+    return repr(source) if len(source) <= 60 else f"{source[:40]!r}... ({len(source)} characters)"
+
+
+def _check_size(root: ast.AST, source: str) -> None:
+    """Refuse trees over MAX_NODES nodes or MAX_DEPTH levels, walking iteratively (no Python recursion)."""
+    stack, nodes = [(root, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ExprError(f"expression has more than {MAX_NODES} terms: {_short(source)}")
+        if depth > MAX_DEPTH:
+            raise ExprError(f"expression nests more than {MAX_DEPTH} levels deep: {_short(source)}")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
@@ -151,6 +219,14 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
         args = [_build(a, names, source) for a in node.args]
         return lambda env: func(*(a(env) for a in args))
     construct = {
+        ast.JoinedStr: "f-strings",
+        ast.FormattedValue: "f-strings",
+        ast.Set: "set literals",
+        ast.Dict: "dict literals",
+        ast.Slice: "slices",
+        ast.Await: "await",
+        ast.Yield: "yield",
+        ast.YieldFrom: "yield",
         ast.Attribute: "attribute access",
         ast.Lambda: "lambda",
         ast.ListComp: "comprehension",
@@ -160,5 +236,16 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
         ast.Subscript: "subscript",
         ast.NamedExpr: "assignment",
         ast.Starred: "starred argument",
-    }.get(type(node), type(node).__name__)
-    raise ExprError(f"{construct} is not allowed in {source!r}")
+    }.get(type(node))
+    if construct is None and isinstance(node, ast.Compare):
+        construct = "identity comparison (is, is not)"
+    if construct is None:
+        what = type(getattr(node, "op", None) or node).__name__
+        construct = f"the {_OPERATOR_WORDS.get(what, what)} operator" if hasattr(node, "op") else f"a {what} node"
+    verb = "are" if construct in _PLURALS else "is"
+    raise ExprError(f"{construct} {verb} not allowed in {_short(source)}")
+
+
+_PLURALS = {"f-strings", "set literals", "dict literals", "slices"}
+_OPERATOR_WORDS = {"MatMult": "@", "LShift": "<<", "RShift": ">>", "BitOr": "|", "BitAnd": "&", "BitXor": "^",
+                   "Invert": "~"}

@@ -18,12 +18,18 @@ rule configs out before any work, derived values the template needs, and the stu
 Every fault is a `SpaceError` naming the file and, where YAML knows it, the line. Enumeration is lazy and
 backtracks: a constraint is checked as soon as the params it reads are bound, so a space with a million
 Cartesian points and ten thousand valid ones is walked in well under a second.
+
+A space file is data and is bounded like data: string values are identifiers (they name a variant; they are never
+text pasted into CUDA), a range holds at most `MAX_RANGE` values, keys may not repeat, and every walk over the
+space that a command makes on its own (looking for a first valid config, counting, sampling) visits at most
+`WALK_BUDGET` partial configs, so an unsatisfiable space of 10^15 configs is an error in seconds, not a hang.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +53,21 @@ METRICS = (
     "spill_bytes",
 )
 DEFAULT_OBJECTIVES = (("throughput", "maximize"), ("registers", "minimize"), ("smem_bytes", "minimize"))
+#: what a string value must look like: it selects a variant in a template, it is never pasted into CUDA as text
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_RANGE = 10**6
+MAX_FILE_BYTES = 1 << 20
+MAX_PROBLEM_SIZE = 2**63 - 1
+#: partial configs a bounded walk visits before it gives up (≈ 1 s on one core)
+WALK_BUDGET = 600_000
+#: random Cartesian draws `sample` makes in a space too large to enumerate
+SAMPLE_DRAWS = 100_000
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SPACES_DIR = PACKAGE_ROOT / "search_spaces"
+
+
+class WalkBudgetExceeded(Exception):
+    """A bounded walk over a space visited `WALK_BUDGET` partial configs without finishing."""
 
 
 @dataclass(frozen=True)
@@ -141,43 +160,99 @@ class SearchSpace:
         return None
 
     # -- enumeration ----------------------------------------------------------------------------------------------
-    def enumerate(self, problem: Problem | None = None) -> Iterator[dict[str, Any]]:
-        """Yield every valid config (params only) lazily, in the order of the params' declared values."""
+    def enumerate(self, problem: Problem | None = None, budget: int | None = None,
+                  errors: list[str] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield every valid config (params only) lazily, in the order of the params' declared values.
+
+        With `budget`, raise WalkBudgetExceeded after visiting that many partial configs. With `errors`, append
+        a description of the first expression that failed to evaluate (a config it fails on is not valid).
+        """
         problem = problem or self.problems[0]
         names = list(self.params)
         levels = self._plan["levels"]
         env: dict[str, Any] = dict(problem.env)
-        try:
-            for check in levels[-1]:
-                if not check(env):
-                    return
-        except (ArithmeticError, TypeError, ValueError):
+        visited = 0
+
+        def passes(steps) -> bool:
+            for text, step in steps:
+                try:
+                    if not step(env):
+                        return False
+                except (ArithmeticError, TypeError, ValueError) as exc:
+                    if errors is not None and not errors:
+                        bound = ", ".join(f"{n}={env[n]!r}" for n in names if n in env)
+                        errors.append(f"evaluating {text!r} fails: {exc}" + (f" (at {bound})" if bound else ""))
+                    return False
+            return True
+
+        if not passes(levels[-1]):
             return
 
         def walk(i: int) -> Iterator[dict[str, Any]]:
+            nonlocal visited
             if i == len(names):
                 yield {n: env[n] for n in names}
                 return
             name = names[i]
             for value in self.params[name]:
+                visited += 1
+                if budget is not None and visited > budget:
+                    raise WalkBudgetExceeded
                 env[name] = value
-                try:
-                    if all(step(env) for step in levels[i]):
-                        yield from walk(i + 1)
-                except (ArithmeticError, TypeError, ValueError):
-                    continue
+                if passes(levels[i]):
+                    yield from walk(i + 1)
+            env.pop(name, None)
 
         yield from walk(0)
 
     def count_valid(self, problem: Problem | None = None) -> int:
         return sum(1 for _ in self.enumerate(problem))
 
+    def count_valid_bounded(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> tuple[int, bool]:
+        """(count, exact): the number of valid configs, or when the walk runs out of budget a lower bound."""
+        n = 0
+        try:
+            for _ in self.enumerate(problem, budget=budget):
+                n += 1
+        except WalkBudgetExceeded:
+            return n, False
+        return n, True
+
+    def valid_configs(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> list[dict[str, Any]]:
+        """Every valid config, or SpaceError when the space is too large to list within `budget`."""
+        try:
+            return list(self.enumerate(problem, budget=budget))
+        except WalkBudgetExceeded:
+            raise SpaceError(f"the space is too large to list its valid configs ({self.cartesian:,} Cartesian "
+                             f"configs; a walk of {budget:,} partial configs did not finish)",
+                             str(self.path)) from None
+
     def sample(self, n: int, seed: int = 0, problem: Problem | None = None) -> list[dict[str, Any]]:
-        """A seeded sample of n distinct valid configs (all of them when the space has fewer)."""
-        valid = list(self.enumerate(problem))
-        if n >= len(valid):
-            return valid
-        return random.Random(seed).sample(valid, n)
+        """A seeded sample of n distinct valid configs (all of them when the space has fewer).
+
+        A space that a bounded walk can list is sampled from the list. A larger one is never listed: Cartesian
+        points are drawn at random (at most `SAMPLE_DRAWS` of them) and the valid ones kept, so the result may
+        hold fewer than n configs; none at all is a SpaceError.
+        """
+        problem = problem or self.problems[0]
+        try:
+            valid = list(self.enumerate(problem, budget=WALK_BUDGET))
+        except WalkBudgetExceeded:
+            valid = None
+        if valid is not None:
+            return valid if n >= len(valid) else random.Random(seed).sample(valid, n)
+        rng = random.Random(seed)
+        found: dict[tuple, dict[str, Any]] = {}
+        for _ in range(SAMPLE_DRAWS):
+            config = {name: rng.choice(values) for name, values in self.params.items()}
+            if self.validate(config, problem) is None:
+                found.setdefault(tuple(config.values()), config)
+                if len(found) == n:
+                    break
+        if not found:
+            raise SpaceError(f"no valid config among {SAMPLE_DRAWS:,} random draws from {self.cartesian:,} "
+                             f"Cartesian configs (the constraints may rule out all of them)", str(self.path))
+        return list(found.values())
 
     # -- user-facing config parsing -------------------------------------------------------------------------------
     def config_from_assignments(self, assignments: list[str], problem: Problem | None = None) -> dict[str, Any]:
@@ -191,8 +266,12 @@ class SearchSpace:
                 raise SpaceError(f"--set expects NAME=VALUE, got {item!r}", str(self.path))
             if key not in self.params:
                 raise SpaceError(f"--set {key}: unknown parameter (known: {', '.join(self.params)})", str(self.path))
-            value = yaml.safe_load(raw)
-            if value not in self.params[key]:
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                problem_text = getattr(exc, "problem", None) or type(exc).__name__
+                raise SpaceError(f"--set {key}={raw}: not a YAML scalar ({problem_text})", str(self.path)) from None
+            if isinstance(value, dict | list) or value not in self.params[key]:
                 raise SpaceError(
                     f"--set {key}={raw}: value outside the space (allowed: {list(self.params[key])})", str(self.path)
                 )
@@ -225,18 +304,28 @@ def load(space: str | Path) -> SearchSpace:
     path = resolve_path(space)
     where = str(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise SpaceError("no such space file", where) from None
     except OSError as exc:
         raise SpaceError(f"cannot read: {exc.strerror}", where) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpaceError(f"larger than {MAX_FILE_BYTES >> 20} MiB: not a space file", where)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpaceError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): not a space file", where, line) from None
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 — _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpaceError(f"malformed YAML: {problem}", where, mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise SpaceError("malformed YAML: nested too deeply", where) from None
     lines = _LineFinder(root)
     if not isinstance(data, dict):
         raise SpaceError("expected a mapping at the top level", where, 1)
@@ -269,6 +358,8 @@ def load(space: str | Path) -> SearchSpace:
     for name in derived:
         if name in params:
             raise fail(f"derived value {name!r} has the name of a parameter", "derived", name)
+        if any(name in p.env for p in problems) or name in ("ctype", "entry"):
+            raise fail(f"derived value {name!r} has the name of a problem symbol", "derived", name)
     objectives = _load_objectives(data.get("objectives"), fail)
 
     space = SearchSpace(
@@ -295,13 +386,45 @@ def load(space: str | Path) -> SearchSpace:
             raise fail(f"default config is not valid: {reason}", "default")
         space.default = {**{n: v[0] for n, v in params.items()}, **default}
     for problem in problems:
-        first = next(space.enumerate(problem), None)
+        if space.default and space.validate(space.default, problem) is None:
+            continue
+        errors: list[str] = []
+        try:
+            first = next(space.enumerate(problem, budget=WALK_BUDGET, errors=errors), None)
+        except WalkBudgetExceeded:
+            hint = f"; {errors[0]}" if errors else ""
+            raise SpaceError(f"no valid config for problem {problem.name!r} found among the first {WALK_BUDGET:,} "
+                             f"partial configs of {space.cartesian:,} Cartesian ones{hint} (if valid configs "
+                             f"exist, name one under 'default:')", where) from None
         if first is None:
+            if errors:
+                raise SpaceError(f"no valid configs for problem {problem.name!r}: {errors[0]}", where)
             raise SpaceError(f"no valid configs for problem {problem.name!r}: the constraints rule out all "
-                             f"{space.cartesian} Cartesian configs", where)
+                             f"{space.cartesian:,} Cartesian configs", where)
         if default is None and not space.default:
             space.default = first
     return space
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} appears twice (lines {first} and {key_node.start_mark.line + 1})",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 class _LineFinder:
@@ -344,8 +467,8 @@ def _load_problems(spec: Any, family, fail) -> list[Problem]:
             raise fail(f"dtype {dtype!r} is not supported by {family.name} (supported: {', '.join(family.dtypes)})",
                        *keys, "dtype")
         for key, value in item.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise fail(f"problem size {key!r} must be a positive integer, got {value!r}", *keys, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PROBLEM_SIZE:
+                raise fail(f"problem size {key!r} must be a positive 64-bit integer, got {value!r}", *keys, key)
         missing = [s for s in family.problem_sizes if s not in item]
         if missing:
             raise fail(f"problem {name!r} lacks sizes {missing} that {family.name} needs", *keys)
@@ -372,6 +495,9 @@ def _load_params(spec: Any, fail) -> dict[str, tuple[Any, ...]]:
         for v in values:
             if isinstance(v, dict | list) or v is None:
                 raise fail(f"parameter {name!r}: value {v!r} is not a scalar", "params", name)
+            if isinstance(v, str) and not IDENTIFIER.fullmatch(v):
+                raise fail(f"parameter {name!r}: string value {v!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*); "
+                           f"string values name a variant and are never pasted into CUDA", "params", name)
         if len(set(values)) != len(values):
             raise fail(f"parameter {name!r} lists a value twice", "params", name)
         params[name] = tuple(values)
@@ -387,6 +513,8 @@ def _expand_range(name: str, spec: dict, fail) -> list[Any]:
                 or any(x & (x - 1) for x in lo_hi) or lo_hi[0] > lo_hi[1]):
             raise fail(f"parameter {name!r}: pow2 expects [lo, hi], powers of two with lo <= hi", "params", name)
         lo, hi = lo_hi
+        if hi.bit_length() > 64:
+            raise fail(f"parameter {name!r}: pow2 values above 2**63 are not allowed", "params", name)
         return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
     if "range" in spec and len(spec) == 1:
         r = spec["range"]
@@ -395,6 +523,9 @@ def _expand_range(name: str, spec: dict, fail) -> list[Any]:
         lo, hi, step = (r + [1])[:3]
         if step <= 0:
             raise fail(f"parameter {name!r}: range step must be positive", "params", name)
+        if len(range(lo, hi + 1, step)) > MAX_RANGE:
+            raise fail(f"parameter {name!r}: range of {len(range(lo, hi + 1, step)):,} values is above the limit "
+                       f"of {MAX_RANGE:,}", "params", name)
         return list(range(lo, hi + 1, step))
     raise fail(f"parameter {name!r}: expected one of {{values: [...]}}, {{pow2: [lo, hi]}}, {{range: [lo, hi]}}",
                "params", name)
@@ -460,17 +591,20 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
     level: dict[str, int] = {name: i for name, i in param_index.items()}
     level.update({s: -1 for s in problem_symbols})
     order: list[str] = []
-    visiting: set[str] = set()
+    visiting: list[str] = []
 
     def visit(name: str) -> int:
         if name in level:
             return level[name]
         if name in visiting:
-            raise fail(f"derived value {name!r} depends on itself", "derived", name)
-        visiting.add(name)
+            cycle = visiting[visiting.index(name):] + [name]
+            if len(cycle) == 2:
+                raise fail(f"derived value {name!r} depends on itself", "derived", name)
+            raise fail(f"derived values form a cycle: {' → '.join(cycle)}", "derived", cycle[0])
+        visiting.append(name)
         expr = space.derived[name]
-        level[name] = max((visit(n) for n in expr.names), default=-1)
-        visiting.discard(name)
+        level[name] = max((visit(n) for n in sorted(expr.names)), default=-1)
+        visiting.pop()
         order.append(name)
         return level[name]
 
@@ -485,9 +619,9 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
             env[_name] = _expr(env)
             return True
 
-        levels[level[name]].append(set_derived)
+        levels[level[name]].append((f"{name}: {expr.text}", set_derived))
     for expr in space.constraints:
         lvl = max((level[n] for n in expr.names), default=-1)
-        levels[lvl].append(expr)
+        levels[lvl].append((expr.text, expr))
     return {"derived_order": order, "levels": levels}
 
