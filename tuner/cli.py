@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, NoReturn
@@ -34,6 +35,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -57,8 +68,9 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     rows = []
     for path in space_mod.shipped_spaces():
         s = space_mod.load(path)
-        rows.append({"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": s.count_valid(),
-                     "problems": [p.name for p in s.problems], "path": str(path)})
+        valid, exact = s.count_valid_bounded()  # a bounded walk: a huge space must not stall the listing
+        rows.append({"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": valid,
+                     "valid_exact": exact, "problems": [p.name for p in s.problems], "path": str(path)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -66,7 +78,8 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     for col in ("name", "kernel", "problems", "cartesian", "valid"):
         table.add_column(col, justify="right" if col in ("cartesian", "valid") else "left")
     for r in rows:
-        table.add_row(r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}", f"{r['valid']:,}")
+        valid = f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}"
+        table.add_row(r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}", valid)
     Console().print(table)
     return 0
 
@@ -96,13 +109,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tuner import compile as compile_mod
-    from tuner import kernels
+    from tuner import kernels, limits
     from tuner.render import render
 
     s, problem = _load_space_and_problem(args)
     family = kernels.get(s.kernel)
-    configs = s.sample(args.sample, args.seed, problem) if args.sample else list(s.enumerate(problem))
-    arch = args.arch or compile_mod.default_arch()
+    arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
+    configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
     records: list[dict[str, Any]] = []
@@ -206,7 +219,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         kernel=args.kernel, space=args.space or args.kernel, trials=args.trials, storage=args.storage,
         study_name=args.study_name, sampler=args.sampler, seed=args.seed, gpus=args.gpus,
         ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
-        replay_delay_s=args.replay_delay,
+        replay_delay_s=args.replay_delay, takeover=args.takeover,
         progress=not args.json,
     ))
     if args.json:
@@ -271,8 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
     p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
-    p.add_argument("--replay-delay", type=float, default=0.0, metavar="S",
+    p.add_argument("--replay-delay", type=_seconds, default=0.0, metavar="S",
                    help="seconds each replayed answer takes, standing in for GPU time")
+    p.add_argument("--takeover", action="store_true",
+                   help="take the study over from a driver that holds it (after that driver's host crashed)")
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)
@@ -294,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`tuner spaces --json | head`): nothing more to say, and Python must not
+        # complain again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -81,6 +81,10 @@ def render(
     TemplateError (template:line: fault) on a Jinja syntax error or an undefined variable.
     """
     env = env or _env()
+    for key, value in {**config, "dtype": problem_env.get("dtype")}.items():
+        if isinstance(value, str) and not _IDENTIFIER.fullmatch(value):
+            raise TemplateError(f"{key}={value!r} is not an identifier: string values select a variant and are "
+                                f"never pasted into CUDA", family.template)
     name = uri(family, params)
     context = {
         **problem_env,
@@ -99,7 +103,21 @@ def render(
     except jinja2.UndefinedError as exc:
         where, line = _template_frame(sys.exc_info()[2], family.template)
         raise TemplateError(f"undefined variable: {exc.message}", where, line) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        # A value of the wrong type for what the template does with it (a string param in arithmetic).
+        where, line = _template_frame(sys.exc_info()[2], family.template)
+        if line is None:  # not raised by template code: a bug of ours, keep the traceback
+            raise
+        raise TemplateError(f"cannot render with {_describe(params)}: {type(exc).__name__}: {exc}", where,
+                            line) from None
     return Source(kernel=family.name, text=text, entry=name, uri=name, template=family.template)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _describe(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params.items())
 
 
 def _template_frame(tb, template: str) -> tuple[str, int | None]:

@@ -64,9 +64,9 @@ def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[st
     """params key → (state, user attrs) for every replayable trial of the recorded study."""
     import optuna
 
-    url = path if "://" in path else f"sqlite:///{path}"
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise InputError("replay file not found", path)
+    from tuner.dbfiles import readonly_url
+
+    url = readonly_url(path)  # a recording is an input: never written, not even Optuna's tables
     try:
         storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
         summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)

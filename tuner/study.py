@@ -15,7 +15,9 @@ in flight waits for that result; anything else goes to the pool.
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import re
 import time
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner import kernels
+from tuner import kernels, limits
 from tuner import space as space_mod
+from tuner.dbfiles import check_storage
 from tuner.errors import InputError
 from tuner.replay import params_key
 from tuner.result import Invalid, Result
@@ -57,6 +60,8 @@ class StudyOptions:
     #: how many of the fastest configs to re-time with `final_budget_ms` at the end (not in replay)
     finalists: int = 5
     final_budget_ms: float = 300.0
+    #: take the study over from a driver that holds its lease (see tuner.lease)
+    takeover: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -72,15 +77,17 @@ def open_storage(url: str):
     import optuna
     from sqlalchemy import event
 
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
+    from tuner.dbfiles import check_storage, create_storage
+
+    path = check_storage(url)
+    if path is not None:
         if path.parent and not path.parent.exists():
             try:
                 path.parent.mkdir(parents=True)
             except OSError as exc:
                 raise InputError(f"--storage {url}: cannot create {path.parent}: {exc.strerror}") from None
     try:
-        storage = optuna.storages.RDBStorage(url, heartbeat_interval=None)
+        storage = create_storage(lambda: optuna.storages.RDBStorage(url, heartbeat_interval=None))
     except Exception as exc:  # SQLAlchemy raises ArgumentError/OperationalError/...; all mean "cannot open"
         first = str(exc).strip().splitlines()[0][:200]
         raise InputError(f"--storage {url}: cannot open: {first}") from None
@@ -144,14 +151,20 @@ def make_sampler(name: str, seed: int | None, n_objectives: int):
 # the writer process
 
 
-def _writer_main(url: str, study_id: int, inbox: mp.Queue, done: mp.Queue) -> None:
+def _writer_main(url: str, study_id: int, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
     """Mirror trials into durable storage in ask order. A start and a finish that arrive together become one
-    insert; a start alone is a RUNNING trial completed by a later finish."""
+    insert; a start alone is a RUNNING trial completed by a later finish. Exits when the driver (`parent`) dies,
+    so a killed driver leaves no writer holding the database (its RUNNING trials are recovered on the rerun)."""
+    from tuner.lease import get_unless_orphaned
+
     storage = open_storage(url)
     trial_ids: dict[int, int] = {}
     stop = False
     while not stop:
-        batch = [inbox.get()]
+        first = get_unless_orphaned(inbox, parent)
+        if first is None:
+            return
+        batch = [first]
         while True:
             try:
                 batch.append(inbox.get_nowait())
@@ -181,7 +194,8 @@ class _Mirror:
     def __init__(self, url: str, study_id: int):
         ctx = mp.get_context("spawn")
         self.inbox, self.done = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_writer_main, args=(url, study_id, self.inbox, self.done), daemon=True)
+        self.proc = ctx.Process(target=_writer_main, args=(url, study_id, self.inbox, self.done, os.getpid()),
+                                daemon=True)
         self.proc.start()
 
     def start(self, number: int, frozen) -> None:
@@ -241,10 +255,17 @@ class Driver:
             from tuner.replay import ReplayEvaluator
 
             replay = ReplayEvaluator(opts.replay, opts.replay_study)
-            if replay.covers(self.space.enumerate(self.problem)) == 0:
+            # Over the recording, not the space: a space may be far too large to enumerate.
+            recorded = (json.loads(key) for key in replay.records)
+            if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
+        limits.replay_delay(opts.replay_delay_s)
+        limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.url = opts.storage or default_storage(opts.kernel)
-        self.storage = open_storage(self.url)
+        # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
+        check_storage(self.url)
+        self.storage = None
+        self.lease = None
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
 
     # -- set-up -------------------------------------------------------------------------------------------------
@@ -253,7 +274,7 @@ class Driver:
 
         from tuner.compile import versions
 
-        name = self.opts.study_name or default_study_name(self.space, self.problem, gpu)
+        name = self._study_name(gpu)
         attrs = {
             "kernel": self.space.kernel,
             "space_path": str(self.space.path),
@@ -287,6 +308,9 @@ class Driver:
             durable.set_metric_names([o.name for o in self.objectives])
         return durable
 
+    def _study_name(self, gpu: str) -> str:
+        return self.opts.study_name or default_study_name(self.space, self.problem, gpu)
+
     def _recover(self, durable) -> list[dict[str, Any]]:
         """Fail trials a killed driver left RUNNING; return their configs to run again."""
         from optuna.trial import TrialState
@@ -301,6 +325,15 @@ class Driver:
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Run the study; the study's lease (see tuner.lease) is held from before the first read of its trials
+        to the end."""
+        try:
+            return self._run()
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+
+    def _run(self) -> dict[str, Any]:
         import optuna
         from optuna.trial import TrialState
 
@@ -311,6 +344,10 @@ class Driver:
                     delay_s=self.opts.replay_delay_s,
                     logical_gpus=(self.opts.gpus or 1) if self.opts.replay else None)
         gpu = pool.gpus[0]["gpu"]
+        from tuner.lease import acquire
+
+        self.storage = open_storage(self.url)
+        self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
         durable = self._open_study(gpu, pool.arch)
         again = self._recover(durable)
         past = durable.get_trials(deepcopy=False)
@@ -331,7 +368,7 @@ class Driver:
             fast.enqueue_trial(dict(self.space.default))
         if self.opts.sampler == "grid":
             done_keys = {params_key(t.params) for t in past if _counts(t)}
-            for params in self.space.enumerate(self.problem):
+            for params in self.space.valid_configs(self.problem):
                 if params_key(params) not in done_keys:
                     fast.enqueue_trial(params)
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
@@ -520,9 +557,14 @@ class _Repair:
         import numpy as np
 
         if self.valid is None:
-            configs = list(self.space.enumerate(self.problem))
+            try:
+                configs = list(self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET))
+            except space_mod.WalkBudgetExceeded:  # too large to list: the sampler alone finds valid configs
+                configs = []
             self.configs = configs
             self.valid = np.array([[self.index[n][c[n]] for n in self.index] for c in configs], dtype=np.int16)
+        if not self.configs:
+            return None
         point = np.array([self.index[n][params[n]] for n in self.index], dtype=np.int16)
         distance = np.abs(self.valid - point).sum(axis=1).astype(np.float64)
         distance += self.rng.random(len(distance)) * 0.5  # seeded tie-break below one step

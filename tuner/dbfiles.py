@@ -1,0 +1,115 @@
+"""What the tuner may do to the SQLite files it is given: read inputs without writing, create storage only for a
+study about to start.
+
+A replay recording is an input: it is checked with a read-only SQLite connection and opened through a read-only
+URL, so a wrong file (empty, another program's database) is refused without a byte written to it. A storage
+file that exists must already be an Optuna database (or be empty); anything else is refused before Optuna adds
+its tables. In-memory SQLite is refused: the study's writer runs in another process and would see another
+database. Creating a new database from several processes at once is retried, since Optuna's schema set-up is
+not atomic (two creators race on the ``alembic_version`` row).
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from tuner.errors import InputError
+
+#: tables every Optuna RDB storage has
+OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a ``sqlite:///PATH`` URL; None for other databases. In-memory URLs are InputErrors."""
+    if not url.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InputError(f"--storage {url}: not a database URL ({exc})") from None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or parsed.query.get("mode") == "memory":
+        raise InputError(f"--storage {url}: an in-memory database would vanish with the study's writer process; "
+                         f"give a file (sqlite:///PATH)")
+    if database.startswith("file:"):
+        database = database.removeprefix("file:").split("?", 1)[0]
+    return Path(database)
+
+
+def _readonly_uri(path: Path) -> str:
+    """A SQLite URI that reads `path` without writing or creating anything. Without a -wal file beside it the
+    database is whole in its main file, and ``immutable=1`` keeps SQLite from creating -wal/-shm files just to
+    read it; with one, the WAL holds committed pages that must be read (``mode=ro``)."""
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    if not Path(f"{path}-wal").exists():
+        uri += "&immutable=1"
+    return uri
+
+
+def tables(path: Path, what: str) -> set[str]:
+    """The table names of a SQLite file, read through a read-only connection. Not SQLite: an InputError."""
+    uri = _readonly_uri(path)
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{what}: not a SQLite database ({exc})", str(path)) from None
+    return {name for (name,) in rows}
+
+
+def check_storage(url: str) -> Path | None:
+    """Refuse a storage that is in memory, or a SQLite file that holds something other than Optuna studies.
+    Writes nothing. Returns the file of a SQLite storage (which may not exist yet)."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    if path.is_dir():
+        raise InputError("--storage: is a directory, not a database file", str(path))
+    if path.exists() and path.stat().st_size > 0:
+        found = tables(path, "--storage")
+        if found and not OPTUNA_TABLES <= found:
+            others = ", ".join(sorted(found - OPTUNA_TABLES)[:5])
+            raise InputError(f"--storage: holds tables that are not an Optuna study's ({others}); refusing to add "
+                             f"Optuna's tables to it", str(path))
+    return path
+
+
+def readonly_url(path: str) -> str:
+    """A read-only SQLAlchemy URL for a recorded study (a SQLite file, after checking it is an Optuna database
+    with a read-only connection); a URL of another database is returned as given."""
+    if "://" in path and not path.startswith("sqlite:"):
+        return path
+    file = sqlite_path(path) if "://" in path else Path(path)
+    if not file.exists():
+        raise InputError("replay file not found", path)
+    if not file.is_file():
+        raise InputError("replay file is not a file", path)
+    found = tables(file, "replay file")
+    if not OPTUNA_TABLES <= found:
+        raise InputError("replay file is not an Optuna study database (no studies table)", path)
+    return f"sqlite:///{_readonly_uri(file)}&uri=true"
+
+
+def create_storage(make, attempts: int = 8):
+    """Call `make()` (which builds an Optuna RDBStorage), retrying when another process is creating the same new
+    database at the same moment: Optuna's schema set-up then fails with a unique-constraint or lock error."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (IntegrityError, OperationalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 + random.random() * 0.15 * (attempt + 1))
+    raise AssertionError("unreachable")

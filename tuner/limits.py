@@ -1,0 +1,80 @@
+"""Checks on command-line values that must hold before any work starts.
+
+Each check raises `InputError` with one line naming the flag and the fault, and runs before Ray, a GPU worker
+or a storage is touched, so a refused command leaves nothing running and nothing written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+from tuner.errors import InputError
+
+_ARCH = re.compile(r"(sm|compute)_(\d+)([af]?)")
+
+
+def replay_delay(value: float) -> float:
+    """A replay delay is a finite number of seconds ≥ 0."""
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"--replay-delay {value}: must be a finite number of seconds ≥ 0")
+    return value
+
+
+def arch(value: str) -> str:
+    """An NVRTC target such as sm_90 or sm_90a that this NVRTC can compile for."""
+    m = _ARCH.fullmatch(value)
+    if m is None:
+        raise InputError(f"--arch {value}: expected sm_NN (e.g. sm_90)")
+    try:
+        from cupy.cuda import nvrtc
+
+        supported = tuple(nvrtc.getSupportedArchs())
+    except Exception:  # no NVRTC to ask: let the compile report it
+        return value
+    if int(m.group(2)) not in supported:
+        known = ", ".join(f"sm_{a}" for a in supported)
+        raise InputError(f"--arch {value}: NVRTC cannot compile for it (supported: {known})")
+    return value
+
+
+def max_replay_workers() -> int:
+    """Logical GPUs a replay may ask for: each is a Ray actor process, so a bound on processes, not GPUs."""
+    return (os.cpu_count() or 1) * 4
+
+
+def local_gpus() -> int | None:
+    """NVIDIA GPUs this process may use, from CUDA_VISIBLE_DEVICES or the driver's /proc entries; None when
+    neither says (Ray then decides)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e for e in visible.split(",") if e.strip()]
+        # CUDA stops at the first invalid entry; "-1" is the common "no GPU" idiom.
+        count = 0
+        for e in entries:
+            if e.strip().startswith("-"):
+                break
+            count += 1
+        return count
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        return sum(1 for _ in proc.iterdir())
+    return None
+
+
+def gpus(requested: int | None, replay: bool, ray_address: str | None) -> None:
+    """Refuse a GPU count that cannot be met, before Ray starts (a cluster is checked once joined)."""
+    if ray_address or (requested is None and replay):
+        return
+    if replay:
+        bound = max_replay_workers()
+        if requested > bound:
+            raise InputError(f"--gpus {requested}: a replay runs one process per logical GPU; at most {bound} "
+                             f"on this machine (4 × {os.cpu_count()} cores)")
+        return
+    have = local_gpus()
+    if have == 0 or (have is not None and requested is not None and requested > have):
+        raise InputError(f"--gpus {requested or 'all'}: this machine has {have} GPU(s)"
+                         + (" (use --replay PATH to run without one)" if have == 0 else ""))
