@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that went away is a BrokenPipeError caught below
+        return code
     except InputError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -19,8 +19,15 @@ from urllib.parse import quote
 
 from tuner.errors import InputError
 
-#: tables every Optuna RDB storage has
+#: tables every complete Optuna RDB storage has
 OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
+#: every table an Optuna RDB storage (schema v12), the lease table or SQLite itself may add; a database being
+#: created by another process at this moment holds a subset of them
+KNOWN_TABLES = OPTUNA_TABLES | {
+    "study_directions", "study_user_attributes", "study_system_attributes", "trial_user_attributes",
+    "trial_system_attributes", "trial_params", "trial_values", "trial_intermediate_values", "trial_heartbeats",
+    "version_info", "tuner_leases", "sqlite_sequence",
+}
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -63,7 +70,8 @@ def tables(path: Path, what: str) -> set[str]:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        raise InputError(f"{what}: not a SQLite database ({exc})", str(path)) from None
+        raise InputError(f"{what}: cannot read as a study database: not a SQLite database ({exc})",
+                         str(path)) from None
     return {name for (name,) in rows}
 
 
@@ -77,8 +85,8 @@ def check_storage(url: str) -> Path | None:
         raise InputError("--storage: is a directory, not a database file", str(path))
     if path.exists() and path.stat().st_size > 0:
         found = tables(path, "--storage")
-        if found and not OPTUNA_TABLES <= found:
-            others = ", ".join(sorted(found - OPTUNA_TABLES)[:5])
+        if found - KNOWN_TABLES:
+            others = ", ".join(sorted(found - KNOWN_TABLES)[:5])
             raise InputError(f"--storage: holds tables that are not an Optuna study's ({others}); refusing to add "
                              f"Optuna's tables to it", str(path))
     return path
@@ -96,7 +104,7 @@ def readonly_url(path: str) -> str:
         raise InputError("replay file is not a file", path)
     found = tables(file, "replay file")
     if not OPTUNA_TABLES <= found:
-        raise InputError("replay file is not an Optuna study database (no studies table)", path)
+        raise InputError("replay file: cannot read as a study database: no Optuna tables in it", path)
     return f"sqlite:///{_readonly_uri(file)}&uri=true"
 
 

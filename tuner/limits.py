@@ -46,8 +46,8 @@ def max_replay_workers() -> int:
 
 
 def local_gpus() -> int | None:
-    """NVIDIA GPUs this process may use, from CUDA_VISIBLE_DEVICES or the driver's /proc entries; None when
-    neither says (Ray then decides)."""
+    """NVIDIA GPUs this process may use: from CUDA_VISIBLE_DEVICES, else the driver's /proc entries, else the CUDA
+    runtime's device count (0 without a driver); None when none of them can say (Ray then decides)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         entries = [e for e in visible.split(",") if e.strip()]
@@ -61,7 +61,14 @@ def local_gpus() -> int | None:
     proc = Path("/proc/driver/nvidia/gpus")
     if proc.is_dir():
         return sum(1 for _ in proc.iterdir())
-    return None
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except cupy.cuda.runtime.CUDARuntimeError:  # no driver or no device
+        return 0
 
 
 def gpus(requested: int | None, replay: bool, ray_address: str | None) -> None:
@@ -75,6 +82,7 @@ def gpus(requested: int | None, replay: bool, ray_address: str | None) -> None:
                              f"on this machine (4 × {os.cpu_count()} cores)")
         return
     have = local_gpus()
-    if have == 0 or (have is not None and requested is not None and requested > have):
-        raise InputError(f"--gpus {requested or 'all'}: this machine has {have} GPU(s)"
-                         + (" (use --replay PATH to run without one)" if have == 0 else ""))
+    if have == 0:
+        raise InputError("no GPU visible to Ray on this machine (use --replay PATH to run without one)")
+    if have is not None and requested is not None and requested > have:
+        raise InputError(f"--gpus {requested}: this machine has {have} GPU(s)")

@@ -1,0 +1,304 @@
+"""Hostile and careless inputs: each ends within seconds in one line on stderr and exit code 2 (or a valid
+result), never a traceback, and leaves every file it was given as it was, with no new file beside it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner import cli, kernels
+from tuner import space as space_mod
+from tuner.errors import InputError, SpaceError, TemplateError
+from tuner.render import render
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
+DATA = ROOT / "tests" / "data"
+
+COPY_HEAD = """kernel: copy
+problem: {name: n, n: 1048576, span: 32, dtype: float32}
+"""
+COPY_PARAMS = """params:
+  stride: [1, 2]
+  vec: [1, 2, 4]
+  block: [128, 256]
+  items: [1, 2]
+derived:
+  per_block: block * items * vec
+  grid: n // per_block
+"""
+# 6 params of 1000 values, no valid config: 10^18 Cartesian points.
+HUGE = COPY_HEAD + """params:
+  stride: [1]
+  vec: [1]
+  block: [256]
+  items: [1]
+  a: {range: [1, 1000]}
+  b: {range: [1, 1000]}
+  c: {range: [1, 1000]}
+  d: {range: [1, 1000]}
+  e: {range: [1, 1000]}
+  f: {range: [1, 1000]}
+derived:
+  per_block: block * items * vec
+  grid: n // per_block
+"""
+
+
+def copy_space(constraints: str = "", params: str = COPY_PARAMS) -> str:
+    return COPY_HEAD + params + (f"constraints:\n  - {constraints}\n" if constraints else "")
+
+
+def optuna_db(path: Path, params: dict) -> None:
+    """A small Optuna database with one completed trial of `params` (another kernel's recording)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    study = optuna.create_study(storage=f"sqlite:///{path}", study_name="other")
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions={k: CategoricalDistribution([v]) for k, v in params.items()}, value=1.0))
+
+
+def foreign_db(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO accounts VALUES (1, 'x')")
+    conn.commit()
+    conn.close()
+
+
+STUDY = ("study", "transpose", "--trials", "3")
+REPLAY = (*STUDY, "--replay", str(RECORDING))
+
+# (id, argv ({d} is the case's folder), files to create: name → text | callable(path), fragment of the message;
+# None = a valid result, exit 0)
+CASES = [
+    ("newline-in-string-value", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space(params=COPY_PARAMS.replace(
+         "items: [1, 2]\n", "items: [1, 2]\n  hint: [\"a\\nextern \\\"C\\\" __global__ void evil(int* p){ *p = 1; }\"]\n"))},
+     "is not an identifier"),
+    ("power-tower-constant", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("9**9**9**9 > 0")},
+     "exponent 387420489 is above the limit"),
+    ("power-tower-param", ("check", "{d}/s.yaml"), {"s.yaml": copy_space("stride**9**9**9 > 0")},
+     "exponent"),
+    ("huge-unsatisfiable-render", ("render", "{d}/s.yaml"), {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"},
+     "no valid config for problem 'n' found among"),
+    ("huge-unsatisfiable-check", ("check", "{d}/s.yaml", "--sample", "5"),
+     {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"}, "no valid config"),
+    ("huge-sample-is-drawn-not-listed", ("check", "{d}/s.yaml", "--sample", "3", "--json"),
+     {"s.yaml": HUGE + "constraints:\n  - f > 500\n"}, None),
+    ("non-utf8-space", ("render", "{d}/s.yaml"), {"s.yaml": b"kernel: copy\n\xff\xfe\n"}, "not UTF-8"),
+    ("database-as-space", ("render", "{d}/x.db"), {"x.db": lambda p: foreign_db(p)}, "not UTF-8"),
+    ("plus-chain-20000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("+".join(["stride"] * 20000) + " > 0")},
+     "longer than the limit"),
+    ("unary-minus-5000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("-" * 3000 + "stride < 0")},
+     "nests too deeply"),
+    ("not-5000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("not " * 1000 + "stride")}, "levels deep"),
+    ("range-1e15", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space(params=COPY_PARAMS.replace("items: [1, 2]", "items: {range: [0, 1000000000000000]}"))},
+     "above the limit of 1,000,000"),
+    ("string-repeat-1e13", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("\"'x' * 10**13 != ''\"")},
+     "longer than 4096"),
+    ("string-format", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("\"'%999999999d' % stride != ''\"")},
+     "string formatting"),
+    ("set-unclosed-list", ("render", "copy", "--set", "stride=[1"), {}, "not a YAML scalar"),
+    ("set-jinja-braces", ("render", "copy", "--set", "stride={{{{ 7*7 }}}}"), {}, "not a YAML scalar"),
+    ("set-outside-space", ("render", "copy", "--set", "stride=3"), {}, "outside the space"),
+    ("string-param-in-template-arithmetic", ("render", "{d}/t.yaml"), {"t.yaml": """kernel: transpose
+problem: {name: n, rows: 1024, cols: 1024, dtype: float32}
+params: {tile: [32], rows_per_thread: [4], pad: [one], vec: [1]}
+derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile * 4}
+"""}, "transpose.cu.j2:20: cannot render"),
+    ("replay-delay-negative", (*REPLAY, "--replay-delay", "-1"), {}, "--replay-delay"),
+    ("replay-delay-nan", (*REPLAY, "--replay-delay", "nan"), {}, "--replay-delay"),
+    ("storage-in-memory", (*REPLAY, "--storage", "sqlite://"), {}, "in-memory"),
+    ("storage-in-memory-named", (*REPLAY, "--storage", "sqlite:///:memory:"), {}, "in-memory"),
+    ("check-arch-bogus", ("check", "copy", "--sample", "1", "--arch", "sm_bogus"), {}, "--arch sm_bogus"),
+    ("check-arch-unsupported", ("check", "copy", "--sample", "1", "--arch", "sm_12"), {}, "NVRTC cannot"),
+    ("replay-gpus-999", (*REPLAY, "--gpus", "999"), {}, "--gpus 999"),
+    ("gpus-without-gpu", (*STUDY, "--gpus", "2"), {}, "GPU"),
+    ("duplicate-key", ("render", "{d}/s.yaml"), {"s.yaml": copy_space().replace("  vec: [1, 2, 4]\n",
+                                                                                 "  vec: [1, 2, 4]\n  stride: [1]\n")},
+     "key 'stride' appears twice (lines 4 and 6)"),
+    ("duplicate-top-key", ("render", "{d}/s.yaml"), {"s.yaml": copy_space() + "kernel: copy\n"},
+     "key 'kernel' appears twice"),
+    ("division-by-zero", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("stride // 0 > 0")},
+     "evaluating 'stride // 0 > 0' fails: integer division or modulo by zero"),
+    ("f-string", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("f'{stride}' == '1'")}, "f-strings are not allowed"),
+    ("derived-cycle", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  a: b + 1\n  b: a + 1\n")},
+     "cycle: a → b → a"),
+    ("string-constant-shadowing-dtype", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  dtype: \"'float; evil'\"\n")},
+     "name of a problem symbol"),
+    ("replay-empty-sqlite", (*STUDY, "--replay", "{d}/empty.db"), {"empty.db": lambda p: sqlite3.connect(p).close()},
+     "cannot read as a study database"),
+    ("replay-zero-byte-file", (*STUDY, "--replay", "{d}/zero.db"), {"zero.db": ""},
+     "cannot read as a study database"),
+    ("replay-foreign-sqlite", (*STUDY, "--replay", "{d}/f.db"), {"f.db": foreign_db},
+     "cannot read as a study database"),
+    ("replay-other-kernel", (*STUDY, "--replay", "{d}/o.db"), {"o.db": lambda p: optuna_db(p, {"x": 1})},
+     "holds none of the space's configs"),
+    ("storage-foreign-sqlite", (*REPLAY, "--storage", "sqlite:///{d}/f.db"), {"f.db": foreign_db},
+     "refusing to add Optuna's tables"),
+    ("storage-directory", (*REPLAY, "--storage", "sqlite:///{d}"), {}, "is a directory"),
+    ("large-file", ("render", "{d}/s.yaml"), {"s.yaml": "# " + "x" * (2 << 20)}, "larger than 1 MiB"),
+    ("deep-yaml", ("render", "{d}/s.yaml"), {"s.yaml": "params: " + "[" * 5000 + "]" * 5000}, "YAML"),
+    ("problem-size-too-large", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space().replace("n: 1048576", "n: 100000000000000000000000")}, "64-bit"),
+    ("derived-string-breaks-out", ("render", "{d}/s.yaml"),
+     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  note: \"'*/ evil(); /*'\"\n")},
+     "not an identifier"),
+]
+
+
+def snapshot(*folders: Path) -> dict[str, str]:
+    out = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_hostile_input(case, tmp_path, monkeypatch, capsys):
+    _, argv, files, fragment = case
+    for name, content in files.items():
+        path = tmp_path / name
+        if callable(content):
+            content(path)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    monkeypatch.chdir(tmp_path)  # the default storage (studies/KERNEL.db) would land here
+    monkeypatch.setattr(space_mod, "SPACES_DIR", ROOT / "search_spaces")
+    before = snapshot(tmp_path, DATA)
+    capsys.readouterr()
+    started = time.perf_counter()
+    rc = cli.main([a.format(d=tmp_path) for a in argv])
+    elapsed = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    assert elapsed <= 5.0, f"took {elapsed:.1f} s"
+    if fragment is None:
+        assert rc == 0, err
+    else:
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1, err
+        assert fragment in lines[0], lines[0]
+        assert "Traceback" not in err
+    assert snapshot(tmp_path, DATA) == before, "a file was created or modified"
+
+
+def test_derived_string_never_reaches_the_source(tmp_path):
+    """A derived value that is a string with CUDA in it loads (it is data) but is refused at render."""
+    path = tmp_path / "s.yaml"
+    path.write_text(copy_space().replace("derived:\n", "derived:\n  stride2: \"'x */ evil(); /*' \"\n"))
+    space = space_mod.load(path)
+    family = kernels.get(space.kernel)
+    params = dict(space.default)
+    with pytest.raises(TemplateError, match="not an identifier"):
+        render(family, params, space.resolve(params), space.problems[0].env)
+
+
+HOSTILE = ["a\nextern \"C\" __global__ void evil(int* p){ *p = 1; }", "*/ evil(); /*", "x y", "1; }", "",
+           "{{ 7*7 }}", "a-b", "ok\u00e9"]
+
+
+@pytest.mark.parametrize("path", space_mod.shipped_spaces(), ids=lambda p: p.stem)
+def test_every_template_refuses_hostile_strings_in_every_param(path):
+    space = space_mod.load(path)
+    family = kernels.get(space.kernel)
+    for name in space.params:
+        for hostile in HOSTILE:
+            params = {**space.default, name: hostile}
+            with pytest.raises(TemplateError, match="not an identifier"):
+                render(family, params, {**space.resolve(space.default), name: hostile}, space.problems[0].env)
+    # and a space file cannot bring them in
+    strings = [n for n, values in space.params.items() if any(isinstance(v, str) for v in values)]
+    for name in strings:
+        text = space.text.replace(f"  {name}: [", f"  {name}: [\"{HOSTILE[1]}\", ", 1)
+        bad = Path(os.environ.get("TMPDIR", "/tmp")) / f"hostile_{os.getpid()}_{path.name}"
+        bad.write_text(text)
+        try:
+            with pytest.raises(SpaceError, match="not an identifier"):
+                space_mod.load(bad)
+        finally:
+            bad.unlink()
+
+
+def test_shipped_string_values_are_identifiers():
+    for path in space_mod.shipped_spaces():
+        for values in space_mod.load(path).params.values():
+            for v in values:
+                assert not isinstance(v, str) or space_mod.IDENTIFIER.fullmatch(v)
+
+
+def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "spaces"
+    folder.mkdir()
+    (folder / "huge.yaml").write_text(HUGE + "constraints:\n  - f > 500\n")
+    (folder / "copy.yaml").write_text((ROOT / "search_spaces" / "copy.yaml").read_text())
+    monkeypatch.setattr(space_mod, "SPACES_DIR", folder)
+    started = time.perf_counter()
+    assert cli.main(["spaces", "--json"]) == 0
+    assert time.perf_counter() - started < 5.0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["huge"]["cartesian"] == 10**18  # exact arithmetic
+    assert rows["huge"]["valid_exact"] is False and rows["huge"]["valid"] >= 0
+    assert rows["copy"]["valid_exact"] is True and rows["copy"]["valid"] == space_mod.load("copy").count_valid()
+
+    # an unsatisfiable one is named in one line, in seconds
+    (folder / "huge.yaml").write_text(HUGE + "constraints:\n  - a + f < 0\n")
+    started = time.perf_counter()
+    assert cli.main(["spaces"]) == 2
+    assert time.perf_counter() - started < 5.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "huge.yaml" in err[0] and "no valid config" in err[0]
+
+
+def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
+    path = ROOT / "search_spaces" / "copy.yaml"
+    space = space_mod.load(path)
+    assert space.sample(5, seed=1) == space.sample(5, seed=1)  # seeded
+    huge_text = HUGE + "constraints:\n  - f > 990\n"
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"huge_{os.getpid()}.yaml"
+    tmp.write_text(huge_text)
+    try:
+        huge = space_mod.load(tmp)
+        started = time.perf_counter()
+        configs = huge.sample(4, seed=0)
+        assert time.perf_counter() - started < 5.0
+        assert len(configs) == 4 and all(huge.validate(c) is None for c in configs)
+        assert len({json.dumps(c, sort_keys=True) for c in configs}) == 4
+    finally:
+        tmp.unlink()
+
+
+def test_broken_pipe_exits_quietly():
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from tuner import cli; "
+                             "sys.exit(cli.main(['spaces', '--json']))"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc.stdout.close()  # the reader is gone before the first write, as with `| head` after its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0, err
+    assert err == "", err
+
+
+def test_replay_delay_is_checked_before_anything_starts():
+    from tuner import limits
+
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="--replay-delay"):
+            limits.replay_delay(bad)
+    assert limits.replay_delay(0.0) == 0.0
