@@ -36,7 +36,9 @@ derived:
   grid: n // per_block
 """
 # 6 params of 1000 values, no valid config: 10^18 Cartesian points.
-HUGE = COPY_HEAD + """params:
+HUGE = (
+    COPY_HEAD
+    + """params:
   stride: [1]
   vec: [1]
   block: [256]
@@ -51,6 +53,7 @@ derived:
   per_block: block * items * vec
   grid: n // per_block
 """
+)
 
 
 def copy_space(constraints: str = "", params: str = COPY_PARAMS) -> str:
@@ -63,8 +66,11 @@ def optuna_db(path: Path, params: dict) -> None:
     from optuna.distributions import CategoricalDistribution
 
     study = optuna.create_study(storage=f"sqlite:///{path}", study_name="other")
-    study.add_trial(optuna.trial.create_trial(
-        params=params, distributions={k: CategoricalDistribution([v]) for k, v in params.items()}, value=1.0))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=params, distributions={k: CategoricalDistribution([v]) for k, v in params.items()}, value=1.0
+        )
+    )
 
 
 def foreign_db(path: Path) -> None:
@@ -81,42 +87,92 @@ REPLAY = (*STUDY, "--replay", str(RECORDING))
 # (id, argv ({d} is the case's folder), files to create: name → text | callable(path), fragment of the message;
 # None = a valid result, exit 0)
 CASES = [
-    ("newline-in-string-value", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space(params=COPY_PARAMS.replace(
-         "items: [1, 2]\n", "items: [1, 2]\n  hint: [\"a\\nextern \\\"C\\\" __global__ void evil(int* p){ *p = 1; }\"]\n"))},
-     "is not an identifier"),
-    ("power-tower-constant", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("9**9**9**9 > 0")},
-     "exponent 387420489 is above the limit"),
-    ("power-tower-param", ("check", "{d}/s.yaml"), {"s.yaml": copy_space("stride**9**9**9 > 0")},
-     "exponent"),
-    ("huge-unsatisfiable-render", ("render", "{d}/s.yaml"), {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"},
-     "no valid config for problem 'n' found among"),
-    ("huge-unsatisfiable-check", ("check", "{d}/s.yaml", "--sample", "5"),
-     {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"}, "no valid config"),
-    ("huge-sample-is-drawn-not-listed", ("check", "{d}/s.yaml", "--sample", "3", "--json"),
-     {"s.yaml": HUGE + "constraints:\n  - f > 500\n"}, None),
+    (
+        "newline-in-string-value",
+        ("render", "{d}/s.yaml"),
+        {
+            "s.yaml": copy_space(
+                params=COPY_PARAMS.replace(
+                    "items: [1, 2]\n",
+                    'items: [1, 2]\n  hint: ["a\\nextern \\"C\\" __global__ void evil(int* p){ *p = 1; }"]\n',
+                )
+            )
+        },
+        "is not an identifier",
+    ),
+    (
+        "power-tower-constant",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("9**9**9**9 > 0")},
+        "exponent 387420489 is above the limit",
+    ),
+    ("power-tower-param", ("check", "{d}/s.yaml"), {"s.yaml": copy_space("stride**9**9**9 > 0")}, "exponent"),
+    (
+        "huge-unsatisfiable-render",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"},
+        "no valid config for problem 'n' found among",
+    ),
+    (
+        "huge-unsatisfiable-check",
+        ("check", "{d}/s.yaml", "--sample", "5"),
+        {"s.yaml": HUGE + "constraints:\n  - a + f < 0\n"},
+        "no valid config",
+    ),
+    (
+        "huge-sample-is-drawn-not-listed",
+        ("check", "{d}/s.yaml", "--sample", "3", "--json"),
+        {"s.yaml": HUGE + "constraints:\n  - f > 500\n"},
+        None,
+    ),
     ("non-utf8-space", ("render", "{d}/s.yaml"), {"s.yaml": b"kernel: copy\n\xff\xfe\n"}, "not UTF-8"),
     ("database-as-space", ("render", "{d}/x.db"), {"x.db": lambda p: foreign_db(p)}, "not UTF-8"),
-    ("plus-chain-20000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("+".join(["stride"] * 20000) + " > 0")},
-     "longer than the limit"),
-    ("unary-minus-5000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("-" * 3000 + "stride < 0")},
-     "nests too deeply"),
+    (
+        "plus-chain-20000",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("+".join(["stride"] * 20000) + " > 0")},
+        "longer than the limit",
+    ),
+    (
+        "unary-minus-5000",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("-" * 3000 + "stride < 0")},
+        "nests too deeply",
+    ),
     ("not-5000", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("not " * 1000 + "stride")}, "levels deep"),
-    ("range-1e15", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space(params=COPY_PARAMS.replace("items: [1, 2]", "items: {range: [0, 1000000000000000]}"))},
-     "above the limit of 1,000,000"),
-    ("string-repeat-1e13", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("\"'x' * 10**13 != ''\"")},
-     "longer than 4096"),
-    ("string-format", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("\"'%999999999d' % stride != ''\"")},
-     "string formatting"),
+    (
+        "range-1e15",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space(params=COPY_PARAMS.replace("items: [1, 2]", "items: {range: [0, 1000000000000000]}"))},
+        "above the limit of 1,000,000",
+    ),
+    (
+        "string-repeat-1e13",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("\"'x' * 10**13 != ''\"")},
+        "longer than 4096",
+    ),
+    (
+        "string-format",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("\"'%999999999d' % stride != ''\"")},
+        "string formatting",
+    ),
     ("set-unclosed-list", ("render", "copy", "--set", "stride=[1"), {}, "not a YAML scalar"),
     ("set-jinja-braces", ("render", "copy", "--set", "stride={{{{ 7*7 }}}}"), {}, "not a YAML scalar"),
     ("set-outside-space", ("render", "copy", "--set", "stride=3"), {}, "outside the space"),
-    ("string-param-in-template-arithmetic", ("render", "{d}/t.yaml"), {"t.yaml": """kernel: transpose
+    (
+        "string-param-in-template-arithmetic",
+        ("render", "{d}/t.yaml"),
+        {
+            "t.yaml": """kernel: transpose
 problem: {name: n, rows: 1024, cols: 1024, dtype: float32}
 params: {tile: [32], rows_per_thread: [4], pad: [one], vec: [1]}
 derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile * 4}
-"""}, "transpose.cu.j2:20: cannot render"),
+"""
+        },
+        "transpose.cu.j2:20: cannot render",
+    ),
     ("replay-delay-negative", (*REPLAY, "--replay-delay", "-1"), {}, "--replay-delay"),
     ("replay-delay-nan", (*REPLAY, "--replay-delay", "nan"), {}, "--replay-delay"),
     ("storage-in-memory", (*REPLAY, "--storage", "sqlite://"), {}, "in-memory"),
@@ -125,38 +181,77 @@ derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile *
     ("check-arch-unsupported", ("check", "copy", "--sample", "1", "--arch", "sm_12"), {}, "NVRTC cannot"),
     ("replay-gpus-999", (*REPLAY, "--gpus", "999"), {}, "--gpus 999"),
     ("gpus-without-gpu", (*STUDY, "--gpus", "2"), {}, "GPU"),
-    ("duplicate-key", ("render", "{d}/s.yaml"), {"s.yaml": copy_space().replace("  vec: [1, 2, 4]\n",
-                                                                                 "  vec: [1, 2, 4]\n  stride: [1]\n")},
-     "key 'stride' appears twice (lines 4 and 6)"),
-    ("duplicate-top-key", ("render", "{d}/s.yaml"), {"s.yaml": copy_space() + "kernel: copy\n"},
-     "key 'kernel' appears twice"),
-    ("division-by-zero", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("stride // 0 > 0")},
-     "evaluating 'stride // 0 > 0' fails: integer division or modulo by zero"),
+    (
+        "duplicate-key",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("  vec: [1, 2, 4]\n", "  vec: [1, 2, 4]\n  stride: [1]\n")},
+        "key 'stride' appears twice (lines 4 and 6)",
+    ),
+    (
+        "duplicate-top-key",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space() + "kernel: copy\n"},
+        "key 'kernel' appears twice",
+    ),
+    (
+        "division-by-zero",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space("stride // 0 > 0")},
+        "evaluating 'stride // 0 > 0' fails: integer division or modulo by zero",
+    ),
     ("f-string", ("render", "{d}/s.yaml"), {"s.yaml": copy_space("f'{stride}' == '1'")}, "f-strings are not allowed"),
-    ("derived-cycle", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  a: b + 1\n  b: a + 1\n")},
-     "cycle: a → b → a"),
-    ("string-constant-shadowing-dtype", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  dtype: \"'float; evil'\"\n")},
-     "name of a problem symbol"),
-    ("replay-empty-sqlite", (*STUDY, "--replay", "{d}/empty.db"), {"empty.db": lambda p: sqlite3.connect(p).close()},
-     "cannot read as a study database"),
-    ("replay-zero-byte-file", (*STUDY, "--replay", "{d}/zero.db"), {"zero.db": ""},
-     "cannot read as a study database"),
-    ("replay-foreign-sqlite", (*STUDY, "--replay", "{d}/f.db"), {"f.db": foreign_db},
-     "cannot read as a study database"),
-    ("replay-other-kernel", (*STUDY, "--replay", "{d}/o.db"), {"o.db": lambda p: optuna_db(p, {"x": 1})},
-     "holds none of the space's configs"),
-    ("storage-foreign-sqlite", (*REPLAY, "--storage", "sqlite:///{d}/f.db"), {"f.db": foreign_db},
-     "refusing to add Optuna's tables"),
+    (
+        "derived-cycle",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("derived:\n", "derived:\n  a: b + 1\n  b: a + 1\n")},
+        "cycle: a → b → a",
+    ),
+    (
+        "string-constant-shadowing-dtype",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("derived:\n", "derived:\n  dtype: \"'float; evil'\"\n")},
+        "name of a problem symbol",
+    ),
+    (
+        "replay-empty-sqlite",
+        (*STUDY, "--replay", "{d}/empty.db"),
+        {"empty.db": lambda p: sqlite3.connect(p).close()},
+        "cannot read as a study database",
+    ),
+    ("replay-zero-byte-file", (*STUDY, "--replay", "{d}/zero.db"), {"zero.db": ""}, "cannot read as a study database"),
+    (
+        "replay-foreign-sqlite",
+        (*STUDY, "--replay", "{d}/f.db"),
+        {"f.db": foreign_db},
+        "cannot read as a study database",
+    ),
+    (
+        "replay-other-kernel",
+        (*STUDY, "--replay", "{d}/o.db"),
+        {"o.db": lambda p: optuna_db(p, {"x": 1})},
+        "holds none of the space's configs",
+    ),
+    (
+        "storage-foreign-sqlite",
+        (*REPLAY, "--storage", "sqlite:///{d}/f.db"),
+        {"f.db": foreign_db},
+        "refusing to add Optuna's tables",
+    ),
     ("storage-directory", (*REPLAY, "--storage", "sqlite:///{d}"), {}, "is a directory"),
     ("large-file", ("render", "{d}/s.yaml"), {"s.yaml": "# " + "x" * (2 << 20)}, "larger than 1 MiB"),
     ("deep-yaml", ("render", "{d}/s.yaml"), {"s.yaml": "params: " + "[" * 5000 + "]" * 5000}, "YAML"),
-    ("problem-size-too-large", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space().replace("n: 1048576", "n: 100000000000000000000000")}, "64-bit"),
-    ("derived-string-breaks-out", ("render", "{d}/s.yaml"),
-     {"s.yaml": copy_space().replace("derived:\n", "derived:\n  note: \"'*/ evil(); /*'\"\n")},
-     "not an identifier"),
+    (
+        "problem-size-too-large",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("n: 1048576", "n: 100000000000000000000000")},
+        "64-bit",
+    ),
+    (
+        "derived-string-breaks-out",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("derived:\n", "derived:\n  note: \"'*/ evil(); /*'\"\n")},
+        "not an identifier",
+    ),
 ]
 
 
@@ -210,8 +305,16 @@ def test_derived_string_never_reaches_the_source(tmp_path):
         render(family, params, space.resolve(params), space.problems[0].env)
 
 
-HOSTILE = ["a\nextern \"C\" __global__ void evil(int* p){ *p = 1; }", "*/ evil(); /*", "x y", "1; }", "",
-           "{{ 7*7 }}", "a-b", "ok\u00e9"]
+HOSTILE = [
+    'a\nextern "C" __global__ void evil(int* p){ *p = 1; }',
+    "*/ evil(); /*",
+    "x y",
+    "1; }",
+    "",
+    "{{ 7*7 }}",
+    "a-b",
+    "ok\u00e9",
+]
 
 
 @pytest.mark.parametrize("path", space_mod.shipped_spaces(), ids=lambda p: p.stem)
@@ -226,7 +329,7 @@ def test_every_template_refuses_hostile_strings_in_every_param(path):
     # and a space file cannot bring them in
     strings = [n for n, values in space.params.items() if any(isinstance(v, str) for v in values)]
     for name in strings:
-        text = space.text.replace(f"  {name}: [", f"  {name}: [\"{HOSTILE[1]}\", ", 1)
+        text = space.text.replace(f"  {name}: [", f'  {name}: ["{HOSTILE[1]}", ', 1)
         bad = Path(os.environ.get("TMPDIR", "/tmp")) / f"hostile_{os.getpid()}_{path.name}"
         bad.write_text(text)
         try:
@@ -285,10 +388,13 @@ def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
 
 
 def test_broken_pipe_exits_quietly():
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from tuner import cli; "
-                             "sys.exit(cli.main(['spaces', '--json']))"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tuner import cli; sys.exit(cli.main(['spaces', '--json']))"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     proc.stdout.close()  # the reader is gone before the first write, as with `| head` after its lines
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 0, err

@@ -24,9 +24,18 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 #: every table an Optuna RDB storage (schema v12), the lease table or SQLite itself may add; a database being
 #: created by another process at this moment holds a subset of them
 KNOWN_TABLES = OPTUNA_TABLES | {
-    "study_directions", "study_user_attributes", "study_system_attributes", "trial_user_attributes",
-    "trial_system_attributes", "trial_params", "trial_values", "trial_intermediate_values", "trial_heartbeats",
-    "version_info", "tuner_leases", "sqlite_sequence",
+    "study_directions",
+    "study_user_attributes",
+    "study_system_attributes",
+    "trial_user_attributes",
+    "trial_system_attributes",
+    "trial_params",
+    "trial_values",
+    "trial_intermediate_values",
+    "trial_heartbeats",
+    "version_info",
+    "tuner_leases",
+    "sqlite_sequence",
 }
 
 
@@ -43,8 +52,10 @@ def sqlite_path(url: str) -> Path | None:
         raise InputError(f"--storage {url}: not a database URL ({exc})") from None
     database = parsed.database or ""
     if database in ("", ":memory:") or parsed.query.get("mode") == "memory":
-        raise InputError(f"--storage {url}: an in-memory database would vanish with the study's writer process; "
-                         f"give a file (sqlite:///PATH)")
+        raise InputError(
+            f"--storage {url}: an in-memory database would vanish with the study's writer process; "
+            f"give a file (sqlite:///PATH)"
+        )
     if database.startswith("file:"):
         database = database.removeprefix("file:").split("?", 1)[0]
     return Path(database)
@@ -70,8 +81,7 @@ def tables(path: Path, what: str) -> set[str]:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        raise InputError(f"{what}: cannot read as a study database: not a SQLite database ({exc})",
-                         str(path)) from None
+        raise InputError(f"{what}: cannot read as a study database: not a SQLite database ({exc})", str(path)) from None
     return {name for (name,) in rows}
 
 
@@ -87,8 +97,11 @@ def check_storage(url: str) -> Path | None:
         found = tables(path, "--storage")
         if found - KNOWN_TABLES:
             others = ", ".join(sorted(found - KNOWN_TABLES)[:5])
-            raise InputError(f"--storage: holds tables that are not an Optuna study's ({others}); refusing to add "
-                             f"Optuna's tables to it", str(path))
+            raise InputError(
+                f"--storage: holds tables that are not an Optuna study's ({others}); refusing to add "
+                f"Optuna's tables to it",
+                str(path),
+            )
     return path
 
 

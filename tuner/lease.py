@@ -57,8 +57,7 @@ class Lease:
         engine = sa.create_engine(self.url)
         try:
             with engine.begin() as conn:
-                conn.execute(table.delete().where(table.c.study_name == self.study_name,
-                                                  table.c.token == self.token))
+                conn.execute(table.delete().where(table.c.study_name == self.study_name, table.c.token == self.token))
         finally:
             engine.dispose()
 
@@ -101,8 +100,13 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
     from tuner.dbfiles import create_storage
 
     table = _table()
-    me = {"study_name": study_name, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-          "token": uuid.uuid4().hex}
+    me = {
+        "study_name": study_name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "token": uuid.uuid4().hex,
+    }
     engine = sa.create_engine(url)
     try:
         create_storage(lambda: table.metadata.create_all(engine))
@@ -124,10 +128,13 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
             if not (stale or takeover):
                 raise InputError(
                     f"study {study_name!r} is being run by {holder_text(row)}; one driver per study (a second "
-                    f"would measure configs twice). If that run is gone, rerun with --takeover", url)
+                    f"would measure configs twice). If that run is gone, rerun with --takeover",
+                    url,
+                )
             with engine.begin() as conn:
-                gone = conn.execute(table.delete().where(table.c.study_name == study_name,
-                                                         table.c.token == row.token)).rowcount
+                gone = conn.execute(
+                    table.delete().where(table.c.study_name == study_name, table.c.token == row.token)
+                ).rowcount
                 if gone:
                     conn.execute(table.insert().values(**me))
                     return Lease(url, study_name, me["token"], took_over=dict(row._mapping))

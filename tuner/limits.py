@@ -78,8 +78,10 @@ def gpus(requested: int | None, replay: bool, ray_address: str | None) -> None:
     if replay:
         bound = max_replay_workers()
         if requested > bound:
-            raise InputError(f"--gpus {requested}: a replay runs one process per logical GPU; at most {bound} "
-                             f"on this machine (4 × {os.cpu_count()} cores)")
+            raise InputError(
+                f"--gpus {requested}: a replay runs one process per logical GPU; at most {bound} "
+                f"on this machine (4 × {os.cpu_count()} cores)"
+            )
         return
     have = local_gpus()
     if have == 0:
