@@ -90,6 +90,13 @@ def check_storage(url: str) -> Path | None:
     Writes nothing. Returns the file of a SQLite storage (which may not exist yet)."""
     path = sqlite_path(url)
     if path is None:
+        import sqlalchemy
+
+        try:  # loads the dialect and its driver; connects to nothing
+            sqlalchemy.create_engine(url).dispose()
+        except Exception as exc:  # ArgumentError, NoSuchModuleError, ImportError of the driver, ...
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"--storage {url}: cannot open: {first}") from None
         return None
     if path.is_dir():
         raise InputError("--storage: is a directory, not a database file", str(path))

@@ -260,10 +260,10 @@ class Driver:
             if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
         limits.replay_delay(opts.replay_delay_s)
-        limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.url = opts.storage or default_storage(opts.kernel)
         # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
         check_storage(self.url)
+        limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.storage = None
         self.lease = None
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
