@@ -16,6 +16,8 @@ _REGISTRY: dict[str, str] = {
     "gemv": "tuner.kernels.gemv",
     "fp8_quant": "tuner.kernels.fp8_quant",
     "rope": "tuner.kernels.rope",
+    "decode_attention": "tuner.kernels.decode_attention",
+    "adamw": "tuner.kernels.adamw",
 }
 _LOADED: dict[str, Family] = {}
 

@@ -67,7 +67,9 @@ class Family:
         raise NotImplementedError
 
     def checked(self) -> tuple[str, ...]:
-        """Names of the outputs that must match the reference (default: all that `reference` returns)."""
+        """Names of the outputs that must match the reference (default: all that `reference` returns). A name
+        may be an input that the kernel updates in place (e.g. an optimizer's weights): it is checked as it is
+        after the launch; its reference is computed before the launch."""
         return ()
 
     def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
