@@ -53,7 +53,7 @@ def test_layout_aligns_and_separates_tensors():
     offsets, length = adamw.layout(SMALL)
     sizes = adamw.tensor_sizes(SMALL)
     assert len(offsets) == len(sizes) == 18
-    for i, (offset, n) in enumerate(zip(offsets, sizes)):
+    for i, (offset, n) in enumerate(zip(offsets, sizes, strict=True)):
         assert offset % adamw.ALIGN == 0
         end = offsets[i + 1] if i + 1 < len(offsets) else length
         assert end - (offset + n) >= adamw.GAP
@@ -95,26 +95,23 @@ def test_reference_matches_torch_math_in_float64_and_keeps_the_gaps(fam):
     ref = fam.reference(np, inputs, SMALL)
     assert all((inputs[k] == saved[k]).all() for k in saved)  # the reference does not touch its inputs
     hyper = {k: float(inputs[k]) if k != "step" else int(inputs[k]) for k in adamw.HYPER}
-    exact = torch_single_tensor_adamw(inputs["p"].astype(np.float64), bf16.decode(np, inputs["g"]).astype(np.float64),
-                                      inputs["m"].astype(np.float64), inputs["v"].astype(np.float64), **hyper)
+    args64 = (inputs["p"].astype(np.float64), bf16.decode(np, inputs["g"]).astype(np.float64),
+              inputs["m"].astype(np.float64), inputs["v"].astype(np.float64))
+    exact = torch_single_tensor_adamw(*args64, **hyper)
     mask = adamw.inside(np, SMALL)
     tol = fam.tolerance(SMALL)
 
     def err(out, want):
         return np.max(np.abs(out - want) / np.maximum(np.abs(want), 1))
 
-    for name, want in zip(("p", "m", "v"), exact):
+    for name, want in zip(("p", "m", "v"), exact, strict=True):
         assert ref[name].dtype == np.float32
         assert err(ref[name][mask], want[mask]) < tol / 10
         assert (ref[name][~mask] == inputs[name][~mask]).all()
     # every term is visible: an update without weight decay, without bias correction 2, or a p left alone fails
-    p_no_decay = torch_single_tensor_adamw(inputs["p"].astype(np.float64), bf16.decode(np, inputs["g"]).astype(np.float64),
-                                           inputs["m"].astype(np.float64), inputs["v"].astype(np.float64),
-                                           **{**hyper, "weight_decay": 0.0})[0]
+    p_no_decay = torch_single_tensor_adamw(*args64, **{**hyper, "weight_decay": 0.0})[0]
     assert err(p_no_decay[mask], exact[0][mask]) > tol
-    p_step1 = torch_single_tensor_adamw(inputs["p"].astype(np.float64), bf16.decode(np, inputs["g"]).astype(np.float64),
-                                        inputs["m"].astype(np.float64), inputs["v"].astype(np.float64),
-                                        **{**hyper, "step": 1})[0]
+    p_step1 = torch_single_tensor_adamw(*args64, **{**hyper, "step": 1})[0]
     assert err(p_step1[mask], exact[0][mask]) > tol
     assert err(inputs["p"][mask], exact[0][mask]) > tol
     # a write past a tensor's end (into a gap) is a mismatch

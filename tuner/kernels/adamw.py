@@ -63,7 +63,7 @@ def inside(xp, problem: Problem):
     """Boolean mask over an arena: True on tensor elements, False on the gaps."""
     offsets, length = layout(problem)
     mask = xp.zeros(length, dtype=bool)
-    for offset, n in zip(offsets, tensor_sizes(problem)):
+    for offset, n in zip(offsets, tensor_sizes(problem), strict=True):
         mask[offset:offset + n] = True
     return mask
 
@@ -120,8 +120,8 @@ class AdamW(Family):
         v = (rng.standard_normal(length, dtype=xp.float32) * xp.float32(0.1)) ** 2 + xp.float32(1e-4)
         rows = np.zeros((len(offsets), ROW_WORDS), dtype=np.int64)
         bases = [address(p), address(g), address(m), address(v)]
-        for t, (offset, n) in enumerate(zip(offsets, tensor_sizes(problem))):
-            rows[t, :4] = [base + offset * size for base, size in zip(bases, (4, 2, 4, 4))]
+        for t, (offset, n) in enumerate(zip(offsets, tensor_sizes(problem), strict=True)):
+            rows[t, :4] = [base + offset * size for base, size in zip(bases, (4, 2, 4, 4), strict=True)]
             rows[t, 4] = n
         hyper = {k: (np.int32(x) if k == "step" else np.float32(x)) for k, x in HYPER.items()}
         return {"p": p, "g": g, "m": m, "v": v, "table": xp.asarray(rows), **hyper}
