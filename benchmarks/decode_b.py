@@ -68,8 +68,13 @@ def attention_peers(problem, torch):
     k = torch.randn(B, hkv, S, D, device=dev, dtype=bf)
     v = torch.randn(B, hkv, S, D, device=dev, dtype=bf)
     out = []
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                    SDPBackend.MATH):
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
+
         def sdpa(backend=backend):
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
@@ -108,13 +113,22 @@ def adamw_peers(problem, torch):
 
     sizes = tensor_sizes(problem.env)
     out = []
-    for impl, kwargs in (("torch AdamW fused", {"fused": True}), ("torch AdamW foreach", {"foreach": True}),
-                         ("torch.compile AdamW step", {"foreach": False})):
+    for impl, kwargs in (
+        ("torch AdamW fused", {"fused": True}),
+        ("torch AdamW foreach", {"foreach": True}),
+        ("torch.compile AdamW step", {"foreach": False}),
+    ):
         params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in sizes]
         for p in params:
             p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["eps"],
-                                weight_decay=HYPER["weight_decay"], **kwargs)
+        opt = torch.optim.AdamW(
+            params,
+            lr=HYPER["lr"],
+            betas=(HYPER["beta1"], HYPER["beta2"]),
+            eps=HYPER["eps"],
+            weight_decay=HYPER["weight_decay"],
+            **kwargs,
+        )
         step = opt.step
         if impl.startswith("torch.compile"):
             step = torch.compile(opt.step)
@@ -144,8 +158,10 @@ def dry_run(targets, sample: int) -> int:
         for config, (source, result) in zip(configs, compile_many(sources, arch="sm_90", jobs=2), strict=True):
             launches = family.launches(source.entry, space.resolve(config, problem), problem.env)
             if result.ok:
-                print(f"{kernel:16s} {problem_name:14s} ok   regs {result.registers:3d} spill {result.spill_bytes:3d} "
-                      f"launches {len(launches)}  {source.uri}")
+                print(
+                    f"{kernel:16s} {problem_name:14s} ok   regs {result.registers:3d} spill {result.spill_bytes:3d} "
+                    f"launches {len(launches)}  {source.uri}"
+                )
             else:
                 failed += 1
                 print(f"{kernel:16s} {problem_name:14s} FAIL {source.uri}: {result.reason}")
@@ -191,17 +207,33 @@ def main() -> int:
         family = kernels.get(kernel)
         trials = args.trials_attention if kernel == "decode_attention" else args.trials_adamw
         t0 = time.time()
-        summary = run_study(StudyOptions(kernel=kernel, space=str(space.path), trials=trials,
-                                         storage=f"sqlite:///{out}/{stem}.db", problem=problem_name, progress=False,
-                                         finalists=3, seed=0))
+        summary = run_study(
+            StudyOptions(
+                kernel=kernel,
+                space=str(space.path),
+                trials=trials,
+                storage=f"sqlite:///{out}/{stem}.db",
+                problem=problem_name,
+                progress=False,
+                finalists=3,
+                seed=0,
+            )
+        )
         study_s = time.time() - t0
         best = summary["best"]
         ceiling = summary["gpus"][0]["ceiling_tbps"]
         gpu = summary["gpus"][0]["gpu"]
         nbytes = family.bytes_moved(problem.env)
         shape = f"{problem_name} " + " ".join(f"{k}={v}" for k, v in problem.sizes.items())
-        base = {"kernel": kernel, "shape": shape, "bytes_moved": nbytes, "ceiling_TBps": round(ceiling, 4),
-                "gpu": gpu, "date": date, "command": command}
+        base = {
+            "kernel": kernel,
+            "shape": shape,
+            "bytes_moved": nbytes,
+            "ceiling_TBps": round(ceiling, 4),
+            "gpu": gpu,
+            "date": date,
+            "command": command,
+        }
 
         # peers and the same-bytes copy, in this process, on the evaluator's stream
         torch.cuda.empty_cache()
@@ -212,18 +244,38 @@ def main() -> int:
         copy_tbps = nbytes / (copy.median_ms * 1e-3) / 1e12
         base["same_bytes_copy_TBps"] = round(copy_tbps, 4)
         frac = best["tbps"] / ceiling
-        records.append({**base, "impl": "tuner", "TBps": round(best["tbps"], 4), "median_ms": best.get("median_ms"),
-                        "fraction_of_ceiling": round(frac, 4), "fraction_of_same_bytes_copy":
-                        round(best["tbps"] / copy_tbps, 4), "target_fraction": target, "met": frac >= target,
-                        "config": best["params"], "uri": best["uri"], "registers": best["registers"],
-                        "smem_bytes": best["smem_bytes"], "study": summary["study"], "trials": summary["trials"],
-                        "measured": summary["measured_this_run"], "failures": summary["failures_this_run"],
-                        "study_wall_s": round(study_s, 1)})
-        print(f"{kernel:16s} {problem_name:12s} {'tuner':28s} {best['tbps']:.3f} TB/s {frac:.3f}x ceiling "
-              f"{best['tbps'] / copy_tbps:.3f}x same-bytes copy (target {target}) {best['uri']} "
-              f"[{summary['trials']} trials, {study_s:.0f} s, failures {summary['failures_this_run']}]", flush=True)
-        print(f"{kernel:16s} {problem_name:12s} {'cudaMemcpy same bytes':28s} {copy_tbps:.3f} TB/s; 2 GiB ceiling "
-              f"{ceiling:.3f}", flush=True)
+        records.append(
+            {
+                **base,
+                "impl": "tuner",
+                "TBps": round(best["tbps"], 4),
+                "median_ms": best.get("median_ms"),
+                "fraction_of_ceiling": round(frac, 4),
+                "fraction_of_same_bytes_copy": round(best["tbps"] / copy_tbps, 4),
+                "target_fraction": target,
+                "met": frac >= target,
+                "config": best["params"],
+                "uri": best["uri"],
+                "registers": best["registers"],
+                "smem_bytes": best["smem_bytes"],
+                "study": summary["study"],
+                "trials": summary["trials"],
+                "measured": summary["measured_this_run"],
+                "failures": summary["failures_this_run"],
+                "study_wall_s": round(study_s, 1),
+            }
+        )
+        print(
+            f"{kernel:16s} {problem_name:12s} {'tuner':28s} {best['tbps']:.3f} TB/s {frac:.3f}x ceiling "
+            f"{best['tbps'] / copy_tbps:.3f}x same-bytes copy (target {target}) {best['uri']} "
+            f"[{summary['trials']} trials, {study_s:.0f} s, failures {summary['failures_this_run']}]",
+            flush=True,
+        )
+        print(
+            f"{kernel:16s} {problem_name:12s} {'cudaMemcpy same bytes':28s} {copy_tbps:.3f} TB/s; 2 GiB ceiling "
+            f"{ceiling:.3f}",
+            flush=True,
+        )
 
         torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
         with torch.cuda.stream(torch_stream):
@@ -241,15 +293,23 @@ def main() -> int:
 
             ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush).median_ms
             tbps = nbytes / ms / 1e9
-            record = {**base, "impl": impl, "TBps": round(tbps, 4), "median_ms": ms,
-                      "fraction_of_ceiling": round(tbps / ceiling, 4),
-                      "tuner_speedup": round(ms / best["median_ms"], 3) if best.get("median_ms") else None}
+            record = {
+                **base,
+                "impl": impl,
+                "TBps": round(tbps, 4),
+                "median_ms": ms,
+                "fraction_of_ceiling": round(tbps / ceiling, 4),
+                "tuner_speedup": round(ms / best["median_ms"], 3) if best.get("median_ms") else None,
+            }
             if kernel == "adamw":
                 record["own_bytes_TBps"] = round(nbytes / 26 * 28 / ms / 1e9, 4)  # fp32 gradients
             records.append(record)
             timed.append((ms, impl))
-            print(f"{kernel:16s} {problem_name:12s} {impl:28s} {tbps:.3f} TB/s {tbps / ceiling:.3f}x ceiling "
-                  f"({ms:.4f} ms; tuner {record['tuner_speedup']}x faster)", flush=True)
+            print(
+                f"{kernel:16s} {problem_name:12s} {impl:28s} {tbps:.3f} TB/s {tbps / ceiling:.3f}x ceiling "
+                f"({ms:.4f} ms; tuner {record['tuner_speedup']}x faster)",
+                flush=True,
+            )
         if timed and kernel == "decode_attention":
             fastest = min((t for t in timed if t[1].startswith("sdpa")), default=None)
             if fastest:
@@ -261,21 +321,27 @@ def main() -> int:
         torch.cuda.empty_cache()
         (out / f"{stem}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
 
-    lines = [f"# Decode attention and fused AdamW on {records[0]['gpu'] if records else '?'}, {date}", "",
-             f"Command: `{command}`. TB/s count each family's minimal bytes (attention: K + V + q + out; AdamW: "
-             "26 B per parameter); ceiling = 2 GiB cudaMemcpy D2D measured by the study's worker; same-bytes copy = "
-             "a D2D copy moving the problem's bytes, this run. torch's AdamW reads fp32 gradients (28 B per "
-             "parameter): its TB/s on its own bytes is in the JSON (own_bytes_TBps).", "",
-             "| kernel | problem | impl | TB/s | × ceiling | × same-bytes copy | ms | tuner faster by | config |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"# Decode attention and fused AdamW on {records[0]['gpu'] if records else '?'}, {date}",
+        "",
+        f"Command: `{command}`. TB/s count each family's minimal bytes (attention: K + V + q + out; AdamW: "
+        "26 B per parameter); ceiling = 2 GiB cudaMemcpy D2D measured by the study's worker; same-bytes copy = "
+        "a D2D copy moving the problem's bytes, this run. torch's AdamW reads fp32 gradients (28 B per "
+        "parameter): its TB/s on its own bytes is in the JSON (own_bytes_TBps).",
+        "",
+        "| kernel | problem | impl | TB/s | × ceiling | × same-bytes copy | ms | tuner faster by | config |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in records:
         if r["TBps"] is None:
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['impl']} | n/a | | | | | {r.get('note', '')} |")
             continue
         mark = " (fastest SDPA)" if r.get("fastest_sdpa_backend") else ""
-        lines.append(f"| {r['kernel']} | {r['shape']} | {r['impl']}{mark} | {r['TBps']:.3f} | "
-                     f"{r['TBps'] / r['ceiling_TBps']:.3f} | {r['TBps'] / r['same_bytes_copy_TBps']:.3f} | "
-                     f"{r['median_ms']:.4f} | {r.get('tuner_speedup') or ''} | {r.get('uri', '')} |")
+        lines.append(
+            f"| {r['kernel']} | {r['shape']} | {r['impl']}{mark} | {r['TBps']:.3f} | "
+            f"{r['TBps'] / r['ceiling_TBps']:.3f} | {r['TBps'] / r['same_bytes_copy_TBps']:.3f} | "
+            f"{r['median_ms']:.4f} | {r.get('tuner_speedup') or ''} | {r.get('uri', '')} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"total {time.time() - started:.0f} s")

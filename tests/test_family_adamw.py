@@ -79,13 +79,13 @@ def test_inputs_table_points_into_the_arenas(fam):
 def torch_single_tensor_adamw(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """float64 transcription of torch.optim.adamw._single_tensor_adamw (amsgrad off, maximize off)."""
     p = p * (1 - lr * weight_decay)
-    m = m + (g - m) * (1 - beta1)                 # exp_avg.lerp_(grad, 1 - beta1)
-    v = v * beta2 + (1 - beta2) * g * g           # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
+    m = m + (g - m) * (1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1)
+    v = v * beta2 + (1 - beta2) * g * g  # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
     step_size = lr / bias_correction1
     denom = np.sqrt(v) / np.sqrt(bias_correction2) + eps
-    p = p - step_size * m / denom                 # param.addcdiv_(exp_avg, denom, value=-step_size)
+    p = p - step_size * m / denom  # param.addcdiv_(exp_avg, denom, value=-step_size)
     return p, m, v
 
 
@@ -95,8 +95,12 @@ def test_reference_matches_torch_math_in_float64_and_keeps_the_gaps(fam):
     ref = fam.reference(np, inputs, SMALL)
     assert all((inputs[k] == saved[k]).all() for k in saved)  # the reference does not touch its inputs
     hyper = {k: float(inputs[k]) if k != "step" else int(inputs[k]) for k in adamw.HYPER}
-    args64 = (inputs["p"].astype(np.float64), bf16.decode(np, inputs["g"]).astype(np.float64),
-              inputs["m"].astype(np.float64), inputs["v"].astype(np.float64))
+    args64 = (
+        inputs["p"].astype(np.float64),
+        bf16.decode(np, inputs["g"]).astype(np.float64),
+        inputs["m"].astype(np.float64),
+        inputs["v"].astype(np.float64),
+    )
     exact = torch_single_tensor_adamw(*args64, **hyper)
     mask = adamw.inside(np, SMALL)
     tol = fam.tolerance(SMALL)
@@ -137,8 +141,11 @@ def test_launch_covers_every_chunk(fam, spc, params):
 
 def test_default_and_every_vec_compile_without_spills(fam, spc):
     problem = spc.problem("llama8b_layer")
-    configs = [spc.default] + [next(c for c in spc.enumerate(problem) if c["vec"] == vec and c["hint"] == hint)
-                               for vec in (1, 2, 4, 8) for hint in ("plain", "stream")]
+    configs = [spc.default] + [
+        next(c for c in spc.enumerate(problem) if c["vec"] == vec and c["hint"] == hint)
+        for vec in (1, 2, 4, 8)
+        for hint in ("plain", "stream")
+    ]
     sources = [render.render(fam, c, spc.resolve(c, problem), problem.env) for c in configs]
     assert "constexpr int NT = 9;" in sources[0].text
     for source, result in tcompile.compile_many(sources, jobs=2):

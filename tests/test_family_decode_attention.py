@@ -27,8 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def tuner(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def assert_bad_input(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -38,6 +37,7 @@ def assert_bad_input(proc: subprocess.CompletedProcess, *fragments: str) -> None
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
 
 SMALL = {"B": 2, "S": 512, "heads_q": 8, "heads_kv": 2, "head_dim": 64, "dtype": "bfloat16"}
 LOG2E = 1.4426950408889634
@@ -80,15 +80,15 @@ def emulate(fam, config, problem, inputs):
     for split, qg, b in np.ndindex(*launches[0].grid):
         hq0 = qg * QH
         hkv = hq0 // G
-        qb = q[b, hq0:hq0 + QH]                                   # [QH, D]
+        qb = q[b, hq0 : hq0 + QH]  # [QH, D]
         m = np.full((groups, QH), -np.inf, dtype=np.float32)
         lsum = np.zeros((groups, QH), dtype=np.float32)
         acc = np.zeros((groups, QH, D), dtype=np.float32)
         for it in range(iters):
             # rows of group grp: first row split*L + grp, jump `groups` rows per tile row, `tile` rows per iteration
             pos = split * L + np.arange(groups)[:, None] + (it * tile + np.arange(tile))[None, :] * groups
-            visits[b, hq0:hq0 + QH][:, pos.ravel()] += 1
-            s = np.einsum("gjd,hd->gjh", k[b, pos, hkv], qb)      # [groups, tile, QH]
+            visits[b, hq0 : hq0 + QH][:, pos.ravel()] += 1
+            s = np.einsum("gjd,hd->gjh", k[b, pos, hkv], qb)  # [groups, tile, QH]
             mn = np.maximum(m, s.max(axis=1))
             sc = np.exp2(m - mn)
             p = np.exp2(s - mn[:, None, :])
@@ -111,9 +111,9 @@ def emulate(fam, config, problem, inputs):
         f = np.exp2(mw - M)
         a = (aw * f[..., None]).sum(axis=0)
         total = (lw * f).sum(axis=0)
-        ws_acc[b, hq0:hq0 + QH, split] = a
-        ws_ml[b, hq0:hq0 + QH, split, 0] = M
-        ws_ml[b, hq0:hq0 + QH, split, 1] = total
+        ws_acc[b, hq0 : hq0 + QH, split] = a
+        ws_ml[b, hq0 : hq0 + QH, split, 0] = M
+        ws_ml[b, hq0 : hq0 + QH, split, 1] = total
     M = ws_ml[..., 0].max(axis=2, keepdims=True)
     f = np.exp2(ws_ml[..., 0] - M)
     out = (ws_acc * f[..., None]).sum(axis=2) / (ws_ml[..., 1] * f).sum(axis=2)[..., None]
@@ -173,8 +173,11 @@ def test_sampled_configs_compile(fam, spc):
     for config in spc.enumerate(problem):
         groups.setdefault((config["splits"] > 1, config["lanes"]), []).append(config)
     assert len(groups) == 6
-    sources = [render.render(fam, c, spc.resolve(c, problem), problem.env)
-               for configs in groups.values() for c in rng.sample(configs, 2)]
+    sources = [
+        render.render(fam, c, spc.resolve(c, problem), problem.env)
+        for configs in groups.values()
+        for c in rng.sample(configs, 2)
+    ]
     spilled = 0
     for source, result in tcompile.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
@@ -234,7 +237,10 @@ def naive(inputs, problem):
 def test_reference_matches_float64_and_tolerance_catches_a_lost_split(fam):
     inputs = fam.inputs(np, SMALL, np.random.default_rng(0))
     assert {k: (a.shape, a.dtype) for k, a in inputs.items()} == {
-        "q": ((2, 8, 64), np.uint16), "k": ((2, 512, 2, 64), np.uint16), "v": ((2, 512, 2, 64), np.uint16)}
+        "q": ((2, 8, 64), np.uint16),
+        "k": ((2, 512, 2, 64), np.uint16),
+        "v": ((2, 512, 2, 64), np.uint16),
+    }
     ref = fam.reference(np, inputs, SMALL)["out"]
     exact = naive(inputs, SMALL)
     assert ref.dtype == np.float32 and ref.shape == (2, 8, 64)
@@ -252,7 +258,7 @@ def test_reference_matches_float64_and_tolerance_catches_a_lost_split(fam):
     k = bf16.decode(np, inputs["k"]).astype(np.float64)
     v = bf16.decode(np, inputs["v"]).astype(np.float64)
     keep = np.ones(512, dtype=bool)
-    keep[3 * 64:4 * 64] = False
+    keep[3 * 64 : 4 * 64] = False
     masked = np.empty_like(exact)
     for b in range(2):
         for h in range(8):
@@ -277,8 +283,11 @@ def test_accounting(fam, spc):
 
 
 def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
-    text = open(ROOT / "search_spaces" / "decode_attention.yaml").read().replace(
-        "{name: b8_s4096, B: 8, S: 4096, heads_q: 32,", "{name: b8_s4096, B: 8, S: 4096, heads_q: 30,")
+    text = (
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
+        .read()
+        .replace("{name: b8_s4096, B: 8, S: 4096, heads_q: 32,", "{name: b8_s4096, B: 8, S: 4096, heads_q: 30,")
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     with pytest.raises(SpaceError, match="heads_q=30 is not a multiple of heads_kv=8"):
@@ -287,8 +296,11 @@ def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
 
 
 def test_unsupported_dtype_is_a_one_line_error(tmp_path):
-    text = open(ROOT / "search_spaces" / "decode_attention.yaml").read().replace(
-        "head_dim: 128, dtype: bfloat16}", "head_dim: 128, dtype: float32}", 1)
+    text = (
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
+        .read()
+        .replace("head_dim: 128, dtype: bfloat16}", "head_dim: 128, dtype: float32}", 1)
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     assert_bad_input(tuner("render", str(bad)), str(bad), "float32")

@@ -64,7 +64,7 @@ def inside(xp, problem: Problem):
     offsets, length = layout(problem)
     mask = xp.zeros(length, dtype=bool)
     for offset, n in zip(offsets, tensor_sizes(problem), strict=True):
-        mask[offset:offset + n] = True
+        mask[offset : offset + n] = True
     return mask
 
 
@@ -77,8 +77,8 @@ def address(array) -> int:
 def adamw_step(xp, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """One AdamW step on arrays of one dtype (fp32 in the reference), in torch's fused order; new (p, m, v)."""
     dt = p.dtype.type
-    bc1 = 1.0 - beta1 ** step  # Python floats: double, as torch computes them
-    bc2_sqrt = (1.0 - beta2 ** step) ** 0.5
+    bc1 = 1.0 - beta1**step  # Python floats: double, as torch computes them
+    bc2_sqrt = (1.0 - beta2**step) ** 0.5
     p = p * dt(1.0 - lr * weight_decay)
     m = dt(beta1) * m + dt(1.0 - beta1) * g
     v = dt(beta2) * v + dt(1.0 - beta2) * g * g
@@ -107,8 +107,14 @@ class AdamW(Family):
         blocks = self.blocks(config, problem)
         if blocks > 2**31 - 1:
             raise ValueError(f"adamw: {blocks} chunks exceed the grid's x limit")
-        return [Launch(entry=entry, grid=(blocks, 1, 1), block=(config["threads"], 1, 1),
-                       args=("table", "lr", "beta1", "beta2", "eps", "weight_decay", "step"))]
+        return [
+            Launch(
+                entry=entry,
+                grid=(blocks, 1, 1),
+                block=(config["threads"], 1, 1),
+                args=("table", "lr", "beta1", "beta2", "eps", "weight_decay", "step"),
+            )
+        ]
 
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         """Arenas p ~ N(0, 1), g ~ N(0, 1) (bf16), m ~ N(0, 0.1²), v ~ (N(0, 0.1²))² + 1e-4 (the update

@@ -36,8 +36,16 @@ class DecodeAttention(Family):
     dtypes = ("bfloat16",)
     problem_sizes = ("B", "S", "heads_q", "heads_kv", "head_dim")
     throughput_unit = "TB/s"
-    uri_names = {"splits": "sp", "threads": "t", "lanes": "ln", "vec": "v", "tile": "tl", "q_per_pass": "qh",
-                 "hint": "", "min_blocks": "mb"}
+    uri_names = {
+        "splits": "sp",
+        "threads": "t",
+        "lanes": "ln",
+        "vec": "v",
+        "tile": "tl",
+        "q_per_pass": "qh",
+        "hint": "",
+        "min_blocks": "mb",
+    }
 
     def problem_fault(self, problem: Problem) -> str | None:
         hq, hkv = problem.get("heads_q"), problem.get("heads_kv")
@@ -58,8 +66,9 @@ class DecodeAttention(Family):
         if threads % 32 or 32 % lanes or D % (lanes * vec):
             faults.append(f"{threads} threads in groups of {lanes} lanes x vec {vec} do not tile head_dim={D}")
         elif S % splits or (S // splits) % ((threads // lanes) * config["tile"]):
-            faults.append(f"S={S} is not a multiple of splits*groups*tile="
-                          f"{splits * (threads // lanes) * config['tile']}")
+            faults.append(
+                f"S={S} is not a multiple of splits*groups*tile={splits * (threads // lanes) * config['tile']}"
+            )
         if faults:
             raise ValueError("decode_attention: " + "; ".join(faults))
 
@@ -74,11 +83,19 @@ class DecodeAttention(Family):
         splits = config["splits"]
         grid = (splits, hq // config["q_per_pass"], B)
         main_out = ("out",) if splits == 1 else ("ws_acc", "ws_ml")
-        out = [Launch(entry=entry, grid=grid, block=(config["threads"], 1, 1), args=("q", "k", "v", *main_out),
-                      smem_dynamic=self.smem_bytes(config, problem))]
+        out = [
+            Launch(
+                entry=entry,
+                grid=grid,
+                block=(config["threads"], 1, 1),
+                args=("q", "k", "v", *main_out),
+                smem_dynamic=self.smem_bytes(config, problem),
+            )
+        ]
         if splits > 1:
-            out.append(Launch(entry=f"{entry}_combine", grid=(B * hq, 1, 1), block=(D, 1, 1),
-                              args=("ws_acc", "ws_ml", "out")))
+            out.append(
+                Launch(entry=f"{entry}_combine", grid=(B * hq, 1, 1), block=(D, 1, 1), args=("ws_acc", "ws_ml", "out"))
+            )
         return out
 
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
