@@ -131,7 +131,8 @@ def adamw_peers(problem, torch):
         )
         step = opt.step
         if impl.startswith("torch.compile"):
-            step = torch.compile(opt.step)
+            # the pattern of torch's compiled-optimizer recipe: compile a function that calls step()
+            step = torch.compile(lambda opt=opt: opt.step(), fullgraph=False)
         step()  # creates the state (and compiles)
         out.append((impl, step, None))
     return out
