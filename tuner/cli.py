@@ -295,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.results_cli import add_commands
 
     add_commands(sub)  # pareto, export, dashboard, trials, best
+
+    from tuner.lesson import add_commands as add_lesson_commands
+
+    add_lesson_commands(sub)  # explain, lesson
     return parser
 
 
