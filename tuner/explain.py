@@ -96,17 +96,25 @@ class Explanation:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
 
-def explain(profile: Profile, label: str, minimal_bytes: float, ceiling_tbps: float | None = None,
-            peak_tflops: float | None = None, access_bytes: int = 4) -> Explanation:
+def explain(
+    profile: Profile,
+    label: str,
+    minimal_bytes: float,
+    ceiling_tbps: float | None = None,
+    peak_tflops: float | None = None,
+    access_bytes: int = 4,
+) -> Explanation:
     """Explain one profiled call. `minimal_bytes`: the family's minimal traffic for the problem; `ceiling_tbps`:
     the copy ceiling measured on that GPU; `peak_tflops`: its FP32 peak; `access_bytes`: bytes per thread of
     the config's widest global access (vec × element size), which sets the ideal sectors per request."""
     time_s = profile.total("gpu__time_duration.sum")
     read, write = profile.total("dram__bytes_read.sum"), profile.total("dram__bytes_write.sum")
     dram = read + write
-    flops = (2 * _nz(profile.total("sm__sass_thread_inst_executed_op_ffma_pred_on.sum"))
-             + _nz(profile.total("sm__sass_thread_inst_executed_op_fadd_pred_on.sum"))
-             + _nz(profile.total("sm__sass_thread_inst_executed_op_fmul_pred_on.sum")))
+    flops = (
+        2 * _nz(profile.total("sm__sass_thread_inst_executed_op_ffma_pred_on.sum"))
+        + _nz(profile.total("sm__sass_thread_inst_executed_op_fadd_pred_on.sum"))
+        + _nz(profile.total("sm__sass_thread_inst_executed_op_fmul_pred_on.sum"))
+    )
     dram_tbps = _div(dram, time_s) / 1e12
     e = Explanation(
         label=label,
@@ -119,19 +127,29 @@ def explain(profile: Profile, label: str, minimal_bytes: float, ceiling_tbps: fl
         dram_tbps=dram_tbps,
         ceiling_tbps=ceiling_tbps,
         of_ceiling=_div(dram_tbps, ceiling_tbps or math.nan),
-        ld_sectors_per_request=_div(profile.total("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
-                                    profile.total("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")),
-        st_sectors_per_request=_div(profile.total("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"),
-                                    profile.total("l1tex__t_requests_pipe_lsu_mem_global_op_st.sum")),
+        ld_sectors_per_request=_div(
+            profile.total("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
+            profile.total("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"),
+        ),
+        st_sectors_per_request=_div(
+            profile.total("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"),
+            profile.total("l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
+        ),
         ideal_sectors_per_request=32 * access_bytes / SECTOR_BYTES,
         ld_efficiency_pct=profile.weighted("smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct"),
         st_efficiency_pct=profile.weighted("smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct"),
         smem_ld_conflicts=profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
         smem_st_conflicts=profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
-        smem_ld_ways=1 + _div(profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
-                              profile.total("smsp__inst_executed_op_shared_ld.sum")),
-        smem_st_ways=1 + _div(profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
-                              profile.total("smsp__inst_executed_op_shared_st.sum")),
+        smem_ld_ways=1
+        + _div(
+            profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
+            profile.total("smsp__inst_executed_op_shared_ld.sum"),
+        ),
+        smem_st_ways=1
+        + _div(
+            profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
+            profile.total("smsp__inst_executed_op_shared_st.sum"),
+        ),
         l2_hit_pct=profile.weighted("lts__t_sector_hit_rate.pct"),
         achieved_occupancy_pct=profile.weighted("sm__warps_active.avg.pct_of_peak_sustained_active"),
         theoretical_occupancy_pct=profile.weighted("sm__maximum_warps_per_active_cycle_pct"),
@@ -189,8 +207,10 @@ def findings(e: Explanation) -> list[str]:
         head += f"; {e.achieved_occupancy_pct:.0f}% of warp slots active"
     out.append(head)
     if _ok(e.useful_fraction):
-        line = (f"moves {_gb(e.dram_bytes)} through DRAM for {_gb(e.minimal_bytes)} of useful data: useful "
-                f"fraction {e.useful_fraction:.2f}")
+        line = (
+            f"moves {_gb(e.dram_bytes)} through DRAM for {_gb(e.minimal_bytes)} of useful data: useful "
+            f"fraction {e.useful_fraction:.2f}"
+        )
         if e.useful_fraction < USEFUL_FRACTION_OK:
             line += f" ({1 / e.useful_fraction:.1f}× the minimal traffic)"
         out.append(line)
@@ -198,19 +218,29 @@ def findings(e: Explanation) -> list[str]:
     if not _ok(e.ld_efficiency_pct):  # the bytes-per-sector counter is missing: judge by sectors per request
         ld_bad = _ok(e.ld_sectors_per_request) and e.ld_sectors_per_request > 1.25 * e.ideal_sectors_per_request
     if ld_bad:
-        out.append(f"uncoalesced loads: {e.ld_sectors_per_request:.1f} sectors per request (ideal "
-                   f"{e.ideal_sectors_per_request:g}), {_pct(e.ld_efficiency_pct)} of each 32-byte sector used")
+        out.append(
+            f"uncoalesced loads: {e.ld_sectors_per_request:.1f} sectors per request (ideal "
+            f"{e.ideal_sectors_per_request:g}), {_pct(e.ld_efficiency_pct)} of each 32-byte sector used"
+        )
     if _ok(e.st_efficiency_pct) and e.st_efficiency_pct < 100 * COALESCED_EFFICIENCY:
-        out.append(f"uncoalesced stores: {e.st_sectors_per_request:.1f} sectors per request, "
-                   f"{_pct(e.st_efficiency_pct)} of each sector used")
-    for side, ways, conflicts in (("load", e.smem_ld_ways, e.smem_ld_conflicts),
-                                  ("store", e.smem_st_ways, e.smem_st_conflicts)):
+        out.append(
+            f"uncoalesced stores: {e.st_sectors_per_request:.1f} sectors per request, "
+            f"{_pct(e.st_efficiency_pct)} of each sector used"
+        )
+    for side, ways, conflicts in (
+        ("load", e.smem_ld_ways, e.smem_ld_conflicts),
+        ("store", e.smem_st_ways, e.smem_st_conflicts),
+    ):
         if _ok(ways) and ways > CONFLICT_WAYS:
-            out.append(f"shared-memory bank conflicts: {ways:.1f}-way on {side}s ({conflicts / 1e6:.3g} M "
-                       "extra wavefronts); pad the tile so a column falls in distinct banks")
+            out.append(
+                f"shared-memory bank conflicts: {ways:.1f}-way on {side}s ({conflicts / 1e6:.3g} M "
+                "extra wavefronts); pad the tile so a column falls in distinct banks"
+            )
     if e.local_bytes > 0:
-        out.append(f"spills: {_gb(e.local_bytes)} of local-memory traffic at {e.registers:.0f} registers/thread "
-                   "(local memory is DRAM, cached in L1/L2)")
+        out.append(
+            f"spills: {_gb(e.local_bytes)} of local-memory traffic at {e.registers:.0f} registers/thread "
+            "(local memory is DRAM, cached in L1/L2)"
+        )
     if _ok(e.achieved_occupancy_pct) and _ok(e.theoretical_occupancy_pct):
         line = f"occupancy: {e.achieved_occupancy_pct:.0f}% achieved of {e.theoretical_occupancy_pct:.0f}% theoretical"
         if _ok(e.registers):
@@ -236,35 +266,52 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
     """What explains the time difference between `a` and `b`, slower one first in the sentence."""
     fast, slow = (a, b) if a.time_s <= b.time_s else (b, a)
     ratio = _div(slow.time_s, fast.time_s)
-    lines = [f"{slow.label} takes {ratio:.2f}× the time of {fast.label} "
-             f"({slow.time_s * 1e3:.3g} ms vs {fast.time_s * 1e3:.3g} ms)"]
+    lines = [
+        f"{slow.label} takes {ratio:.2f}× the time of {fast.label} "
+        f"({slow.time_s * 1e3:.3g} ms vs {fast.time_s * 1e3:.3g} ms)"
+    ]
     bytes_ratio = _div(slow.dram_bytes, fast.dram_bytes)
     if _ok(bytes_ratio) and bytes_ratio >= 1.3:
         cause = ""
         if _ok(slow.ld_sectors_per_request) and slow.ld_sectors_per_request > 1.3 * _nz(fast.ld_sectors_per_request):
-            cause = (f": {slow.ld_sectors_per_request:.1f} sectors per request on the loads vs "
-                     f"{fast.ld_sectors_per_request:.1f}")
+            cause = (
+                f": {slow.ld_sectors_per_request:.1f} sectors per request on the loads vs "
+                f"{fast.ld_sectors_per_request:.1f}"
+            )
         elif slow.local_bytes > 2 * fast.local_bytes + 1e6:
             cause = f": {_gb(slow.local_bytes)} of spill (local-memory) traffic"
         elif slow.kernels > fast.kernels:
-            cause = (f": {slow.kernels} kernels, each a DRAM round trip, vs {fast.kernels}")
+            cause = f": {slow.kernels} kernels, each a DRAM round trip, vs {fast.kernels}"
         lines.append(f"{slow.label} moves {bytes_ratio:.2f}× the DRAM bytes{cause}")
     elif _ok(slow.smem_ld_ways) and slow.smem_ld_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_ld_ways)):
-        lines.append(f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared loads are "
-                     f"{slow.smem_ld_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_ld_ways):.1f}-way")
+        lines.append(
+            f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared loads are "
+            f"{slow.smem_ld_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_ld_ways):.1f}-way"
+        )
     elif _ok(slow.smem_st_ways) and slow.smem_st_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_st_ways)):
-        lines.append(f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared stores are "
-                     f"{slow.smem_st_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_st_ways):.1f}-way")
+        lines.append(
+            f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared stores are "
+            f"{slow.smem_st_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_st_ways):.1f}-way"
+        )
     elif slow.local_bytes > 2 * fast.local_bytes + 1e6:
-        lines.append(f"{slow.label} spills: {_gb(slow.local_bytes)} of local-memory traffic at "
-                     f"{slow.registers:.0f} registers/thread vs {_gb(fast.local_bytes)} at {fast.registers:.0f}")
-    elif (_ok(slow.achieved_occupancy_pct) and _ok(fast.achieved_occupancy_pct)
-          and slow.achieved_occupancy_pct < 0.75 * fast.achieved_occupancy_pct):
-        lines.append(f"{slow.label} keeps {slow.achieved_occupancy_pct:.0f}% of warp slots active vs "
-                     f"{fast.achieved_occupancy_pct:.0f}%: fewer loads in flight to cover DRAM latency")
+        lines.append(
+            f"{slow.label} spills: {_gb(slow.local_bytes)} of local-memory traffic at "
+            f"{slow.registers:.0f} registers/thread vs {_gb(fast.local_bytes)} at {fast.registers:.0f}"
+        )
+    elif (
+        _ok(slow.achieved_occupancy_pct)
+        and _ok(fast.achieved_occupancy_pct)
+        and slow.achieved_occupancy_pct < 0.75 * fast.achieved_occupancy_pct
+    ):
+        lines.append(
+            f"{slow.label} keeps {slow.achieved_occupancy_pct:.0f}% of warp slots active vs "
+            f"{fast.achieved_occupancy_pct:.0f}%: fewer loads in flight to cover DRAM latency"
+        )
     elif _ok(slow.dram_tbps) and _ok(fast.dram_tbps):
-        lines.append(f"similar bytes ({bytes_ratio:.2f}×); {slow.label} draws {slow.dram_tbps:.2f} TB/s from DRAM "
-                     f"vs {fast.dram_tbps:.2f}")
+        lines.append(
+            f"similar bytes ({bytes_ratio:.2f}×); {slow.label} draws {slow.dram_tbps:.2f} TB/s from DRAM "
+            f"vs {fast.dram_tbps:.2f}"
+        )
     return lines
 
 
@@ -272,8 +319,9 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
 # Roofline
 
 
-def roofline_png(points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None,
-                 title: str = "roofline") -> bytes:
+def roofline_png(
+    points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
+) -> bytes:
     """A log-log roofline: the measured copy ceiling as the memory roof, the FP32 peak as the compute roof, one
     point per explained config at (FLOP per DRAM byte, achieved TFLOP/s). Configs without FP32 work (a copy,
     a transpose) have no place on it; they are listed in the legend with their DRAM throughput instead."""
@@ -291,11 +339,21 @@ def roofline_png(points: Sequence[Explanation], ceiling_tbps: float, peak_tflops
     hi = max([ridge * 20, 100.0] + [x * 4 for x in xs])
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     roof = [min(ceiling_tbps * x, peak) if peak else ceiling_tbps * x for x in grid]
-    ax.plot(grid, roof, color="black", lw=1.5,
-            label=f"roof: copy ceiling {ceiling_tbps:.2f} TB/s" + (f", FP32 peak {peak:.1f} TFLOP/s" if peak else ""))
+    ax.plot(
+        grid,
+        roof,
+        color="black",
+        lw=1.5,
+        label=f"roof: copy ceiling {ceiling_tbps:.2f} TB/s" + (f", FP32 peak {peak:.1f} TFLOP/s" if peak else ""),
+    )
     for p in placed:
-        ax.scatter([p.arithmetic_intensity], [p.tflops], s=45, zorder=3,
-                   label=f"{p.label}: {p.arithmetic_intensity:.3g} FLOP/B, {p.tflops:.3g} TFLOP/s ({p.bound})")
+        ax.scatter(
+            [p.arithmetic_intensity],
+            [p.tflops],
+            s=45,
+            zorder=3,
+            label=f"{p.label}: {p.arithmetic_intensity:.3g} FLOP/B, {p.tflops:.3g} TFLOP/s ({p.bound})",
+        )
     for p in points:
         if p not in placed:
             ax.plot([], [], " ", label=f"{p.label}: no FP32 work, DRAM {p.dram_tbps:.2f} TB/s ({p.bound})")
@@ -320,19 +378,23 @@ def roofline_html(png: bytes, points: Sequence[Explanation], title: str) -> str:
         f"<td>{_fmt(p.useful_fraction, '.2f')}</td><td>{_fmt(p.dram_tbps, '.3f')}</td>"
         f"<td>{_fmt(p.arithmetic_intensity, '.3g')}</td><td>{html.escape(p.bound)}</td>"
         f"<td>{'<br>'.join(html.escape(f) for f in p.findings[1:])}</td></tr>"
-        for p in points)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
-            f"<h1>{html.escape(title)}</h1><img src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-            "<table border='1' cellpadding='4'><tr><th>config</th><th>ms</th><th>DRAM GB</th><th>useful</th>"
-            f"<th>DRAM TB/s</th><th>FLOP/B</th><th>bound</th><th>findings</th></tr>{rows}</table></body></html>\n")
+        for p in points
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+        f"<h1>{html.escape(title)}</h1><img src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        "<table border='1' cellpadding='4'><tr><th>config</th><th>ms</th><th>DRAM GB</th><th>useful</th>"
+        f"<th>DRAM TB/s</th><th>FLOP/B</th><th>bound</th><th>findings</th></tr>{rows}</table></body></html>\n"
+    )
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec) if _ok(value) else ""
 
 
-def write_roofline(path: str | Path, points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None,
-                   title: str) -> list[Path]:
+def write_roofline(
+    path: str | Path, points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str
+) -> list[Path]:
     """Write the roofline as `path` (.png) and the same name with .html; atomically. Returns both paths."""
     from tuner.export import atomic_write
 
@@ -360,8 +422,9 @@ class ExplainedTrial:
     device: dict[str, Any]
 
 
-def _pick(study, measured, args_trials: Sequence[int], best: bool, worst: bool,
-          compare_pair: Sequence[int] | None) -> list[int]:
+def _pick(
+    study, measured, args_trials: Sequence[int], best: bool, worst: bool, compare_pair: Sequence[int] | None
+) -> list[int]:
     from tuner import export
     from tuner.errors import InputError
 
@@ -379,15 +442,22 @@ def _pick(study, measured, args_trials: Sequence[int], best: bool, worst: bool,
             raise InputError(f"study {study.study_name}: no trial {n} (trials 0..{max(by_number)})")
         if n not in measured_numbers:
             t = by_number[n]
-            why = t.user_attrs.get("failure") or ("a duplicate" if t.user_attrs.get("duplicate_of") is not None
-                                                  else t.state.name)
+            why = t.user_attrs.get("failure") or (
+                "a duplicate" if t.user_attrs.get("duplicate_of") is not None else t.state.name
+            )
             raise InputError(f"study {study.study_name}: trial {n} was not measured ({why})")
     return list(dict.fromkeys(wanted))
 
 
-def explain_study(study, trials: Sequence[int] = (), best: bool = False, worst: bool = False,
-                  compare_pair: Sequence[int] | None = None, reprofile: bool = False,
-                  timeout_s: float = 240.0) -> list[ExplainedTrial]:
+def explain_study(
+    study,
+    trials: Sequence[int] = (),
+    best: bool = False,
+    worst: bool = False,
+    compare_pair: Sequence[int] | None = None,
+    reprofile: bool = False,
+    timeout_s: float = 240.0,
+) -> list[ExplainedTrial]:
     """Explain the chosen measured trials of `study` (default: the best). Trials profiled before (study user
     attr ``ncu:<n>``) are not profiled again unless `reprofile`. Every profile runs before anything is written:
     an InputError (unknown or unmeasured trial, a config that no longer renders, ncu absent, not permitted or
@@ -410,10 +480,15 @@ def explain_study(study, trials: Sequence[int] = (), best: bool = False, worst: 
             params = {name: t.params[name] for name in ctx.space.params if name in t.params}
             resolved = ctx.space.resolve(params, ctx.problem)
             launches = len(ctx.family.launches(source.entry, resolved, ctx.problem.env))
-            run = ncu_mod.profile_config(ctx.space.path, ctx.problem.name, params, source.uri, launches,
-                                         timeout_s=timeout_s)
-            fresh[n] = {"uri": source.uri, "profile": run.profile.to_dict(),
-                        "device": run.report.get("device", {}), "command": run.command}
+            run = ncu_mod.profile_config(
+                ctx.space.path, ctx.problem.name, params, source.uri, launches, timeout_s=timeout_s
+            )
+            fresh[n] = {
+                "uri": source.uri,
+                "profile": run.profile.to_dict(),
+                "device": run.report.get("device", {}),
+                "command": run.command,
+            }
     out = []
     for n in numbers:
         record = fresh.get(n) or stored[n]
@@ -422,9 +497,14 @@ def explain_study(study, trials: Sequence[int] = (), best: bool = False, worst: 
         device = record.get("device") or {}
         params = t.params
         access = int(params.get("vec", 1)) * ctx.family.elem_bytes(ctx.problem.env)
-        e = explain(profile, label=f"#{n} {record['uri']}", minimal_bytes=ctx.family.bytes_moved(ctx.problem.env),
-                    ceiling_tbps=t.user_attrs.get("ceiling_tbps"), peak_tflops=ncu_mod.fp32_peak_tflops(device),
-                    access_bytes=access)
+        e = explain(
+            profile,
+            label=f"#{n} {record['uri']}",
+            minimal_bytes=ctx.family.bytes_moved(ctx.problem.env),
+            ceiling_tbps=t.user_attrs.get("ceiling_tbps"),
+            peak_tflops=ncu_mod.fp32_peak_tflops(device),
+            access_bytes=access,
+        )
         out.append(ExplainedTrial(number=n, uri=record["uri"], explanation=e, cached=n not in fresh, device=device))
     for n, record in fresh.items():
         study.set_user_attr(f"{ATTR_PREFIX}{n}", record)

@@ -28,7 +28,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,9 @@ def transpose_read_ways(tile: int, vec: int, rows_per_thread: int, pad: int) -> 
     return worst
 
 
-def register_cap(threads: int, min_blocks: int, file_registers: int = 65536, unit: int = 8,
-                 max_per_thread: int = 255) -> int:
+def register_cap(
+    threads: int, min_blocks: int, file_registers: int = 65536, unit: int = 8, max_per_thread: int = 255
+) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__(threads, min_blocks)`` (0: no second
     argument, so only the per-thread maximum): the register file shared by min_blocks blocks, in steps of 8."""
     if min_blocks <= 0:
@@ -116,8 +117,14 @@ class LessonResult:
     csvs: dict[str, str] = field(default_factory=dict)  # config label → raw ncu CSV
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lesson": self.name, "title": self.title, "gpu": self.gpu, "ceiling_tbps": self.ceiling_tbps,
-                "notes": self.notes, "rows": [dataclasses.asdict(r) for r in self.rows]}
+        return {
+            "lesson": self.name,
+            "title": self.title,
+            "gpu": self.gpu,
+            "ceiling_tbps": self.ceiling_tbps,
+            "notes": self.notes,
+            "rows": [dataclasses.asdict(r) for r in self.rows],
+        }
 
 
 class Bench:
@@ -142,8 +149,9 @@ class Bench:
                 self.info = self._evaluator.start()
             except WorkerError as exc:
                 self._evaluator = None
-                raise InputError(f"GPU {self.gpu} is not usable: "
-                                 f"{str(exc).splitlines()[0].split(': ', 1)[-1]}") from None
+                raise InputError(
+                    f"GPU {self.gpu} is not usable: {str(exc).splitlines()[0].split(': ', 1)[-1]}"
+                ) from None
         return self.info
 
     def close(self) -> None:
@@ -158,9 +166,14 @@ class Bench:
         result = evaluate_config(space, params, problem, evaluator=self._evaluator, budget_ms=self.budget_ms)
         if not result.ok:
             return {"failure": result.kind, "reason": result.reason}
-        return {"median_ms": result.median_ms, "tbps": result.tbps, "tflops": result.tflops,
-                "fraction_of_ceiling": result.fraction_of_ceiling, "registers": result.registers,
-                "spill_bytes": result.spill_bytes}
+        return {
+            "median_ms": result.median_ms,
+            "tbps": result.tbps,
+            "tflops": result.tflops,
+            "fraction_of_ceiling": result.fraction_of_ceiling,
+            "registers": result.registers,
+            "spill_bytes": result.spill_bytes,
+        }
 
     def profile(self, space, params: dict[str, Any], problem, label: str, result: LessonResult):
         """The Explanation of one config under ncu (None without --ncu); the raw CSV goes into `result`."""
@@ -177,9 +190,14 @@ class Bench:
         launches = len(family.launches(source.entry, resolved, problem.env))
         run = profile_config(space.path, problem.name, params, source.uri, launches, timeout_s=self.timeout_s * 2)
         result.csvs[label] = run.csv_text
-        return explain(run.profile, label, family.bytes_moved(problem.env), ceiling_tbps=self.info.get("ceiling_tbps"),
-                       peak_tflops=fp32_peak_tflops(run.report.get("device", {})),
-                       access_bytes=int(params.get("vec", 1)) * family.elem_bytes(problem.env))
+        return explain(
+            run.profile,
+            label,
+            family.bytes_moved(problem.env),
+            ceiling_tbps=self.info.get("ceiling_tbps"),
+            peak_tflops=fp32_peak_tflops(run.report.get("device", {})),
+            access_bytes=int(params.get("vec", 1)) * family.elem_bytes(problem.env),
+        )
 
 
 def _space(name: str):
@@ -199,15 +217,24 @@ def coalescing(bench: Bench) -> LessonResult:
     base = _merge(space.default, vec=1, block=256, items=4)
     for stride in (1, 2, 4, 8, 16, 32):
         params = _merge(base, stride=stride)
-        row = Row(label=f"stride {stride}", params=params, predicted={
-            "lesson": lesson_copy_fraction(stride), "sector_model": sector_copy_fraction(stride),
-            "sectors_per_request": copy_sectors_per_request(stride)})
+        row = Row(
+            label=f"stride {stride}",
+            params=params,
+            predicted={
+                "lesson": lesson_copy_fraction(stride),
+                "sector_model": sector_copy_fraction(stride),
+                "sectors_per_request": copy_sectors_per_request(stride),
+            },
+        )
         row.measured = bench.time(space, params, problem)
         e = bench.profile(space, params, problem, f"stride{stride}", result)
         if e is not None:
-            row.measured.update(sectors_per_request=e.ld_sectors_per_request,
-                                dram_bytes_per_element=e.dram_read_bytes / problem.sizes["n"],
-                                useful_fraction=e.useful_fraction, bound=e.bound)
+            row.measured.update(
+                sectors_per_request=e.ld_sectors_per_request,
+                dram_bytes_per_element=e.dram_read_bytes / problem.sizes["n"],
+                useful_fraction=e.useful_fraction,
+                bound=e.bound,
+            )
         result.rows.append(row)
     result.notes = [
         "lesson: 1/min(stride, 32), from 128-byte lines; sector model: 2/(min(stride, 8) + 1), from 32-byte "
@@ -226,17 +253,22 @@ def bank_conflicts(bench: Bench) -> LessonResult:
         params = _merge(space.default, tile=32, rows_per_thread=8, vec=vec, pad=pad)
         tuned = params == space.default
         label = f"[32][{32 + pad}] vec{vec}" + (" (tuned)" if tuned else "")
-        row = Row(label=label, params=params,
-                  predicted={"read_ways": transpose_read_ways(32, vec, 8, pad)})
+        row = Row(label=label, params=params, predicted={"read_ways": transpose_read_ways(32, vec, 8, pad)})
         row.measured = bench.time(space, params, problem)
         e = bench.profile(space, params, problem, f"pad{pad}_vec{vec}", result)
         if e is not None:
-            row.measured.update(smem_ld_ways=e.smem_ld_ways, smem_st_ways=e.smem_st_ways,
-                                smem_ld_conflicts=e.smem_ld_conflicts, smem_st_conflicts=e.smem_st_conflicts,
-                                bound=e.bound)
+            row.measured.update(
+                smem_ld_ways=e.smem_ld_ways,
+                smem_st_ways=e.smem_st_ways,
+                smem_ld_conflicts=e.smem_ld_conflicts,
+                smem_st_conflicts=e.smem_st_conflicts,
+                bound=e.bound,
+            )
         result.rows.append(row)
-    result.notes = ["read_ways: the bank model of the template's column read, (tx·vec + k)·pitch + ty + j·BY "
-                    "mod 32; a k-way conflict costs k shared-memory wavefronts per instruction."]
+    result.notes = [
+        "read_ways: the bank model of the template's column read, (tx·vec + k)·pitch + ty + j·BY "
+        "mod 32; a k-way conflict costs k shared-memory wavefronts per instruction."
+    ]
     return result
 
 
@@ -260,21 +292,29 @@ def registers(bench: Bench | None) -> LessonResult:
         compiled = compile_source(source, arch)
         if not compiled.ok:
             raise InputError(f"{source.uri}: does not compile: {compiled.reason}")
-        row = Row(label=f"__launch_bounds__({threads}{f', {n}' if n else ''})", params=params,
-                  predicted={"register_cap": register_cap(threads, n)},
-                  measured={"registers": compiled.main.registers,
-                            "spill_bytes": compiled.main.spill_store_bytes + compiled.main.spill_load_bytes})
+        row = Row(
+            label=f"__launch_bounds__({threads}{f', {n}' if n else ''})",
+            params=params,
+            predicted={"register_cap": register_cap(threads, n)},
+            measured={
+                "registers": compiled.main.registers,
+                "spill_bytes": compiled.main.spill_store_bytes + compiled.main.spill_load_bytes,
+            },
+        )
         if bench is not None:
             timed = bench.time(space, params, problem)
             row.measured.update({k: v for k, v in timed.items() if k not in ("registers", "spill_bytes")})
             if n in (2, 8):  # the default and the tightest bound: the spill traffic ncu sees
                 e = bench.profile(space, params, problem, f"lb{n}", result)
                 if e is not None:
-                    row.measured.update(local_bytes=e.local_bytes, bound=e.bound,
-                                        achieved_occupancy_pct=e.achieved_occupancy_pct)
+                    row.measured.update(
+                        local_bytes=e.local_bytes, bound=e.bound, achieved_occupancy_pct=e.achieved_occupancy_pct
+                    )
         result.rows.append(row)
-    result.notes = ["register_cap = 65536 / (256·N), in steps of 8, at most 255: past the thread tile's needs "
-                    "(64 accumulators + 16 fragments + addresses), ptxas spills to local memory (DRAM)."]
+    result.notes = [
+        "register_cap = 65536 / (256·N), in steps of 8, at most 255: past the thread tile's needs "
+        "(64 accumulators + 16 fragments + addresses), ptxas spills to local memory (DRAM)."
+    ]
     if bench is None:
         result.notes.append("compiled only (no GPU): registers and spills from ptxas; run on a GPU for the times.")
     return result
@@ -289,8 +329,11 @@ def fusion(bench: Bench) -> LessonResult:
     for depth in (1, 2, 3):
         params = _merge(space.default, fusion=depth)
         k = fusion_kernels(depth)
-        row = Row(label=f"fusion {depth} ({k} kernel{'s' if k > 1 else ''})", params=params,
-                  predicted={"dram_bytes": k * 2 * elements * elem, "time_vs_fused": float(k)})
+        row = Row(
+            label=f"fusion {depth} ({k} kernel{'s' if k > 1 else ''})",
+            params=params,
+            predicted={"dram_bytes": k * 2 * elements * elem, "time_vs_fused": float(k)},
+        )
         row.measured = bench.time(space, params, problem)
         e = bench.profile(space, params, problem, f"fusion{depth}", result)
         if e is not None:
@@ -333,8 +376,9 @@ def print_table(result: LessonResult) -> None:
     for k in meas_keys:
         table.add_column(k, justify="right")
     for r in result.rows:
-        table.add_row(r.label, *(_cell(r.predicted.get(k)) for k in pred_keys),
-                      *(_cell(r.measured.get(k)) for k in meas_keys))
+        table.add_row(
+            r.label, *(_cell(r.predicted.get(k)) for k in pred_keys), *(_cell(r.measured.get(k)) for k in meas_keys)
+        )
     console = Console() if sys.stdout.isatty() else Console(width=220)
     console.print(table)
     for note in result.notes:
@@ -384,12 +428,20 @@ def lesson_png(result: LessonResult) -> bytes:
         ax.bar(xs, times, color="tab:blue", alpha=0.7, label="measured median ms")
         if result.name == "fusion":
             fused = times[-1]
-            ax.plot(xs, [fused * r.predicted["time_vs_fused"] for r in result.rows], "k--o",
-                    label="predicted: fused time × kernels")
+            ax.plot(
+                xs,
+                [fused * r.predicted["time_vs_fused"] for r in result.rows],
+                "k--o",
+                label="predicted: fused time × kernels",
+            )
         if result.name == "bank-conflicts":
             for x, r in zip(xs, result.rows, strict=True):
-                ax.annotate(f"{r.predicted['read_ways']}-way predicted", (x, times[x] if not math.isnan(times[x])
-                                                                          else 0), ha="center", fontsize=8)
+                ax.annotate(
+                    f"{r.predicted['read_ways']}-way predicted",
+                    (x, times[x] if not math.isnan(times[x]) else 0),
+                    ha="center",
+                    fontsize=8,
+                )
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_ylabel("median ms per call")
     ax.set_title(result.title + (f"\n{result.gpu}" if result.gpu else ""), fontsize=10)
@@ -405,10 +457,15 @@ def lesson_png(result: LessonResult) -> bytes:
 def write_outputs(result: LessonResult, out_dir: Path, command: str) -> list[Path]:
     from tuner.export import atomic_write
 
-    written = [atomic_write(out_dir / f"{result.name}.png", lesson_png(result)),
-               atomic_write(out_dir / f"{result.name}.json",
-                            json.dumps({**result.to_dict(), "command": command,
-                                        "date": time.strftime("%Y-%m-%d")}, indent=2, default=str))]
+    written = [
+        atomic_write(out_dir / f"{result.name}.png", lesson_png(result)),
+        atomic_write(
+            out_dir / f"{result.name}.json",
+            json.dumps(
+                {**result.to_dict(), "command": command, "date": time.strftime("%Y-%m-%d")}, indent=2, default=str
+            ),
+        ),
+    ]
     for label, text in result.csvs.items():
         written.append(atomic_write(out_dir / f"{result.name}-{label}.csv", text))
     return written
@@ -439,8 +496,12 @@ def cmd_lesson(args: argparse.Namespace) -> int:
     if args.study:
         raise InputError(f"lesson {args.name}: takes no study (only `lesson ncu` does)")
     out = _check_out_dir(args.out)
-    runners: dict[str, Callable[[Any], LessonResult]] = {"coalescing": coalescing, "bank-conflicts": bank_conflicts,
-                                                          "registers": registers, "fusion": fusion}
+    runners: dict[str, Callable[[Any], LessonResult]] = {
+        "coalescing": coalescing,
+        "bank-conflicts": bank_conflicts,
+        "registers": registers,
+        "fusion": fusion,
+    }
     if args.name == "registers" and args.compile_only:
         result = registers(None)
     else:
@@ -453,8 +514,11 @@ def cmd_lesson(args: argparse.Namespace) -> int:
         result.gpu, result.ceiling_tbps = bench.info.get("gpu", ""), bench.info.get("ceiling_tbps")
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)
-    command = "tuner " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("tuner", "__main__.py")) \
+    command = (
+        "tuner " + " ".join(sys.argv[1:])
+        if sys.argv and sys.argv[0].endswith(("tuner", "__main__.py"))
         else f"tuner lesson {args.name}"
+    )
     for path in write_outputs(result, out, command):
         print(f"wrote {path}")
     return 0
@@ -470,23 +534,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.plot:
         export.check_writable(args.plot, (".png",), "--plot")
     study = export.open_study(args.study, args.storage)
-    explained = explain_study(study, trials=args.trial or (), best=args.best, worst=args.worst,
-                              compare_pair=args.compare, reprofile=args.reprofile, timeout_s=args.timeout)
+    explained = explain_study(
+        study,
+        trials=args.trial or (),
+        best=args.best,
+        worst=args.worst,
+        compare_pair=args.compare,
+        reprofile=args.reprofile,
+        timeout_s=args.timeout,
+    )
     if args.json:
-        print(json.dumps([{"trial": x.number, "uri": x.uri, "cached": x.cached, **x.explanation.to_dict()}
-                          for x in explained], indent=2, default=str))
+        print(
+            json.dumps(
+                [{"trial": x.number, "uri": x.uri, "cached": x.cached, **x.explanation.to_dict()} for x in explained],
+                indent=2,
+                default=str,
+            )
+        )
     else:
         console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=200)
         for x in explained:
             e = x.explanation
             console.print(f"[bold]{e.label}[/bold]" + ("  (profile from the study)" if x.cached else ""))
-            for line in (e.findings if getattr(args, "full", False) else e.findings[:4]):
+            for line in e.findings if getattr(args, "full", False) else e.findings[:4]:
                 console.print(f"  {line}")
             if getattr(args, "full", False):
-                console.print(f"  DRAM read {e.dram_read_bytes / 1e9:.4g} GB, written {e.dram_write_bytes / 1e9:.4g} GB"
-                              f" in {e.time_s * 1e3:.4g} ms; sectors/request load {e.ld_sectors_per_request:.3g}, "
-                              f"store {e.st_sectors_per_request:.3g}; L2 {e.lts_pct:.0f}%, L1 {e.l1tex_pct:.0f}%, "
-                              f"FMA pipe {e.fma_pct:.0f}% of peak")
+                console.print(
+                    f"  DRAM read {e.dram_read_bytes / 1e9:.4g} GB, written {e.dram_write_bytes / 1e9:.4g} GB"
+                    f" in {e.time_s * 1e3:.4g} ms; sectors/request load {e.ld_sectors_per_request:.3g}, "
+                    f"store {e.st_sectors_per_request:.3g}; L2 {e.lts_pct:.0f}%, L1 {e.l1tex_pct:.0f}%, "
+                    f"FMA pipe {e.fma_pct:.0f}% of peak"
+                )
         if args.compare:
             by_number = {x.number: x.explanation for x in explained}
             for line in compare(by_number[args.compare[0]], by_number[args.compare[1]]):
@@ -517,8 +595,9 @@ def _add_explain_args(p: argparse.ArgumentParser, study_required: bool) -> None:
     p.add_argument("--trial", type=_trial_number, action="append", metavar="N", help="a trial to explain (repeat)")
     p.add_argument("--best", action="store_true", help="the fastest measured trial (the default)")
     p.add_argument("--worst", action="store_true", help="the slowest measured trial")
-    p.add_argument("--compare", type=_trial_number, nargs=2, metavar=("A", "B"),
-                   help="explain what makes trials A and B differ")
+    p.add_argument(
+        "--compare", type=_trial_number, nargs=2, metavar=("A", "B"), help="explain what makes trials A and B differ"
+    )
     p.add_argument("--plot", metavar="FILE.png", help="roofline PNG (and FILE.html beside it)")
     p.add_argument("--reprofile", action="store_true", help="profile again even where the study holds a profile")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds ncu may take per config")

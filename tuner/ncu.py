@@ -80,16 +80,39 @@ METRICS: tuple[str, ...] = (
 )
 
 #: The columns of the raw page that describe a launch rather than a metric.
-ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-              "Grid Size", "Device", "CC")
+ID_COLUMNS = (
+    "ID",
+    "Process ID",
+    "Process Name",
+    "Host Name",
+    "Kernel Name",
+    "Context",
+    "Stream",
+    "Block Size",
+    "Grid Size",
+    "Device",
+    "CC",
+)
 
 #: Unit → factor to the base unit (byte, second, count); ncu prints base units with --print-units base, but a
 #: capture made without it still reads correctly.
 _SCALE = {
-    "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-    "kibyte": 1024.0, "mibyte": 1024.0**2, "gibyte": 1024.0**3,
-    "second": 1.0, "msecond": 1e-3, "usecond": 1e-6, "nsecond": 1e-9,
-    "sector": 1.0, "request": 1.0, "inst": 1.0, "warp": 1.0,
+    "byte": 1.0,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "kibyte": 1024.0,
+    "mibyte": 1024.0**2,
+    "gibyte": 1024.0**3,
+    "second": 1.0,
+    "msecond": 1e-3,
+    "usecond": 1e-6,
+    "nsecond": 1e-9,
+    "sector": 1.0,
+    "request": 1.0,
+    "inst": 1.0,
+    "warp": 1.0,
 }
 #: Units whose values are converted to seconds / bytes so every Profile holds one scale.
 _TIME_UNITS = {"second", "msecond", "usecond", "nsecond"}
@@ -156,15 +179,27 @@ class Profile:
         return max(values) if values else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kernels": [{"kernel": k.kernel, "block": k.block, "grid": k.grid, "values": k.values}
-                            for k in self.kernels], "missing": list(self.missing)}
+        return {
+            "kernels": [
+                {"kernel": k.kernel, "block": k.block, "grid": k.grid, "values": k.values} for k in self.kernels
+            ],
+            "missing": list(self.missing),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
-        return cls(kernels=tuple(KernelMetrics(kernel=k["kernel"], block=k.get("block", ""), grid=k.get("grid", ""),
-                                               values={n: float(v) for n, v in k["values"].items()})
-                                 for k in data["kernels"]),
-                   missing=tuple(data.get("missing", ())))
+        return cls(
+            kernels=tuple(
+                KernelMetrics(
+                    kernel=k["kernel"],
+                    block=k.get("block", ""),
+                    grid=k.get("grid", ""),
+                    values={n: float(v) for n, v in k["values"].items()},
+                )
+                for k in data["kernels"]
+            ),
+            missing=tuple(data.get("missing", ())),
+        )
 
 
 def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] = METRICS) -> Profile:
@@ -175,7 +210,7 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if start is None:
-        raise NcuError(f"{where}: no ncu raw CSV table (no header row starting with \"ID\")")
+        raise NcuError(f'{where}: no ncu raw CSV table (no header row starting with "ID")')
     rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[start:] if line.startswith('"')))))
     if len(rows) < 3:
         raise NcuError(f"{where}: ncu profiled no kernel (the table has no data row)")
@@ -195,10 +230,14 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
                 continue
             unit = units[i].strip().lower()
             values[name] = value * _SCALE.get(unit, 1.0)
-        kernels.append(KernelMetrics(kernel=row[col["Kernel Name"]] if "Kernel Name" in col else "",
-                                     block=row[col["Block Size"]] if "Block Size" in col else "",
-                                     grid=row[col["Grid Size"]] if "Grid Size" in col else "",
-                                     values=values))
+        kernels.append(
+            KernelMetrics(
+                kernel=row[col["Kernel Name"]] if "Kernel Name" in col else "",
+                block=row[col["Block Size"]] if "Block Size" in col else "",
+                grid=row[col["Grid Size"]] if "Grid Size" in col else "",
+                values=values,
+            )
+        )
     missing = tuple(m for m in metrics if m not in col)
     return Profile(kernels=tuple(kernels), missing=missing)
 
@@ -221,19 +260,35 @@ def kernel_regex(uri: str) -> str:
     return f"regex:^{re.escape(uri)}(_[A-Za-z0-9]+)?$"
 
 
-def ncu_command(target: Sequence[str], uri: str, launches_per_call: int, log_file: str | Path,
-                ncu: str = "ncu", metrics: Sequence[str] = METRICS) -> list[str]:
+def ncu_command(
+    target: Sequence[str],
+    uri: str,
+    launches_per_call: int,
+    log_file: str | Path,
+    ncu: str = "ncu",
+    metrics: Sequence[str] = METRICS,
+) -> list[str]:
     """The ncu argv that profiles the second call of the config (its timing warm-up) and writes the raw CSV to
     `log_file`. `launches_per_call` = len(family.launches(...))."""
     return [
         ncu,
-        "--clock-control", "none",
-        "--kernel-name", kernel_regex(uri),
-        "--launch-skip", str(launches_per_call),
-        "--launch-count", str(launches_per_call),
-        "--metrics", ",".join(metrics),
-        "--csv", "--page", "raw", "--print-units", "base",
-        "--log-file", str(log_file),
+        "--clock-control",
+        "none",
+        "--kernel-name",
+        kernel_regex(uri),
+        "--launch-skip",
+        str(launches_per_call),
+        "--launch-count",
+        str(launches_per_call),
+        "--metrics",
+        ",".join(metrics),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--log-file",
+        str(log_file),
         *target,
     ]
 
@@ -243,13 +298,16 @@ def find_ncu() -> str:
     name = os.environ.get("TUNER_NCU", "ncu")
     path = shutil.which(name)
     if path is None:
-        raise NcuError(f"ncu not found ({name!r} is not on PATH; set TUNER_NCU to its path): it would have "
-                       "measured DRAM bytes, sectors per request, bank conflicts, occupancy and spills")
+        raise NcuError(
+            f"ncu not found ({name!r} is not on PATH; set TUNER_NCU to its path): it would have "
+            "measured DRAM bytes, sectors per request, bank conflicts, occupancy and spills"
+        )
     return path
 
 
-def run_ncu(argv: Sequence[str], log_file: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S,
-            where: str = "ncu") -> tuple[str, str]:
+def run_ncu(
+    argv: Sequence[str], log_file: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S, where: str = "ncu"
+) -> tuple[str, str]:
     """Run an ncu argv built by `ncu_command`; return (the CSV it wrote to `log_file`, the target's stdout).
     NcuError on a timeout, on ``ERR_NVGPUCTRPERM`` (no permission for the GPU's counters), on a target that
     reports a failed config, or when ncu profiled nothing."""
@@ -262,16 +320,22 @@ def run_ncu(argv: Sequence[str], log_file: str | Path, timeout_s: float = DEFAUL
     log = Path(log_file).read_text(errors="replace") if Path(log_file).is_file() else ""
     everything = "\n".join((proc.stdout, proc.stderr, log))
     if "ERR_NVGPUCTRPERM" in everything:  # the one stable token ncu gives for this fault; no status code exists
-        raise NcuError(f"{where}: ncu is not permitted to read the GPU's performance counters "
-                       "(ERR_NVGPUCTRPERM; see NVIDIA's note on NVreg_RestrictProfilingToAdminUsers)")
+        raise NcuError(
+            f"{where}: ncu is not permitted to read the GPU's performance counters "
+            "(ERR_NVGPUCTRPERM; see NVIDIA's note on NVreg_RestrictProfilingToAdminUsers)"
+        )
     report = target_report(proc.stdout)
     if report.get("ok") is False:
         result = report.get("result") or {}
-        raise NcuError(f"{where}: the config did not pass its check under ncu ({result.get('failure')}: "
-                       f"{str(result.get('reason', ''))[:200]})")
+        raise NcuError(
+            f"{where}: the config did not pass its check under ncu ({result.get('failure')}: "
+            f"{str(result.get('reason', ''))[:200]})"
+        )
     if '"ID",' not in log:
-        tail = next((ln.strip() for ln in reversed(everything.splitlines())
-                     if "error" in ln.lower() or "==WARNING==" in ln), f"exit status {proc.returncode}")
+        tail = next(
+            (ln.strip() for ln in reversed(everything.splitlines()) if "error" in ln.lower() or "==WARNING==" in ln),
+            f"exit status {proc.returncode}",
+        )
         raise NcuError(f"{where}: ncu profiled no kernel ({tail[:200]})")
     return log, proc.stdout
 
@@ -300,8 +364,14 @@ class ProfileRun:
     command: list[str] = field(default_factory=list)
 
 
-def profile_config(space_path: str | Path, problem: str, params: dict[str, Any], uri: str, launches_per_call: int,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> ProfileRun:
+def profile_config(
+    space_path: str | Path,
+    problem: str,
+    params: dict[str, Any],
+    uri: str,
+    launches_per_call: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ProfileRun:
     """Profile one config under ncu (see the module docstring). NcuError on any failure."""
     ncu = find_ncu()
     with tempfile.TemporaryDirectory(prefix="tuner-ncu-") as tmp:
@@ -324,15 +394,27 @@ def device_facts() -> dict[str, Any]:
 
     props = runtime.getDeviceProperties(0)
     name = props.get("name", b"")
-    return {"gpu": name.decode() if isinstance(name, bytes) else str(name),
-            "sm_count": int(props["multiProcessorCount"]),
-            "sm_clock_mhz": int(props.get("clockRate", 0)) // 1000,
-            "cc": f"{props['major']}.{props['minor']}"}
+    return {
+        "gpu": name.decode() if isinstance(name, bytes) else str(name),
+        "sm_count": int(props["multiProcessorCount"]),
+        "sm_clock_mhz": int(props.get("clockRate", 0)) // 1000,
+        "cc": f"{props['major']}.{props['minor']}",
+    }
 
 
 #: FP32 lanes per SM by compute capability (architecture fact, CUDA Programming Guide's throughput table).
-FP32_LANES_PER_SM = {"7.0": 64, "7.5": 64, "8.0": 64, "8.6": 128, "8.7": 128, "8.9": 128, "9.0": 128,
-                     "10.0": 128, "10.3": 128, "12.0": 128}
+FP32_LANES_PER_SM = {
+    "7.0": 64,
+    "7.5": 64,
+    "8.0": 64,
+    "8.6": 128,
+    "8.7": 128,
+    "8.9": 128,
+    "9.0": 128,
+    "10.0": 128,
+    "10.3": 128,
+    "12.0": 128,
+}
 
 
 def fp32_peak_tflops(facts: dict[str, Any]) -> float | None:

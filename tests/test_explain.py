@@ -1,0 +1,337 @@
+"""The ncu raw-CSV parser, the verdict rules, `compare`, the roofline and lesson plots, the lessons' predictions
+and the bad-input paths of `tuner explain` / `tuner lesson`, all on the CPU (fixtures: tests/data/ncu/)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tuner import lesson
+from tuner.cli import main
+from tuner.explain import Explanation, compare, explain, roofline_html, roofline_png
+from tuner.ncu import METRICS, NcuError, Profile, kernel_regex, ncu_command, parse_raw_csv, target_command
+
+DATA = Path(__file__).parent / "data" / "ncu"
+CEILING = 4.27
+PEAK = 66.9
+STUDY = "transpose-n16384_float32-NVIDIA_H200"
+
+
+def load(name: str) -> Profile:
+    return parse_raw_csv((DATA / name).read_text(), where=name)
+
+
+def explained(name: str, minimal: float, access: int = 4, label: str | None = None) -> Explanation:
+    return explain(load(name), label or name, minimal, ceiling_tbps=CEILING, peak_tflops=PEAK, access_bytes=access)
+
+
+COPY_MIN = 2 * 67108864 * 4
+TRANSPOSE_MIN = 2 * 16384 * 16384 * 4
+CHAIN_MIN = (2 * 32768 * 8192 + 8192) * 2
+GEMM_MIN = 4 * (3 * 4096 * 4096 + 4096 + 4096 * 4096)
+
+
+# -- parser ------------------------------------------------------------------------------------------------------
+
+
+def test_parser_reads_units_commas_and_every_metric():
+    p = load("copy_stride8.csv")
+    assert len(p.kernels) == 1 and p.missing == ()
+    k = p.kernels[0]
+    assert k.kernel == "copy_stride8_vec1_block256_items4" and k.block == "(256, 1, 1)"
+    assert k.values["dram__bytes_read.sum"] == 32 * 67108864 + 1_048_576  # "2,148,532,224" with commas
+    assert k.values["gpu__time_duration.sum"] == pytest.approx(577e-6)  # nsecond → seconds
+    assert set(METRICS) <= set(k.values)
+
+
+def test_parser_scales_units_and_reports_missing_metrics():
+    text = (
+        'noise\n"ID","Kernel Name","dram__bytes_read.sum","gpu__time_duration.sum"\n'
+        '"","","Mbyte","usecond"\n"0","k","1,024.5","2.5"\n'
+    )
+    p = parse_raw_csv(text)
+    assert p.kernels[0].values == {
+        "dram__bytes_read.sum": pytest.approx(1.0245e9),
+        "gpu__time_duration.sum": pytest.approx(2.5e-6),
+    }
+    assert "dram__bytes_write.sum" in p.missing
+
+
+def test_parser_sums_and_weights_over_launches():
+    p = load("elementwise_fusion1.csv")
+    assert len(p.kernels) == 3
+    assert p.total("gpu__time_duration.sum") == pytest.approx((259 + 258 + 257) * 1e-6)
+    assert p.weighted("lts__t_sector_hit_rate.pct") == pytest.approx(1.2)
+    assert Profile.from_dict(p.to_dict()) == p
+
+
+@pytest.mark.parametrize(
+    "text, fault",
+    [
+        ("==ERROR== ERR_NVGPUCTRPERM\n", "no ncu raw CSV table"),
+        ('"ID","Kernel Name","x"\n"","",""\n', "profiled no kernel"),
+        ('"ID","Kernel Name","x"\n"0","k","1"\n"1","k","2"\n', "not a row of units"),
+        ('"ID","Kernel Name","x"\n"","","byte"\n"0","k"\n', "a row has 2 fields"),
+    ],
+)
+def test_parser_bad_input_is_one_line(text, fault):
+    with pytest.raises(NcuError, match=fault) as info:
+        parse_raw_csv(text, where="capture.csv")
+    assert str(info.value).startswith("capture.csv: ") and "\n" not in str(info.value)
+
+
+def test_ncu_command_profiles_the_second_call_only():
+    target = target_command("copy", "n64M", {"stride": 8, "vec": 1})
+    assert target[1:] == ["-m", "tuner.ncu", "copy", "--problem", "n64M", "--set", "stride=8", "--set", "vec=1"]
+    argv = ncu_command(target, "elementwise_fuse1_vec8", 3, "/tmp/x.csv")
+    joined = " ".join(argv)
+    assert "--clock-control none" in joined and "--csv --page raw --print-units base" in joined
+    assert argv[argv.index("--launch-skip") + 1] == "3" and argv[argv.index("--launch-count") + 1] == "3"
+    assert argv[argv.index("--metrics") + 1] == ",".join(METRICS)
+    assert argv[-len(target) :] == target
+    import re
+
+    pattern = kernel_regex("elementwise_fuse1_vec8").removeprefix("regex:")
+    assert re.match(pattern, "elementwise_fuse1_vec8_gelu") and re.match(pattern, "elementwise_fuse1_vec8")
+    assert not re.match(pattern, "elementwise_fuse1_vec81")
+
+
+# -- verdicts ------------------------------------------------------------------------------------------------------
+
+
+def test_verdict_strided_copy_is_uncoalesced_and_hbm_bound():
+    e = explained("copy_stride8.csv", COPY_MIN)
+    assert e.bound == "HBM bandwidth"
+    assert e.ld_sectors_per_request == pytest.approx(32) and e.ideal_sectors_per_request == 4
+    assert e.useful_fraction == pytest.approx(COPY_MIN / (36 * 67108864 + 1_048_576))
+    assert any(f.startswith("uncoalesced loads: 32.0 sectors per request (ideal 4)") for f in e.findings)
+    assert not any("bank conflicts" in f or "spills" in f for f in e.findings)
+
+
+def test_verdict_unpadded_transpose_is_bank_conflicted():
+    e = explained("transpose_pad0_vec1.csv", TRANSPOSE_MIN)
+    assert e.bound == "L1 / shared memory"
+    assert e.smem_ld_ways == pytest.approx(32) and e.smem_st_ways == pytest.approx(1)
+    assert any(f.startswith("shared-memory bank conflicts: 32.0-way on loads") for f in e.findings)
+    assert not any(f.startswith("uncoalesced") for f in e.findings)
+
+
+def test_verdict_spilling_gemm_names_the_spills():
+    e = explained("gemm_lb8_spills.csv", GEMM_MIN, access=16)
+    assert e.local_bytes == pytest.approx(69e9)
+    assert any(f.startswith("spills: 69 GB of local-memory traffic at 32 registers/thread") for f in e.findings)
+    assert e.flops == pytest.approx(2 * 4096**3 + 16_777_216 + 50_331_648)
+
+
+def test_verdict_fused_chain_is_hbm_bound_near_the_ceiling():
+    e = explained("elementwise_fusion3.csv", CHAIN_MIN, access=16)
+    assert e.bound == "HBM bandwidth" and e.of_ceiling > 0.95
+    assert e.useful_fraction > 0.99
+    assert e.findings[0].startswith("bound: HBM bandwidth (DRAM 4.2")
+    assert not any(f.startswith(("uncoalesced", "shared-memory", "spills")) for f in e.findings)
+
+
+def test_bound_falls_back_to_latency_when_nothing_is_busy():
+    p = load("copy_stride8.csv")
+    quiet = {
+        **p.kernels[0].values,
+        "dram__bytes_read.sum": 1e6,
+        "dram__bytes_write.sum": 1e6,
+        "lts__throughput.avg.pct_of_peak_sustained_elapsed": 5.0,
+    }
+    e = explain(Profile(kernels=(type(p.kernels[0])("k", "", "", quiet),)), "k", 2e6, CEILING, PEAK)
+    assert e.bound == "latency / occupancy"
+
+
+def test_compare_names_the_cause():
+    fused = explained("elementwise_fusion3.csv", CHAIN_MIN, 16, "fusion 3")
+    unfused = explained("elementwise_fusion1.csv", CHAIN_MIN, 16, "fusion 1")
+    lines = compare(fused, unfused)
+    assert lines[0].startswith("fusion 1 takes 3.04× the time of fusion 3")
+    assert lines[1].startswith("fusion 1 moves 3.00× the DRAM bytes: 3 kernels, each a DRAM round trip, vs 1")
+    coalesced = explain(load("elementwise_fusion3.csv"), "A", COPY_MIN, CEILING, PEAK)
+    strided = explained("copy_stride8.csv", COPY_MIN, label="B")
+    assert "sectors per request on the loads" in compare(coalesced, strided)[1]
+
+
+def test_compare_bank_conflicts_when_bytes_match():
+    conflicted = explained("transpose_pad0_vec1.csv", TRANSPOSE_MIN, label="pad 0")
+    p = load("transpose_pad0_vec1.csv")
+    values = {
+        **p.kernels[0].values,
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": 0.0,
+        "gpu__time_duration.sum": 0.55e-3,
+    }
+    padded = explain(Profile(kernels=(type(p.kernels[0])("k", "", "", values),)), "pad 1", TRANSPOSE_MIN, CEILING, PEAK)
+    assert compare(conflicted, padded)[1].startswith(
+        "the same DRAM bytes (1.00×), but pad 0's shared loads are 32.0-way bank-conflicted vs 1.0-way"
+    )
+
+
+# -- plots ----------------------------------------------------------------------------------------------------------
+
+
+def test_roofline_png_and_html():
+    points = [explained("gemm_lb8_spills.csv", GEMM_MIN, 16), explained("copy_stride8.csv", COPY_MIN)]
+    png = roofline_png(points, CEILING, PEAK, "t")
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    page = roofline_html(png, points, "t")
+    assert "data:image/png;base64," in page and "copy_stride8.csv" in page and "HBM bandwidth" in page
+
+
+@pytest.mark.parametrize("name", ["coalescing", "registers", "fusion", "bank-conflicts"])
+def test_lesson_png(name):
+    rows = {
+        "coalescing": [
+            lesson.Row(f"s{s}", {"stride": s}, {"lesson": 1 / s, "sector_model": 0.5}, {"fraction_of_ceiling": 0.9 / s})
+            for s in (1, 2, 4)
+        ],
+        "registers": [
+            lesson.Row(
+                f"n{n}",
+                {"min_blocks": n},
+                {"register_cap": 255 - n},
+                {"registers": 100, "spill_bytes": 8 * n, "median_ms": 3.0 + n},
+            )
+            for n in range(3)
+        ],
+        "fusion": [
+            lesson.Row(f"f{d}", {"fusion": d}, {"time_vs_fused": 3 / d}, {"median_ms": 0.25 * 3 / d}) for d in (1, 2, 3)
+        ],
+        "bank-conflicts": [
+            lesson.Row("a", {}, {"read_ways": 32}, {"median_ms": 1.2}),
+            lesson.Row("b", {}, {"read_ways": 1}, {}),
+        ],
+    }[name]
+    png = lesson.lesson_png(lesson.LessonResult(name, "title", rows))
+    assert png.startswith(b"\x89PNG")
+
+
+# -- the lessons' predictions ------------------------------------------------------------------------------------------
+
+
+def test_copy_predictions():
+    assert [lesson.lesson_copy_fraction(s) for s in (1, 8, 32, 64)] == [1, 1 / 8, 1 / 32, 1 / 32]
+    assert [lesson.copy_sectors_per_request(s) for s in (1, 2, 4, 8, 16, 32)] == [4, 8, 16, 32, 32, 32]
+    assert lesson.sector_copy_fraction(1) == 1.0
+    assert lesson.sector_copy_fraction(8) == lesson.sector_copy_fraction(32) == pytest.approx(2 / 9)
+
+
+def test_transpose_bank_model_matches_the_lesson_and_the_space_comment():
+    assert lesson.transpose_read_ways(32, 1, 8, 0) == 32  # float tile[32][32]: a column is one bank
+    assert lesson.transpose_read_ways(32, 1, 8, 1) == 1  # [32][33]: conflict-free
+    assert lesson.transpose_read_ways(32, 4, 8, 0) == 8  # the space: "pad 0 is 8-way conflicted" at vec 4
+    assert lesson.transpose_read_ways(32, 4, 8, 1) == 1
+
+
+def test_register_cap_and_fusion_kernels():
+    assert [lesson.register_cap(256, n) for n in range(9)] == [255, 255, 128, 80, 64, 48, 40, 32, 32]
+    assert [lesson.fusion_kernels(d) for d in (1, 2, 3)] == [3, 2, 1]
+
+
+def test_registers_lesson_compiles_without_a_gpu(tmp_path, capsys):
+    assert main(["lesson", "registers", "--compile-only", "--out", str(tmp_path)]) == 0
+    import json
+
+    data = json.loads((tmp_path / "registers.json").read_text())
+    by_n = {r["params"]["min_blocks"]: r for r in data["rows"]}
+    assert by_n[2]["measured"]["spill_bytes"] == 0 and by_n[8]["measured"]["spill_bytes"] > 0
+    assert all(r["measured"]["registers"] <= r["predicted"]["register_cap"] for r in data["rows"])
+    assert (tmp_path / "registers.png").read_bytes().startswith(b"\x89PNG")
+
+
+# -- bad input ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def study_db(tmp_path):
+    db = tmp_path / "t.db"
+    src = sqlite3.connect(f"file:{Path(__file__).parent / 'data' / 'transpose_h200.db'}?mode=ro", uri=True)
+    src.backup(sqlite3.connect(db))
+    return db
+
+
+def _one_line_exit_2(capsys, argv, fault):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fault in err, err
+
+
+def _no_ncu_attrs(db):
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
+    return not any(k.startswith("ncu:") for k in study.user_attrs)
+
+
+def test_explain_without_ncu_is_one_line_and_writes_nothing(study_db, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu anywhere
+    monkeypatch.delenv("TUNER_NCU", raising=False)
+    plot = tmp_path / "r.png"
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--best", "--plot", str(plot)], "ncu not found")
+    assert not plot.exists() and _no_ncu_attrs(study_db)
+
+
+def test_explain_unknown_and_unmeasured_trials(study_db, capsys):
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--trial", "9999"], "no trial 9999")
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--trial", "-1"], "trial numbers are ≥ 0")
+
+
+def test_explain_fake_ncu_not_permitted_and_timeout(study_db, tmp_path, capsys, monkeypatch):
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission'\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TUNER_NCU", str(fake))
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--best"], "not permitted")
+    fake.write_text("#!/bin/sh\nsleep 5\n")
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--best", "--timeout", "0.5"], "did not finish within 0.5 s")
+    assert _no_ncu_attrs(study_db)
+
+
+def test_explain_config_that_no_longer_renders(study_db, capsys, monkeypatch):
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_db}")
+    study.set_user_attr("space_hash", "0" * 64)  # the space file "changed" since the study ran
+    monkeypatch.setenv("TUNER_NCU", shutil.which("true") or "/bin/true")
+    _one_line_exit_2(capsys, ["explain", str(study_db), "--best"], "changed since the study ran")
+    assert _no_ncu_attrs(study_db)
+
+
+def test_explain_uses_the_profile_stored_on_the_study(study_db, tmp_path, capsys, monkeypatch):
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_db}")
+    record = {
+        "uri": "transpose_tile32_rpt1_pad0_vec1",
+        "profile": load("transpose_pad0_vec1.csv").to_dict(),
+        "device": {"gpu": "NVIDIA H200", "sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"},
+    }
+    study.set_user_attr("ncu:36", record)
+    monkeypatch.setenv("PATH", str(tmp_path))  # ncu absent: must not be needed
+    plot = tmp_path / "r.png"
+    assert main(["explain", str(study_db), "--trial", "36", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "profile from the study" in out and "32.0-way on loads" in out
+    assert plot.read_bytes().startswith(b"\x89PNG") and "transpose" in plot.with_suffix(".html").read_text()
+
+
+def test_lesson_bad_input(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("TUNER_NCU", raising=False)
+    _one_line_exit_2(capsys, ["lesson", "coalescing", "--ncu", "--out", str(tmp_path)], "ncu not found")
+    _one_line_exit_2(capsys, ["lesson", "ncu"], "name a study")
+    _one_line_exit_2(capsys, ["lesson", "nope"], "invalid choice")
+    assert not any(tmp_path.iterdir())
+
+
+def test_fp32_peak_from_device_facts():
+    from tuner.ncu import fp32_peak_tflops
+
+    assert fp32_peak_tflops({"sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"}) == pytest.approx(66.9, abs=0.1)
+    assert fp32_peak_tflops({"cc": "9.0"}) is None
+    assert math.isnan(explained("copy_stride8.csv", COPY_MIN).arithmetic_intensity) is False
