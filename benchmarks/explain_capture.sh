@@ -6,7 +6,7 @@
 #
 # Needs: a GPU, ncu on PATH, the project on PYTHONPATH (optuna too for the explain part; it is skipped without).
 # Writes under $OUT: explain_capture.tgz (lessons/*.png|json|csv, explain.txt, explain.json, roofline.png|html,
-# env.txt, one log per step) and summary.txt (every step's printed table, in order). About 4-6 minutes on an H200.
+# env.txt, one log per step) and summary.txt (every step's printed table, in order). Each step has its own limit (4 x 115 s + 90 s + 20 s) so the bundle is written within 10 minutes.
 set -u
 OUT=${OUT:?set OUT to the output folder}
 PY=${PYTHON:-python3}
@@ -36,16 +36,16 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log, keep going on failure
 }
 
 for lesson in coalescing bank-conflicts fusion registers; do
-  step "lesson-$lesson" 170 $PY -m tuner lesson "$lesson" --ncu --budget-ms 10 --out "$WORK/lessons"
+  step "lesson-$lesson" 115 $PY -m tuner lesson "$lesson" --ncu --budget-ms 10 --out "$WORK/lessons"
 done
 
 if $PY -c "import optuna" 2>/dev/null; then
   # A copy: explain stores its profiles in the study, and the recorded study stays as committed.
   $PY -c "import sqlite3, sys; sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True).backup(sqlite3.connect(sys.argv[2]))" \
     tests/data/transpose_h200.db "$WORK/transpose.db"
-  step explain 150 $PY -m tuner explain "$WORK/transpose.db" --best --worst --compare 36 103 \
+  step explain 90 $PY -m tuner explain "$WORK/transpose.db" --best --worst --compare 36 103 \
     --plot "$WORK/roofline.png"
-  step explain-json 30 $PY -m tuner explain "$WORK/transpose.db" --best --worst --compare 36 103 --json
+  step explain-json 20 $PY -m tuner explain "$WORK/transpose.db" --best --worst --compare 36 103 --json
   cp "$WORK/explain-json.log" "$WORK/explain.json"
   rm -f "$WORK/transpose.db"*
 else
