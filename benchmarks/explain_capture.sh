@@ -24,6 +24,8 @@ started=$(date +%s)
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
 } > "$WORK/env.txt"
 cat "$WORK/env.txt" >> "$SUMMARY"
+# The metric names this ncu knows on this GPU: the reference for fixing tuner/ncu.py METRICS if one is refused.
+ncu --query-metrics > "$WORK/ncu-metrics.txt" 2>&1 || true
 
 step() {  # step NAME LIMIT_S COMMAND...: run, log, keep going on failure
   local name=$1 limit=$2; shift 2
