@@ -28,6 +28,7 @@ space that a command makes on its own (looking for a first valid config, countin
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Iterator
@@ -68,6 +69,11 @@ SPACES_DIR = PACKAGE_ROOT / "search_spaces"
 
 class WalkBudgetExceeded(Exception):
     """A bounded walk over a space visited `WALK_BUDGET` partial configs without finishing."""
+
+
+def params_key(params: dict[str, Any]) -> str:
+    """A canonical key for a config: the same params give the same key however they were typed or ordered."""
+    return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
 
 
 @dataclass(frozen=True)
