@@ -5,7 +5,8 @@ background thread on a free port and returns a handle with its URL and a `stop()
 
 Before serving, every study in the storage gets `tuner.artifacts.attach_artifacts`, which back-fills what the
 study driver did not attach while the trials ran (rendered source + PTX per measured trial, the "constraint"
-user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not read). Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
+user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not read).
+Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import yaml
 
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
+from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
 TOP_LEVEL_KEYS = ("kernel", "description", "problem", "params", "constraints", "derived", "objectives", "default")
@@ -78,15 +79,20 @@ def params_key(params: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """A named problem: integer sizes and a dtype. `env` is what expressions and templates see."""
+    """A named problem: integer sizes and a dtype, on a GPU. `env` is what expressions and templates see: the
+    sizes, ``dtype``, ``elem_bytes`` and the GPU's facts (`tuner.gpu.EXPRESSION_NAMES`: ``sm_count``,
+    ``smem_per_block_max``, ...). `gpu` is `tuner.gpu.DEFAULT` (H100/H200) until the study driver learns the
+    facts of the GPU its workers own."""
 
     name: str
     dtype: str
     sizes: dict[str, int]
+    gpu: GpuFacts = field(default=DEFAULT, compare=False)
 
     @property
     def env(self) -> dict[str, Any]:
-        return {**self.sizes, "dtype": self.dtype, "elem_bytes": kbase.DTYPES[self.dtype][1]}
+        return {**self.gpu.expression_env(), **self.sizes, "dtype": self.dtype,
+                "elem_bytes": kbase.DTYPES[self.dtype][1]}
 
     def label(self) -> str:
         return f"{self.name}_{self.dtype}"
@@ -381,7 +387,7 @@ def load(space: str | Path) -> SearchSpace:
         default={},
         text=text,
     )
-    space._plan = _plan(space, fail)
+    space._plan = _plan(space, fail)  # noqa: SLF001 - the loader builds the space it owns
 
     default = data.get("default")
     if default is not None:

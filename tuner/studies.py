@@ -169,8 +169,8 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
             known = ", ".join(s.study_name for s in summaries)
             raise InputError(f"unknown study {name!r} in {url} (it holds: {known})")
     opened = [optuna.load_study(study_name=s.study_name, storage=rdb) for s in chosen]
-    for study in opened:
-        _URLS[study] = url
+    for one in opened:
+        _URLS[one] = url
     return opened
 
 
@@ -322,7 +322,8 @@ def study_context(study: optuna.Study) -> StudyContext:
         raise InputError(f"study {study.study_name}: user attr 'problem' (name, dtype, sizes) is missing")
     problem = space_mod.Problem(name=str(problem_attr.get("name", "problem")),
                                 dtype=str(problem_attr.get("dtype", "float32")),
-                                sizes={k: int(v) for k, v in problem_attr["sizes"].items()})
+                                sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
+                                gpu=gpu_facts(study))
     ctx = StudyContext(kernel=kernel, family=kernels.get(kernel), problem=problem)
     space_path = attrs.get("space_path")
     if not space_path:

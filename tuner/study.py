@@ -14,6 +14,7 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import multiprocessing as mp
@@ -32,6 +33,7 @@ from tuner import space as space_mod
 from tuner.dbfiles import check_storage
 from tuner.errors import InputError
 from tuner.evaluator import EvaluatorFactory
+from tuner.gpu import GpuFacts
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.space import params_key
@@ -353,7 +355,10 @@ class Driver:
 
         self.storage = open_storage(self.url)
         self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
-        durable = self._open_study(gpu, pool.arch, pool.gpus[0].get("gpu_facts"))
+        facts = pool.gpus[0].get("gpu_facts")
+        if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
+            self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
+        durable = self._open_study(gpu, pool.arch, facts)
         again = self._recover(durable)
         past = durable.get_trials(deepcopy=False)
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
