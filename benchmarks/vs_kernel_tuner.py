@@ -710,24 +710,11 @@ def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
 
 
 def _nvrtc(text: str, name: str, options: list[str]) -> tuple[int, str, bytes, str]:
-    """NVRTC status, log, cubin and PTX of one source."""
-    from cupy_backends.cuda.libs import nvrtc
+    """NVRTC status, log, cubin and PTX (as text) of one source, through the package's NVRTC wrapper."""
+    from tuner.compile import nvrtc_compile
 
-    prog = nvrtc.createProgram(text, f"{name}.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, options)
-            status = 0
-        except nvrtc.NVRTCError as exc:
-            status = exc.status
-        log = nvrtc.getProgramLog(prog)
-        cubin = nvrtc.getCUBIN(prog) if status == 0 else b""
-        ptx = nvrtc.getPTX(prog) if status == 0 else ""
-    finally:
-        nvrtc.destroyProgram(prog)
-    if isinstance(ptx, bytes):
-        ptx = ptx.decode(errors="replace")
-    return status, log, cubin, ptx
+    status, log, cubin, ptx = nvrtc_compile(text, f"{name}.cu", options)
+    return status, log, cubin, ptx.decode(errors="replace")
 
 
 def _norm_ptx(ptx: str, entry: str) -> str:

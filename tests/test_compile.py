@@ -44,7 +44,7 @@ def test_compile_reports_resources_and_caches(tmp_path):
     second = compile_mod.compile_source(src)
     assert second.cached and second.cubin == first.cubin and second.functions == first.functions
     folder = compile_mod.cache_dir() / "sm_90"
-    assert sorted(p.suffix for p in folder.iterdir()) == [".cubin", ".json"]
+    assert sorted(p.suffix for p in folder.iterdir()) == [".cubin", ".json", ".lock", ".ptx"]
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -109,7 +109,7 @@ def test_cli_dashboard_serves_until_stopped(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli") / "studies"
     shutil.copytree(db.parent, folder)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.results_cli", "dashboard", MAIN_STUDY,
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", MAIN_STUDY,
                              "--port", str(port)], cwd=folder.parent,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,4 +1,4 @@
-"""Results out of a study (tuner/export.py, tuner/results_cli.py): Pareto front, plots, trials table, best
+"""Results out of a study (tuner/export.py, tuner/cli.py): Pareto front, plots, trials table, best
 config, C++ header, artifacts. Real SQLite, real Optuna, real NVRTC, real g++/nvcc; no GPU.
 
 The study fixture is recorded in the layout `tuner study` writes (SQLite, the user attrs of its schema), from
@@ -26,8 +26,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from tuner import cli as cli_mod
 from tuner import compile as compile_mod
-from tuner import export, kernels, results_cli
+from tuner import export, kernels
 from tuner import space as space_mod
 from tuner.errors import InputError
 from tuner.render import TEMPLATES_DIR, render
@@ -206,12 +207,12 @@ def cli(*argv: str, subprocess_run: bool = False) -> tuple[int, str, str]:
     """Run the results subcommands through the same main loop as `tuner` (in-process; in a subprocess, exactly
     as a user runs it, with `subprocess_run`). Returns (exit code, stdout, stderr)."""
     if subprocess_run:
-        proc = subprocess.run([sys.executable, "-m", "tuner.results_cli", *argv], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "tuner", *argv], capture_output=True,
                               text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return proc.returncode, proc.stdout, proc.stderr
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = results_cli.main(list(argv))
+        rc = cli_mod.main(list(argv))
     return rc, out.getvalue(), err.getvalue()
 
 

@@ -3,6 +3,7 @@ recorded on an H200 (tests/data/transpose_h200.db, see tests/data/README.md)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -15,7 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.replay import ReplayEvaluator, params_key
+from tuner.replay import ReplayEvaluator
+from tuner.space import params_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -182,7 +184,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
 
     space = space_mod.load(SPACE)
     configs = list(space.enumerate())[:3]
-    pool = Pool(space, space.problem(), gpus=1, replay=str(RECORDING), delay_s=3.0, logical_gpus=1)
+    pool = Pool(space, space.problem(), functools.partial(ReplayEvaluator, RECORDING, None, 3.0), gpus=1,
+                logical_gpus=1)
     try:
         victim = pool.gpus[0]["pid"]
         pool.submit(0, configs[0])
@@ -211,8 +214,8 @@ def test_hung_worker_times_out_and_is_replaced(tmp_path):
     from tuner.cluster import Pool
 
     space = space_mod.load(SPACE)
-    pool = Pool(space, space.problem(), gpus=1, replay=str(RECORDING), delay_s=30.0, timeout_s=2.0,
-                logical_gpus=1)
+    pool = Pool(space, space.problem(), functools.partial(ReplayEvaluator, RECORDING, None, 30.0), gpus=1,
+                timeout_s=2.0, logical_gpus=1)
     try:
         pool.submit(0, next(space.enumerate()))
         started = time.time()

@@ -36,6 +36,8 @@ from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import kernels
+from tuner.expr import ceil_div
+from tuner.gpu import GpuFacts
 from tuner.kernels import bf16
 from tuner.kernels.base import Family, Launch
 from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
@@ -49,6 +51,7 @@ __all__ = [
     "OutputCheck",
     "Timing",
     "check_output",
+    "gpu_evaluator",
     "classify_status",
     "cuda_failure",
     "measure_ceiling",
@@ -101,8 +104,6 @@ _ATTR_SHARED = _driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 _ATTR_LOCAL = _driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
 _ATTR_REGS = _driver.CU_FUNC_ATTRIBUTE_NUM_REGS
 _ATTR_MAX_DYNAMIC_SMEM = _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-#: Static + dynamic shared memory a block may use without opting in through the function attribute.
-DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
 class EvaluatorPoisoned(RuntimeError):
@@ -342,7 +343,12 @@ class GpuEvaluator:
     `hang_timeout_s`: when set, every wait for the GPU polls instead of blocking and gives up after that long
     with `TimedOut` (the evaluator is then poisoned: a hung kernel cannot be stopped from inside the process).
     Left None, a hang blocks; `tuner.worker.IsolatedEvaluator` and the Ray pool kill the process instead.
+
+    Implements `tuner.evaluator.Evaluator`; its info carries the GPU's facts ("gpu_facts", read with
+    cudaDeviceGetAttribute), which also set the launch limits checked before a launch.
     """
+
+    measures = True
 
     def __init__(
         self,
@@ -386,11 +392,10 @@ class GpuEvaluator:
         name = props.get("name", b"")
         self._gpu_name = name.decode() if isinstance(name, bytes) else str(name)
         self._arch = f"sm_{self._device.compute_capability}"
-        self.l2_bytes = int(props.get("l2CacheSize") or 0) or _runtime.deviceGetAttribute(
-            _runtime.cudaDevAttrL2CacheSize, self.device)
-        self.sm_count = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMultiProcessorCount, self.device)
-        self.smem_optin_bytes = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                                            self.device)
+        self.facts = GpuFacts.from_device(self.device)
+        self.l2_bytes = self.facts.l2_bytes
+        self.sm_count = self.facts.sm_count
+        self.smem_optin_bytes = self.facts.smem_per_block_max
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.flush_bytes = max(2 * self.l2_bytes, 8 << 20)
         with self.stream:
@@ -437,6 +442,7 @@ class GpuEvaluator:
             "l2_bytes": self.l2_bytes,
             "flush_bytes": self.flush_bytes,
             "sm_count": self.sm_count,
+            "gpu_facts": self.facts.to_dict(),
             "clocks": self.clocks(),
             "versions": dict(self.versions),
             "pid": os.getpid(),
@@ -492,6 +498,10 @@ class GpuEvaluator:
         except Exception:  # optional telemetry: never fatal
             pass
         return clocks
+
+    def close(self) -> None:
+        """Unload the cached modules; the CUDA context goes with the process."""
+        self._modules.clear()
 
     # -- waiting ---------------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -597,7 +607,7 @@ class GpuEvaluator:
             a = attrs[launch.entry]
             threads = math.prod(launch.block)
             if threads > a["max_threads"]:
-                status = 1 if threads > 1024 else 701
+                status = 1 if threads > self.facts.max_threads_per_block else 701
                 return LaunchFailed(
                     reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
                            f"{a['max_threads']} (registers or launch bounds)",
@@ -613,13 +623,13 @@ class GpuEvaluator:
                              "smem_limit": self.smem_optin_bytes})
             dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
         for entry, dynamic in dynamic_by_entry.items():
-            if dynamic and attrs[entry]["smem_static"] + dynamic > DEFAULT_SMEM_LIMIT:
+            if dynamic and attrs[entry]["smem_static"] + dynamic > self.facts.smem_per_block:
                 _driver.funcSetAttribute(loaded.functions[entry].ptr, _ATTR_MAX_DYNAMIC_SMEM, dynamic)
         main = next((launch for launch in launches if launch.entry == compiled.entry), launches[0])
         main_threads = math.prod(main.block)
         blocks_per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(
             loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic)
-        warps_per_sm = blocks_per_sm * -(-main_threads // 32)
+        warps_per_sm = blocks_per_sm * ceil_div(main_threads, 32)
 
         # -- correctness --
         phase[0] = "correctness check"
@@ -706,3 +716,11 @@ class GpuEvaluator:
             versions={**self.versions, "arch": compiled.arch},
             uri=compiled.uri,
         )
+
+
+def gpu_evaluator(gpu_index: int) -> GpuEvaluator:
+    """The evaluator a Ray actor builds on its GPU (`tuner.evaluator.EvaluatorFactory`): Ray shows the actor
+    only its own GPU, device 0 inside; `gpu_index` is the cluster-wide index kept in records."""
+    evaluator = GpuEvaluator(0, gpu_index=gpu_index)
+    evaluator.start()
+    return evaluator

@@ -6,8 +6,10 @@ CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUD
 the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
 past the time limit is killed and replaced; its trial gets the typed failure and the study goes on.
 
-With a replay recording, the actors answer from it instead of a GPU (logical GPUs: ``ray.init(num_gpus=N)`` on a
-machine without one), so the same driver, Ray plumbing and fault handling are exercised on CPUs.
+Each actor wraps whatever `tuner.evaluator.Evaluator` the caller's factory builds there: `tuner.bench.GpuEvaluator`
+on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one (``ray.init(num_gpus=N)`` on a machine without
+a GPU), so the same driver, Ray plumbing and fault handling are exercised on CPUs. The pool never asks which: an
+evaluator whose `measures` is False gets no compile step (it needs no cubin).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 from tuner import kernels
 from tuner.errors import InputError
+from tuner.evaluator import Evaluator, EvaluatorFactory
+from tuner.kernels.base import Family
 from tuner.render import render
 from tuner.result import LaunchFailed, Result, TimedOut
 
@@ -71,6 +75,7 @@ class Job:
     config: dict[str, Any]
     compiled: Any = None
     budget_ms: float = 25.0
+    source: Any = None
 
 
 def _compile_task(source, arch):
@@ -80,49 +85,36 @@ def _compile_task(source, arch):
 
 
 class _GpuActor:
-    """Owns one (real or logical) GPU. Wrapped with ray.remote(num_gpus=1) by `Pool`."""
+    """Owns one (real or logical) GPU and the evaluator `factory` builds on it; an `Evaluator` itself, with the
+    time spent in `evaluate` counted. Wrapped with ray.remote(num_gpus=1) by `Pool`."""
 
-    def __init__(self, kernel: str, problem_env: dict[str, Any], replay: str | None, replay_study: str | None,
-                 delay_s: float):
+    def __init__(self, factory: EvaluatorFactory):
         import ray
 
-        self.family = kernels.get(kernel)
-        self.problem_env = problem_env
         ids = ray.get_gpu_ids()
+        # Ray shows the actor only its own GPU (device 0 inside); keep the cluster-wide index for records.
         self.gpu_index = int(ids[0]) if ids else 0
+        self.evaluator: Evaluator = factory(self.gpu_index)
+        self.measures = self.evaluator.measures
         self.busy_s = 0.0
-        if replay:
-            from tuner.replay import ReplayEvaluator
 
-            self.replay = ReplayEvaluator(replay, replay_study, delay_s=delay_s)
-            self.evaluator = None
-        else:
-            from tuner.bench import GpuEvaluator
-
-            self.replay = None
-            # Ray shows the actor only its own GPU (device 0 inside); keep the cluster-wide index for records.
-            self.evaluator = GpuEvaluator(0, gpu_index=self.gpu_index)
-            self.evaluator.start()
-
-    def info(self) -> dict[str, Any]:
-        if self.replay is not None:
-            return {"gpu": f"replay:{os.path.basename(self.replay.path)}", "gpu_index": self.gpu_index,
-                    "ceiling_tbps": None, "pid": os.getpid()}
-        return {"gpu": self.evaluator.gpu_name, "gpu_index": self.gpu_index,
-                "ceiling_tbps": self.evaluator.ceiling_tbps, "pid": os.getpid()}
+    def start(self) -> dict[str, Any]:
+        return {**self.evaluator.start(), "gpu_index": self.gpu_index, "measures": self.measures,
+                "pid": os.getpid()}
 
     def busy(self) -> float:
         return self.busy_s
 
-    def evaluate(self, params: dict[str, Any], config: dict[str, Any], compiled,
-                 budget_ms: float = 25.0) -> Result:
+    def evaluate(self, compiled: Any, family: Family | str, config: dict[str, Any], problem: Any,
+                 seed: int | None = None, budget_ms: float = 25.0, min_reps: int = 10) -> Result:
         started = time.perf_counter()
-        if self.replay is not None:
-            result = self.replay.evaluate(params)
-        else:
-            result = self.evaluator.evaluate(compiled, self.family, config, self.problem_env, budget_ms=budget_ms)
-        self.busy_s += time.perf_counter() - started
-        return result
+        try:
+            return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        self.evaluator.close()
 
 
 @dataclass
@@ -136,18 +128,19 @@ class _Slot:
 class Pool:
     """Compile slots plus one GPU actor per GPU; see the module docstring."""
 
-    def __init__(self, space, problem, gpus: int | None = None, ray_address: str | None = None,
-                 replay: str | None = None, replay_study: str | None = None, arch: str | None = None,
-                 timeout_s: float = 60.0, compile_slots: int | None = None, delay_s: float = 0.0,
-                 logical_gpus: int | None = None):
+    def __init__(self, space, problem, evaluator: EvaluatorFactory, gpus: int | None = None,
+                 ray_address: str | None = None, arch: str | None = None, timeout_s: float = 60.0,
+                 compile_slots: int | None = None, logical_gpus: int | None = None):
+        """`evaluator(gpu_index)` builds each actor's evaluator (picklable: it runs in the actor); `arch`
+        defaults to the first actor's; `logical_gpus` starts a local Ray with that many GPUs, for evaluators
+        that need none."""
         import ray
 
         self.space, self.problem = space, problem
         self.family = kernels.get(space.kernel)
-        self.replay = replay
         self.timeout_s = timeout_s
         t0 = time.perf_counter()
-        resources = init_ray(ray_address, logical_gpus if replay else None)
+        resources = init_ray(ray_address, logical_gpus)
         self.startup = {"ray_init_s": round(time.perf_counter() - t0, 3)}
         available = int(resources.get("GPU", 0))
         want = gpus or available
@@ -155,23 +148,24 @@ class Pool:
             raise InputError("no GPU visible to Ray (use --replay PATH to run without one)")
         if want > available:
             raise InputError(f"--gpus {want}: Ray sees only {available} GPU(s)")
-        from tuner.compile import default_arch
-
-        self.arch = arch or ("sm_90" if replay else default_arch())
         cpus = int(resources.get("CPU", 1))
         self.compile_slots = compile_slots or max(1, cpus - want)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
         # num_cpus=0: an actor reserves a CPU by default, and 8 GPU actors must fit on a 2-core host.
         self._actor_cls = ray.remote(num_gpus=1, num_cpus=0, max_restarts=0, max_concurrency=1)(_GpuActor)
-        self._actor_args = (space.kernel, problem.env, replay, replay_study, delay_s)
+        self._actor_args = (evaluator,)
         t1 = time.perf_counter()
         self.slots = self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
+        self.measures = bool(self.slots[0].info["measures"])
+        self.arch = arch or str(self.slots[0].info["arch"])
         self.compiling: dict[Any, Job] = {}
         self.ready: collections.deque[Job] = collections.deque()
         self.finished: list[tuple[int, Result]] = []
         #: trial number → index of the GPU whose worker answered it (absent for compile failures)
         self.ran_on: dict[int, int] = {}
+        #: trial number → (Source, Compiled) of each config compiled, for its artifacts (taken by the driver)
+        self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
         self.started = time.perf_counter()
 
@@ -181,7 +175,7 @@ class Pool:
         import ray
 
         actors = [self._actor_cls.remote(*self._actor_args) for _ in range(count)]
-        infos = ray.get([a.info.remote() for a in actors])
+        infos = ray.get([a.start.remote() for a in actors])
         return [_Slot(actor=a, info=i) for a, i in zip(actors, infos, strict=True)]
 
     def _replace(self, slot: _Slot) -> None:
@@ -213,11 +207,11 @@ class Pool:
         """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more)."""
         config = self.space.resolve(params, self.problem)
         job = Job(number=number, params=params, config=config, budget_ms=budget_ms)
-        if self.replay:
+        if not self.measures:  # it answers without running the kernel: nothing to compile
             self.ready.append(job)
             return
-        source = render(self.family, params, config, self.problem.env)
-        ref = self._compile.remote(source, self.arch)
+        job.source = render(self.family, params, config, self.problem.env)
+        ref = self._compile.remote(job.source, self.arch)
         self.compiling[ref] = job
 
     def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
@@ -238,6 +232,8 @@ class Pool:
                     result = ray.get(ref)
                     if result.ok:
                         job.compiled = result
+                        if job.number >= 0:
+                            self.built[job.number] = (job.source, result)
                         self.ready.append(job)
                     else:
                         self.finished.append((job.number, result))
@@ -280,7 +276,8 @@ class Pool:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                ref = slot.actor.evaluate.remote(job.params, job.config, job.compiled, job.budget_ms)
+                ref = slot.actor.evaluate.remote(job.compiled, self.space.kernel, job.config, self.problem.env,
+                                                 budget_ms=job.budget_ms)
                 if not slot.queue:
                     slot.head_started = time.perf_counter()
                 slot.queue.append((ref, job))

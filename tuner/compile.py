@@ -5,8 +5,12 @@ registers, static shared memory, stack frame and spill bytes per entry point.
 
 Results are cached on disk, content-addressed: the key is sha256 over the rendered source, the NVRTC options,
 the arch and the CuPy/NVRTC versions, so any change to any of them is a miss. Files are written to a temporary
-name and `os.replace`d into place, so concurrent workers never see half a file. Compile failures are cached too,
-with their log: a broken config costs NVRTC once.
+name and `os.replace`d into place (`tuner.files.atomic_write`), so concurrent workers never see half a file, and a
+per-key lock file makes a second process wait for the first's compile instead of repeating it. Compile failures
+are cached too, with their log: a broken config costs NVRTC once. The PTX of each compile is kept beside its
+cubin: it is what the dashboard shows.
+
+`nvrtc_compile` is the package's one call into NVRTC; everything that compiles CUDA goes through it.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tuner.files import atomic_write, locked
+from tuner.gpu import DEFAULT_ARCH
 from tuner.render import Source
 from tuner.result import CompileFailed
 
 CACHE_VERSION = "1"
-DEFAULT_ARCH = "sm_90"
 BASE_OPTIONS = ("-std=c++17", "-Xptxas=-v", "-lineinfo")
 
 
@@ -53,6 +57,7 @@ class Compiled:
     functions: dict[str, FunctionResources] = field(default_factory=dict)
     key: str = ""
     cached: bool = False
+    ptx: bytes = b""
 
     ok = True
 
@@ -122,13 +127,41 @@ def versions() -> dict[str, str]:
 
 
 def default_arch() -> str:
-    """The arch of GPU 0 when there is one, else sm_90 (H100/H200)."""
-    try:
-        import cupy
+    """The arch of GPU 0 when there is one, else `tuner.gpu.DEFAULT_ARCH` (sm_90, H100/H200)."""
+    import cupy
+    from cupy_backends.cuda.api import runtime
 
+    try:
         return f"sm_{cupy.cuda.Device(0).compute_capability}"
-    except Exception:  # no driver, no device: compiling still works, for the default arch
+    except runtime.CUDARuntimeError:  # no driver, no device: compiling still works, for the default arch
         return DEFAULT_ARCH
+
+
+def nvrtc_compile(text: str, name: str, options: Iterable[str]) -> tuple[int, str, bytes, bytes]:
+    """Compile CUDA `text` (file name `name` in messages) with NVRTC: (status, log, cubin, ptx). Status 0 is
+    success; otherwise NVRTC's error status, with the log and no binaries. The cubin is empty for a virtual
+    arch (compute_XX)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    opts = list(options)
+    prog = nvrtc.createProgram(text, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as exc:
+            return exc.status, nvrtc.getProgramLog(prog), b"", b""
+        log = nvrtc.getProgramLog(prog)
+        virtual = any("compute_" in o for o in opts if o.startswith(("--gpu-architecture", "-arch")))
+        cubin = b"" if virtual else nvrtc.getCUBIN(prog)
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return 0, log, cubin, ptx if isinstance(ptx, bytes) else ptx.encode()
+
+
+def first_error(log: str, status: int) -> str:
+    """NVRTC's first error line of a failed compile's log."""
+    return next((ln.strip() for ln in log.splitlines() if "error" in ln), f"NVRTC status {status}")
 
 
 def cache_dir() -> Path:
@@ -142,18 +175,6 @@ def cache_key(source: Source, options: Iterable[str], arch: str, vers: dict[str,
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _load_cached(meta_path: Path, cubin_path: Path, source: Source) -> Compiled | CompileFailed | None:
     try:
         meta = json.loads(meta_path.read_text())
@@ -163,11 +184,12 @@ def _load_cached(meta_path: Path, cubin_path: Path, source: Source) -> Compiled 
         return CompileFailed(reason=meta["reason"], details={"log": meta["log"], "uri": source.uri})
     try:
         cubin = cubin_path.read_bytes()
+        ptx = cubin_path.with_suffix(".ptx").read_bytes()
     except FileNotFoundError:
         return None
     functions = {k: FunctionResources(**v) for k, v in meta["functions"].items()}
     return Compiled(uri=source.uri, entry=source.entry, arch=meta["arch"], cubin=cubin, log=meta["log"],
-                    functions=functions, key=meta["key"], cached=True)
+                    functions=functions, key=meta["key"], cached=True, ptx=ptx)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,44 +204,43 @@ def compile_source(
 ) -> Compiled | CompileFailed:
     """Compile one source to a cubin for `arch`. Never raises for a bad kernel: NVRTC's refusal is a
     CompileFailed with the log (decided by NVRTC's status code, not its message)."""
-    from cupy_backends.cuda.libs import nvrtc
-
     opts = (*BASE_OPTIONS, f"--gpu-architecture={arch}", *options)
     vers = versions()
     key = cache_key(source, opts, arch, vers)
     folder = cache_dir() / arch
     meta_path, cubin_path = folder / f"{key}.json", folder / f"{key}.cubin"
-    if use_cache and (hit := _load_cached(meta_path, cubin_path, source)) is not None:
+    if not use_cache:
+        return _compile(source, arch, opts, key, vers, None)
+    if (hit := _load_cached(meta_path, cubin_path, source)) is not None:
         return hit
+    with locked(folder / f"{key}.lock"):  # a second process waits here, then finds the first's result
+        if (hit := _load_cached(meta_path, cubin_path, source)) is not None:
+            return hit
+        return _compile(source, arch, opts, key, vers, (meta_path, cubin_path))
 
-    prog = nvrtc.createProgram(source.text, f"{source.uri}.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, list(opts))
-            status = 0
-        except nvrtc.NVRTCError as exc:
-            status = exc.status
-        log = nvrtc.getProgramLog(prog)
-        cubin = nvrtc.getCUBIN(prog) if status == 0 else b""
-    finally:
-        nvrtc.destroyProgram(prog)
 
+def _compile(source: Source, arch: str, opts: tuple[str, ...], key: str, vers: dict[str, str],
+             paths: tuple[Path, Path] | None) -> Compiled | CompileFailed:
+    """Compile, and where `paths` (meta, cubin) are given, fill the cache entry: binaries first, the meta file
+    last, since a reader takes the meta file's presence to mean the entry is whole."""
+    status, log, cubin, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", opts)
     if status != 0:
-        first = next((ln.strip() for ln in log.splitlines() if "error" in ln), f"NVRTC status {status}")
-        failed = CompileFailed(reason=f"NVRTC: {first}", details={"log": log, "uri": source.uri})
-        if use_cache:
+        failed = CompileFailed(reason=f"NVRTC: {first_error(log, status)}", details={"log": log, "uri": source.uri})
+        if paths is not None:
             meta = {"ok": False, "reason": failed.reason, "log": log, "key": key, "arch": arch, "uri": source.uri}
-            _atomic_write(meta_path, json.dumps(meta).encode())
+            atomic_write(paths[0], json.dumps(meta), make_parents=True)
         return failed
 
     functions = parse_ptxas(log)
-    if use_cache:
-        _atomic_write(cubin_path, cubin)
+    if paths is not None:
+        meta_path, cubin_path = paths
+        atomic_write(cubin_path, cubin, make_parents=True)
+        atomic_write(cubin_path.with_suffix(".ptx"), ptx)
         meta = {"ok": True, "log": log, "key": key, "arch": arch, "uri": source.uri, "options": list(opts),
                 "versions": vers, "functions": {k: asdict(v) for k, v in functions.items()}}
-        _atomic_write(meta_path, json.dumps(meta).encode())
+        atomic_write(meta_path, json.dumps(meta))
     return Compiled(uri=source.uri, entry=source.entry, arch=arch, cubin=cubin, log=log, functions=functions,
-                    key=key)
+                    key=key, ptx=ptx)
 
 
 def compile_many(

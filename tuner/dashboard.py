@@ -3,9 +3,10 @@
 `serve` is what ``tuner dashboard`` runs (blocks until interrupted); `start` runs the same dashboard app in a
 background thread on a free port and returns a handle with its URL and a `stop()`, for tests and notebooks.
 
-Before serving, every study in the storage gets `export.attach_artifacts` (rendered source + PTX per measured
-trial, the "constraint" user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not
-read). Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
+Before serving, every study in the storage gets `tuner.artifacts.attach_artifacts`, which back-fills what the
+study driver did not attach while the trials ran (rendered source + PTX per measured trial, the "constraint"
+user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not read).
+Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import optuna
-
-from tuner import export
+from tuner import studies
+from tuner.artifacts import AttachReport, attach_artifacts
 from tuner.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -31,17 +31,17 @@ class Prepared:
 
     url: str
     artifact_dir: Path
-    reports: dict[str, export.AttachReport] = field(default_factory=dict)
+    reports: dict[str, AttachReport] = field(default_factory=dict)
 
 
 def prepare(study_or_db: str | None, storage: str | None = None, artifact_dir: str | Path | None = None,
             attach: bool = True) -> Prepared:
-    """Resolve the storage that `study_or_db` names (see `export.open_studies`; a study name must exist in it),
+    """Resolve the storage that `study_or_db` names (see `studies.open_studies`; a study name must exist in it),
     and attach artifacts to every study in it. InputError for anything unknown or missing."""
-    url, name = export.resolve_storage(study_or_db, storage)
+    url, name = studies.resolve_storage(study_or_db, storage)
     if name is not None:
-        export.open_studies(study_or_db, storage)  # an unknown study name is an error, not an empty dashboard
-    folder = Path(artifact_dir) if artifact_dir is not None else export.artifact_dir_for(url)
+        studies.open_studies(study_or_db, storage)  # an unknown study name is an error, not an empty dashboard
+    folder = Path(artifact_dir) if artifact_dir is not None else studies.artifact_dir_for(url)
     if folder is None:
         raise InputError(f"{url} is not a SQLite file: give an artifact folder (--artifacts DIR)")
     prepared = Prepared(url=url, artifact_dir=folder)
@@ -50,10 +50,8 @@ def prepare(study_or_db: str | None, storage: str | None = None, artifact_dir: s
     except OSError as exc:
         raise InputError(f"cannot create artifact folder {folder}: {exc.strerror}") from None
     if attach:
-        rdb = export.get_storage(url)
-        for summary in rdb.get_all_studies():
-            study = optuna.load_study(study_name=summary.study_name, storage=rdb)
-            prepared.reports[summary.study_name] = export.attach_artifacts(study, folder)
+        for study in studies.open_studies(None, url):
+            prepared.reports[study.study_name] = attach_artifacts(study, folder)
     return prepared
 
 

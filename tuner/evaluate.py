@@ -13,6 +13,7 @@ import jinja2
 
 from tuner import kernels
 from tuner.compile import compile_source, default_arch
+from tuner.evaluator import Evaluator
 from tuner.kernels.base import Family
 from tuner.render import render
 from tuner.result import Invalid, Result
@@ -27,7 +28,7 @@ def evaluate_config(
     problem: Problem | str | None = None,
     arch: str | None = None,
     timeout_s: float = 30.0,
-    evaluator=None,
+    evaluator: Evaluator | None = None,
     *,
     budget_ms: float = 25.0,
     min_reps: int = 10,
@@ -39,8 +40,7 @@ def evaluate_config(
     `problem` (a Problem, a problem name, or the space's first).
 
     Invalid when the config breaks the space (no work done); CompileFailed when NVRTC refuses it; otherwise
-    what the evaluator returns. `evaluator` is anything with
-    ``evaluate(compiled, family, config, problem, seed=, budget_ms=, min_reps=)``: a
+    what the evaluator returns. `evaluator` is any `tuner.evaluator.Evaluator`: a
     `tuner.worker.IsolatedEvaluator` (kept by the caller across calls: it owns the GPU's child process) or an
     in-process `tuner.bench.GpuEvaluator`; None starts an IsolatedEvaluator on GPU 0 with `timeout_s` for
     this call alone (about a second of start-up). `arch` defaults to the evaluator's GPU. `family` and `env`

@@ -137,7 +137,7 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
                 ).rowcount
                 if gone:
                     conn.execute(table.insert().values(**me))
-                    return Lease(url, study_name, me["token"], took_over=dict(row._mapping))
+                    return Lease(url, study_name, me["token"], took_over=dict(row._mapping))  # noqa: SLF001 - SQLAlchemy's public Row API
         raise InputError(f"study {study_name!r}: another driver is claiming it at this moment; try again", url)
     finally:
         engine.dispose()

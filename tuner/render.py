@@ -10,6 +10,7 @@ have (extra kernels of the same config are named ``entry`` + "_" + suffix).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -55,6 +56,12 @@ def _env() -> jinja2.Environment:
     if _ENV is None:
         _ENV = environment()
     return _ENV
+
+
+def templates_hash(family: kbase.Family, templates_dir: Path | str = TEMPLATES_DIR) -> str:
+    """sha256 of the family's template file: a study records it, so a source rendered later can be trusted to be
+    the one that was measured."""
+    return hashlib.sha256((Path(templates_dir) / family.template).read_bytes()).hexdigest()
 
 
 def _token(value: Any) -> str:

@@ -2,34 +2,32 @@
 
 Record a study once on a GPU (``tuner study transpose --sampler grid ...``), then replay it anywhere: CPU tests run
 the real driver over real Ray against it, and users compare samplers without spending GPU time. It implements
-the same protocol as the GPU evaluator: ``evaluate(params) -> Result``.
+the `tuner.evaluator.Evaluator` protocol; its `measures` is False (it needs no cubin and re-timing changes
+nothing), and its info names the recording as the GPU and the recorded study's arch and GPU facts.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.result import FAILURE_KINDS, Invalid, Measurement, Result
+from tuner.gpu import DEFAULT_ARCH, GpuFacts
+from tuner.kernels.base import Family
+from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
+from tuner.space import params_key
 
 _MEASUREMENT_FIELDS = set(Measurement.__dataclass_fields__)
-
-
-def params_key(params: dict[str, Any]) -> str:
-    """A canonical key for a config: the same params give the same key however they were typed or ordered."""
-    return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
 
 
 def result_from_attrs(state: str, attrs: dict[str, Any]) -> Result:
     """Rebuild the Result a trial recorded (its user attrs hold every figure the evaluator reported)."""
     if state == "COMPLETE":
         return Measurement(**{k: v for k, v in attrs.items() if k in _MEASUREMENT_FIELDS})
-    kind = attrs.get("failure", "invalid")
+    kind = attrs.get(TrialAttr.FAILURE, Invalid.kind)
     cls = FAILURE_KINDS.get(kind, Invalid)
-    return cls(reason=attrs.get("reason", kind))
+    return cls(reason=attrs.get(TrialAttr.REASON, kind))
 
 
 class ReplayEvaluator:
@@ -40,10 +38,14 @@ class ReplayEvaluator:
     to stand in for GPU time when testing the driver's scaling.
     """
 
-    def __init__(self, path: str | Path, study_name: str | None = None, delay_s: float = 0.0):
+    measures = False
+
+    def __init__(self, path: str | Path, study_name: str | None = None, delay_s: float = 0.0,
+                 gpu_index: int = 0):
         self.path = str(path)
         self.delay_s = delay_s
-        self.records = load_records(self.path, study_name)
+        self.gpu_index = gpu_index
+        self.records, self.study_attrs, self.param_names = load_recording(self.path, study_name)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -51,18 +53,31 @@ class ReplayEvaluator:
     def covers(self, configs) -> int:
         return sum(1 for c in configs if params_key(c) in self.records)
 
-    def evaluate(self, params: dict[str, Any]) -> Result:
+    def start(self) -> dict[str, Any]:
+        facts = GpuFacts.from_dict(self.study_attrs.get(StudyAttr.GPU_FACTS))
+        return {"gpu": f"replay:{Path(self.path).name}", "gpu_index": self.gpu_index,
+                "arch": str(self.study_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH), "ceiling_tbps": None,
+                "gpu_facts": facts.to_dict()}
+
+    def evaluate(self, compiled: Any, family: Family | str, config: dict[str, Any], problem: Any,
+                 seed: int | None = None, budget_ms: float = 25.0, min_reps: int = 10) -> Result:
+        """The recorded result of the config whose params `config` holds (its derived values are ignored)."""
         if self.delay_s:
             time.sleep(self.delay_s)
-        hit = self.records.get(params_key(params))
+        hit = self.records.get(params_key({name: config[name] for name in self.param_names if name in config}))
         if hit is None:
             return Invalid(reason=f"config not in the replay recording {self.path}")
         return result_from_attrs(*hit)
 
+    def close(self) -> None:
+        pass
 
-def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[str, dict[str, Any]]]:
-    """params key → (state, user attrs) for every replayable trial of the recorded study."""
+
+def load_recording(path: str, study_name: str | None = None
+                   ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
+    """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names)."""
     import optuna
+    from sqlalchemy.exc import SQLAlchemyError
 
     from tuner.dbfiles import readonly_url
 
@@ -70,7 +85,7 @@ def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[st
     try:
         storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
         summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
-    except Exception as exc:  # SQLAlchemy/Optuna raise many types for a file that is not a study database
+    except (SQLAlchemyError, RuntimeError) as exc:  # not a database, or not Optuna's schema (version check)
         raise InputError(f"cannot read as a study database: {type(exc).__name__}", path) from None
     if not summaries:
         raise InputError("holds no study", path)
@@ -81,10 +96,13 @@ def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[st
         raise InputError(f"holds no study {study_name!r} (has: {', '.join(names)})", path)
     study = optuna.load_study(study_name=study_name, storage=storage)
     records: dict[str, tuple[str, dict[str, Any]]] = {}
+    param_names: set[str] = set()
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs
-        if "duplicate_of" in attrs or attrs.get("failure") == "interrupted":
+        param_names.update(trial.params)
+        if TrialAttr.DUPLICATE_OF in attrs or attrs.get(TrialAttr.FAILURE) == INTERRUPTED:
             continue
-        if trial.state.name == "COMPLETE" or (trial.state.name == "FAIL" and "failure" in attrs):
+        if trial.state.name == "COMPLETE" or (trial.state.name == "FAIL" and TrialAttr.FAILURE in attrs):
             records[params_key(trial.params)] = (trial.state.name, dict(attrs))
-    return records
+    return records, dict(study.user_attrs), sorted(param_names)
+

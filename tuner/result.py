@@ -27,7 +27,7 @@ class Failure:
         return False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"failure": self.kind, "reason": self.reason, **self.details}
+        return {TrialAttr.FAILURE: self.kind, TrialAttr.REASON: self.reason, **self.details}
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,37 @@ class TimedOut(Failure):
 FAILURE_KINDS: dict[str, type[Failure]] = {
     cls.kind: cls for cls in (Invalid, CompileFailed, LaunchFailed, WrongResult, TimedOut)
 }
+
+#: The failure kind of a trial a killed driver left RUNNING (failed on the next run, its config run again).
+INTERRUPTED = "interrupted"
+
+
+class TrialAttr:
+    """Names of the user attrs the study driver writes on a trial (besides every field of a Measurement)."""
+
+    FAILURE = "failure"  # a Failure's kind, or INTERRUPTED
+    REASON = "reason"  # a Failure's reason
+    CONSTRAINT = "constraint"  # mirror of the Optuna constraint (optuna-dashboard 0.21 reads only this)
+    DUPLICATE_OF = "duplicate_of"  # the number of the trial that measured this config
+    DERIVED = "derived"  # derived values of the config
+    WORKER_GPU_INDEX = "worker_gpu_index"  # the GPU whose worker answered
+    ARTIFACTS = "artifacts"  # {"source": artifact id, "ptx": artifact id}
+    URI = "uri"
+
+
+class StudyAttr:
+    """Names of the study's user attrs that more than one stage reads."""
+
+    KERNEL = "kernel"
+    PROBLEM = "problem"
+    GPU = "gpu"
+    ARCH = "arch"
+    GPU_FACTS = "gpu_facts"  # tuner.gpu.GpuFacts.to_dict() of the GPU the study ran on
+    SPACE_PATH = "space_path"
+    SPACE_HASH = "space_hash"
+    TEMPLATES_HASH = "templates_hash"
+    THROUGHPUT_UNIT = "throughput_unit"
+    FINALISTS = "finalists"  # re-timed fastest configs, fastest first
 
 
 @dataclass(frozen=True)

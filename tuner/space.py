@@ -28,6 +28,7 @@ space that a command makes on its own (looking for a first valid config, countin
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ import yaml
 
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
+from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
 TOP_LEVEL_KEYS = ("kernel", "description", "problem", "params", "constraints", "derived", "objectives", "default")
@@ -70,17 +72,30 @@ class WalkBudgetExceeded(Exception):
     """A bounded walk over a space visited `WALK_BUDGET` partial configs without finishing."""
 
 
+def params_key(params: dict[str, Any]) -> str:
+    """A canonical key for a config: the same params give the same key however they were typed or ordered."""
+    return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Problem:
-    """A named problem: integer sizes and a dtype. `env` is what expressions and templates see."""
+    """A named problem: integer sizes and a dtype, on a GPU. `env` is what templates and kernel families see:
+    the sizes, ``dtype`` and ``elem_bytes``; `expression_env`, what space expressions see, adds the GPU's facts
+    (`tuner.gpu.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is `tuner.gpu.DEFAULT`
+    (H100/H200) until the study driver learns the facts of the GPU its workers own."""
 
     name: str
     dtype: str
     sizes: dict[str, int]
+    gpu: GpuFacts = field(default=DEFAULT, compare=False)
 
     @property
     def env(self) -> dict[str, Any]:
         return {**self.sizes, "dtype": self.dtype, "elem_bytes": kbase.DTYPES[self.dtype][1]}
+
+    @property
+    def expression_env(self) -> dict[str, Any]:
+        return {**self.gpu.expression_env(), **self.env}
 
     def label(self) -> str:
         return f"{self.name}_{self.dtype}"
@@ -132,7 +147,7 @@ class SearchSpace:
 
     def resolve(self, config: dict[str, Any], problem: Problem | None = None) -> dict[str, Any]:
         """Params plus derived values, evaluated in dependency order (no validity check)."""
-        env = {**(problem or self.problems[0]).env, **config}
+        env = {**(problem or self.problems[0]).expression_env, **config}
         for name in self._plan["derived_order"]:
             env[name] = self.derived[name](env)
         return {**config, **{n: env[n] for n in self._plan["derived_order"]}}
@@ -148,7 +163,7 @@ class SearchSpace:
                 return f"missing parameter {name!r}"
             if config[name] not in values:
                 return f"{name}={config[name]!r} is not one of {list(values)}"
-        env = {**problem.env, **config}
+        env = {**problem.expression_env, **config}
         try:
             for name in self._plan["derived_order"]:
                 env[name] = self.derived[name](env)
@@ -170,7 +185,7 @@ class SearchSpace:
         problem = problem or self.problems[0]
         names = list(self.params)
         levels = self._plan["levels"]
-        env: dict[str, Any] = dict(problem.env)
+        env: dict[str, Any] = dict(problem.expression_env)
         visited = 0
 
         def passes(steps) -> bool:
@@ -358,7 +373,7 @@ def load(space: str | Path) -> SearchSpace:
     for name in derived:
         if name in params:
             raise fail(f"derived value {name!r} has the name of a parameter", "derived", name)
-        if any(name in p.env for p in problems) or name in ("ctype", "entry"):
+        if any(name in p.expression_env for p in problems) or name in ("ctype", "entry"):
             raise fail(f"derived value {name!r} has the name of a problem symbol", "derived", name)
     objectives = _load_objectives(data.get("objectives"), fail)
 
@@ -375,7 +390,7 @@ def load(space: str | Path) -> SearchSpace:
         default={},
         text=text,
     )
-    space._plan = _plan(space, fail)
+    space._plan = _plan(space, fail)  # noqa: SLF001 - the loader builds the space it owns
 
     default = data.get("default")
     if default is not None:
@@ -575,7 +590,7 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
     """Order derived values by dependency and attach each derived value and constraint to the first param
     level at which everything it reads is bound (level -1: problem symbols only)."""
     param_index = {name: i for i, name in enumerate(space.params)}
-    problem_symbols = set.intersection(*(set(p.env) for p in space.problems))
+    problem_symbols = set.intersection(*(set(p.expression_env) for p in space.problems))
     known = set(param_index) | set(space.derived) | problem_symbols
 
     def check_names(expr: Expr, *keys) -> None:

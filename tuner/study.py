@@ -14,7 +14,8 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -31,8 +32,11 @@ from tuner import kernels, limits
 from tuner import space as space_mod
 from tuner.dbfiles import check_storage
 from tuner.errors import InputError
-from tuner.replay import params_key
-from tuner.result import Invalid, Result
+from tuner.evaluator import EvaluatorFactory
+from tuner.gpu import GpuFacts
+from tuner.render import templates_hash
+from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
+from tuner.space import params_key
 
 SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "grid")
 CONSTRAINT_KEY = "space"
@@ -102,13 +106,6 @@ def open_storage(url: str):
 
         storage.engine.dispose()
     return storage
-
-
-def templates_hash(space: space_mod.SearchSpace) -> str:
-    from tuner.render import TEMPLATES_DIR
-
-    family = kernels.get(space.kernel)
-    return hashlib.sha256((Path(TEMPLATES_DIR) / family.template).read_bytes()).hexdigest()
 
 
 def default_study_name(space: space_mod.SearchSpace, problem, gpu: str) -> str:
@@ -224,7 +221,7 @@ def _values(result, objectives, family) -> list[float]:
 
 def _counts(trial) -> bool:
     """Trials that count towards --trials: everything but the leftovers of a killed driver."""
-    return trial.state.is_finished() and trial.user_attrs.get("failure") != "interrupted"
+    return trial.state.is_finished() and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
 
 
 class Driver:
@@ -250,7 +247,7 @@ class Driver:
         self.problem = self.space.problem(opts.problem)
         self.family = kernels.get(self.space.kernel)
         self.objectives = self.space.objectives
-        self.replay_records = None
+        self.evaluator: EvaluatorFactory
         if opts.replay:
             from tuner.replay import ReplayEvaluator
 
@@ -259,6 +256,12 @@ class Driver:
             recorded = (json.loads(key) for key in replay.records)
             if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
+            self.evaluator = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s)
+            self.logical_gpus: int | None = opts.gpus or 1  # a machine without GPUs: Ray gets logical ones
+        else:
+            from tuner.bench import gpu_evaluator
+
+            self.evaluator, self.logical_gpus = gpu_evaluator, None
         limits.replay_delay(opts.replay_delay_s)
         self.url = opts.storage or default_storage(opts.kernel)
         # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
@@ -269,24 +272,27 @@ class Driver:
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    def _open_study(self, gpu: str, arch: str):
+    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None):
         import optuna
 
         from tuner.compile import versions
 
         name = self._study_name(gpu)
         attrs = {
-            "kernel": self.space.kernel,
-            "space_path": str(self.space.path),
-            "space_hash": self.space.content_hash(),
-            "templates_hash": templates_hash(self.space),
-            "problem": {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
-            "gpu": gpu,
-            "arch": arch,
+            StudyAttr.KERNEL: self.space.kernel,
+            StudyAttr.SPACE_PATH: str(self.space.path),
+            StudyAttr.SPACE_HASH: self.space.content_hash(),
+            StudyAttr.TEMPLATES_HASH: templates_hash(self.family),
+            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype,
+                                "sizes": self.problem.sizes},
+            StudyAttr.GPU: gpu,
+            StudyAttr.ARCH: arch,
             "versions": versions(),
-            "throughput_unit": self.family.throughput_unit,
+            StudyAttr.THROUGHPUT_UNIT: self.family.throughput_unit,
             "objectives": [[o.name, o.direction] for o in self.objectives],
         }
+        if gpu_facts is not None:
+            attrs[StudyAttr.GPU_FACTS] = gpu_facts
         directions = [o.direction for o in self.objectives]
         try:
             existing = optuna.load_study(study_name=name, storage=self.storage)
@@ -294,11 +300,12 @@ class Driver:
             existing = None
         if existing is not None:
             old = existing.user_attrs
-            for key, what in (("space_hash", "space file"), ("templates_hash", "kernel template")):
+            for key, what in ((StudyAttr.SPACE_HASH, "space file"), (StudyAttr.TEMPLATES_HASH, "kernel template")):
                 if old.get(key) != attrs[key]:
                     raise InputError(f"study {name!r} was made with a different {what}; refusing to mix trials "
                                      f"(use --study-name for a new study)", self.url)
-            if old.get("kernel") != attrs["kernel"] or old.get("problem") != attrs["problem"]:
+            if old.get(StudyAttr.KERNEL) != attrs[StudyAttr.KERNEL] or \
+                    old.get(StudyAttr.PROBLEM) != attrs[StudyAttr.PROBLEM]:
                 raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
             durable = existing
         else:
@@ -316,10 +323,12 @@ class Driver:
         from optuna.trial import TrialState
 
         again = []
+        study_id = self.storage.get_study_id_from_name(durable.study_name)
         for trial in durable.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            self.storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
-            self.storage.set_trial_user_attr(trial._trial_id, "reason", "the driver stopped before this finished")
-            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            self.storage.set_trial_user_attr(trial_id, TrialAttr.FAILURE, INTERRUPTED)
+            self.storage.set_trial_user_attr(trial_id, TrialAttr.REASON, "the driver stopped before this finished")
+            self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
             again.append(dict(trial.params))
         return again
 
@@ -339,24 +348,29 @@ class Driver:
 
         from tuner.cluster import Pool
 
-        pool = Pool(self.space, self.problem, gpus=self.opts.gpus, ray_address=self.opts.ray_address,
-                    replay=self.opts.replay, replay_study=self.opts.replay_study, timeout_s=self.opts.timeout,
-                    delay_s=self.opts.replay_delay_s,
-                    logical_gpus=(self.opts.gpus or 1) if self.opts.replay else None)
+        pool = Pool(self.space, self.problem, self.evaluator, gpus=self.opts.gpus,
+                    ray_address=self.opts.ray_address, timeout_s=self.opts.timeout, logical_gpus=self.logical_gpus)
         gpu = pool.gpus[0]["gpu"]
         from tuner.lease import acquire
 
         self.storage = open_storage(self.url)
         self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
-        durable = self._open_study(gpu, pool.arch)
+        facts = pool.gpus[0].get("gpu_facts")
+        if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
+            self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
+        durable = self._open_study(gpu, pool.arch, facts)
         again = self._recover(durable)
         past = durable.get_trials(deepcopy=False)
+        self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
 
-        fast = optuna.create_study(directions=[o.direction for o in self.objectives], sampler=self.sampler)
+        memory = optuna.storages.InMemoryStorage()
+        fast = optuna.create_study(storage=memory, directions=[o.direction for o in self.objectives],
+                                   sampler=self.sampler)
+        self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
         fast.add_trials(past)
         measured: dict[str, int] = {}
         for t in past:
-            if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+            if t.state == TrialState.COMPLETE and TrialAttr.DUPLICATE_OF not in t.user_attrs:
                 measured.setdefault(params_key(t.params), t.number)
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
@@ -376,7 +390,7 @@ class Driver:
 
         repair = _Repair(self.space, self.problem, self.opts.seed) if self.opts.repair and \
             self.opts.sampler != "grid" else None
-        mirror = _Mirror(self.url, durable._study_id)
+        mirror = _Mirror(self.url, self.storage.get_study_id_from_name(durable.study_name))
         dists = _distributions(self.space)
         trials: dict[int, Any] = {}
         running: dict[str, int] = {}  # params key → trial number in flight
@@ -393,7 +407,7 @@ class Driver:
                         asked += 1
                         params = trial.params
                         key = params_key(params)
-                        mirror.start(trial.number, _frozen(fast, trial))
+                        mirror.start(trial.number, self._frozen(trial.number))
                         reason = self.space.validate(params, self.problem)
                         if reason is not None:
                             counted += self._tell(fast, mirror, trial, Invalid(reason=reason), stats)
@@ -413,7 +427,10 @@ class Driver:
                         first_result_at = first_result_at or time.perf_counter()
                         trial = trials.pop(number)
                         if number in pool.ran_on:
-                            trial.set_user_attr("worker_gpu_index", pool.ran_on.pop(number))
+                            trial.set_user_attr(TrialAttr.WORKER_GPU_INDEX, pool.ran_on.pop(number))
+                        built = pool.built.pop(number, None)
+                        if result.ok and built is not None and self.artifacts is not None:
+                            self.artifacts.attach(trial, *built)
                         key = params_key(trial.params)
                         running.pop(key, None)
                         counted += self._tell(fast, mirror, trial, result, stats)
@@ -427,7 +444,7 @@ class Driver:
                     progress.update(counted)
             loop_end = time.perf_counter()
             busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
-            finalists = self._retime_finalists(fast, pool, durable) if not self.opts.replay else []
+            finalists = self._retime_finalists(fast, pool, durable) if pool.measures else []
             wall = loop_end - self.t0
             started = pool.started
             gpus = pool.gpus
@@ -471,7 +488,7 @@ class Driver:
 
         unit_key = "tflops" if self.family.throughput_unit == "TFLOP/s" else "tbps"
         measured = [t for t in fast.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if "duplicate_of" not in t.user_attrs]
+                    if TrialAttr.DUPLICATE_OF not in t.user_attrs]
         top = sorted(measured, key=lambda t: t.user_attrs[unit_key], reverse=True)[: self.opts.finalists]
         if not top:
             return []
@@ -494,10 +511,14 @@ class Driver:
                 entry.update({"failure": r.kind, "reason": r.reason})
             finalists.append(entry)
         finalists.sort(key=lambda e: e.get(unit_key, -1.0), reverse=True)
-        durable.set_user_attr("finalists", finalists)
+        durable.set_user_attr(StudyAttr.FINALISTS, finalists)
         return finalists
 
     # -- telling ------------------------------------------------------------------------------------------------
+    def _frozen(self, number: int):
+        """The fast study's trial `number` as it stands (a running one: params and start time)."""
+        return self.memory.get_trial(self.memory.get_trial_id_from_study_id_trial_number(self.fast_id, number))
+
     def _tell(self, fast, mirror, trial, result: Result, stats: _Stats) -> int:
         from optuna.trial import TrialState
 
@@ -505,34 +526,69 @@ class Driver:
             trial.set_constraint(CONSTRAINT_KEY, 0.0)
             for key, value in result.to_dict().items():
                 trial.set_user_attr(key, value)
-            trial.set_user_attr("derived", {k: v for k, v in self.space.resolve(trial.params, self.problem).items()
-                                            if k not in trial.params})
-            trial.set_user_attr("constraint", 0.0)
+            trial.set_user_attr(TrialAttr.DERIVED, {k: v for k, v in
+                                                    self.space.resolve(trial.params, self.problem).items()
+                                                    if k not in trial.params})
+            trial.set_user_attr(TrialAttr.CONSTRAINT, 0.0)
             values = _values(result, self.objectives, self.family)
-            fast.tell(trial, values)
+            frozen = fast.tell(trial, values)
             stats.add(trial.number, trial.params, result)
         else:
-            invalid = result.kind == "invalid"
+            invalid = result.kind == Invalid.kind
             trial.set_constraint(CONSTRAINT_KEY, 1.0 if invalid else 0.0)
-            trial.set_user_attr("constraint", 1.0 if invalid else 0.0)
-            trial.set_user_attr("failure", result.kind)
-            trial.set_user_attr("reason", result.reason)
-            fast.tell(trial, state=TrialState.PRUNED if invalid else TrialState.FAIL)
+            trial.set_user_attr(TrialAttr.CONSTRAINT, 1.0 if invalid else 0.0)
+            trial.set_user_attr(TrialAttr.FAILURE, result.kind)
+            trial.set_user_attr(TrialAttr.REASON, result.reason)
+            frozen = fast.tell(trial, state=TrialState.PRUNED if invalid else TrialState.FAIL)
             stats.fail(result.kind)
-        mirror.finish(trial.number, _frozen(fast, trial))
+        mirror.finish(trial.number, frozen)
         return 1
 
     def _tell_duplicate(self, fast, mirror, trial, original: int, stats: _Stats) -> int:
-        first = fast._storage.get_trial(fast._storage.get_trial_id_from_study_id_trial_number(
-            fast._study_id, original))
+        first = self._frozen(original)
         trial.set_constraint(CONSTRAINT_KEY, 0.0)
         for key, value in first.user_attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", original)
-        fast.tell(trial, list(first.values))
+            if key != TrialAttr.ARTIFACTS:  # the original's artifacts belong to the original
+                trial.set_user_attr(key, value)
+        trial.set_user_attr(TrialAttr.DUPLICATE_OF, original)
+        frozen = fast.tell(trial, list(first.values))
         stats.duplicates += 1
-        mirror.finish(trial.number, _frozen(fast, trial))
+        mirror.finish(trial.number, frozen)
         return 1
+
+
+class _ArtifactWriter:
+    """Uploads a measured trial's rendered source (``<uri>.cu``) and PTX (``<uri>.ptx``) with
+    `optuna.artifacts.upload_artifact` while the trial still runs (before `tell`), into the artifact folder
+    beside a SQLite study (`<db stem>.artifacts/`, where `tuner dashboard` serves them from); the ids go into
+    the trial's "artifacts" user attr. Nothing is attached for a storage that is not a SQLite file."""
+
+    def __init__(self, url: str):
+        from tuner.studies import artifact_dir_for
+
+        self.folder = artifact_dir_for(url)
+        self.store = None
+        if self.folder is not None:
+            from optuna.artifacts import FileSystemArtifactStore
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.store = FileSystemArtifactStore(self.folder)
+
+    def attach(self, trial, source, compiled) -> None:
+        import tempfile
+
+        from optuna.artifacts import upload_artifact
+
+        if self.store is None or not compiled.ptx:
+            return
+        ids = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind, ext, data in (("source", "cu", source.text.encode()), ("ptx", "ptx", compiled.ptx)):
+                path = Path(tmp) / f"{source.uri}.{ext}"
+                path.write_bytes(data)
+                ids[kind] = upload_artifact(artifact_store=self.store, file_path=str(path), study_or_trial=trial,
+                                            mimetype="text/plain")
+        trial.set_user_attr(TrialAttr.ARTIFACTS, ids)
 
 
 class _Repair:
@@ -581,10 +637,6 @@ def _process_age() -> float:
     return time.perf_counter() - tuner.IMPORTED_AT
 
 
-def _frozen(study, trial):
-    return study._storage.get_trial(trial._trial_id)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # progress and summary
 
@@ -597,7 +649,7 @@ class _Stats:
         self.failures: Counter[str] = Counter()
         self.best: dict[str, Any] | None = None
         for t in past:
-            if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs:
+            if t.state.name == "COMPLETE" and TrialAttr.DUPLICATE_OF not in t.user_attrs:
                 self._consider(t.number, t.params, t.user_attrs)
 
     def _consider(self, number, params, figures) -> None:

@@ -118,8 +118,11 @@ class IsolatedEvaluator:
 
     `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it).
     `evaluator_factory` (a picklable callable, default GpuEvaluator) and `evaluator_kwargs` build the child's
-    evaluator: tests inject a fake one to exercise the fault handling without a GPU.
+    evaluator: tests inject a fake one to exercise the fault handling without a GPU. Implements
+    `tuner.evaluator.Evaluator`.
     """
+
+    measures = True
 
     def __init__(
         self,

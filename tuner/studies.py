@@ -1,0 +1,386 @@
+"""Opening studies and choosing their trials: the first room of the results stage.
+
+`open_studies` finds a study in any storage (a study or kernel name under `studies/`, a .db path, a storage URL)
+without ever creating a database; `measured_trials`, `pareto_trials`, `best_trial` and `finalist` choose trials
+by the rules below; `study_context` rebuilds what rendering a trial's config needs, and `gpu_facts` the facts of
+the GPU the study ran on. Everything reads a study that `tuner/study.py` wrote (its user attrs: `StudyAttr`;
+per trial: `TrialAttr` and every field of a Measurement). Which trials count:
+
+- **measured**: state COMPLETE and no "failure" user attr;
+- **original**: no "duplicate_of" user attr (a duplicate re-proposed a measured config and was answered from it
+  without GPU time; it must not show up twice in a front or be exported as if measured);
+- **feasible**: every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where present, <= 0.
+
+Bad input (an unknown study or database, an empty study) raises `InputError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sqlite3
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import InputError
+from tuner.gpu import GpuFacts
+from tuner.result import StudyAttr, TrialAttr
+
+STUDIES_DIR = Path("studies")
+"""Where `tuner study` puts `<kernel>.db` by default (relative to the working directory, like its URL)."""
+
+#: storage URL of each study `open_studies` returned (Optuna keeps its storage private)
+_URLS: weakref.WeakKeyDictionary[optuna.Study, str] = weakref.WeakKeyDictionary()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Opening studies
+
+# Opening studies
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _as_url(storage: str) -> str:
+    """A storage URL as given, or a path to a SQLite file turned into one."""
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage).resolve()}"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file behind a sqlite URL (None for other backends and for in-memory databases)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InputError(f"not a storage URL: {url!r} ({_first_line(exc)})") from None
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    if not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def _check_database(url: str) -> None:
+    """For a SQLite URL: the file must exist and hold Optuna's tables. Checked read-only, before Optuna (which
+    would create a missing file, or its tables in a foreign one) connects."""
+    path = _sqlite_path(url)
+    if path is None:
+        return
+    if not path.is_file():
+        raise InputError(f"no such database: {path}")
+    try:
+        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{path}: not a SQLite database ({_first_line(exc)})") from None
+    if not {"studies", "trials"} <= tables:
+        raise InputError(f"{path}: not an Optuna study database (no studies/trials tables)")
+
+
+def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
+    """(storage URL, the study or kernel name to look for in it, or None for all of it)."""
+    if storage:
+        if study and (study.endswith(".db") or "://" in study):
+            raise InputError(f"give the database either as STUDY ({study}) or as --storage ({storage}), "
+                             "not both")
+        return _as_url(storage), study or None
+    if study is None:
+        dbs = sorted(STUDIES_DIR.glob("*.db"))
+        if len(dbs) == 1:
+            return _as_url(str(dbs[0])), None
+        found = ", ".join(p.stem for p in dbs) or "none"
+        raise InputError(f"name a study, a kernel or a database (in {STUDIES_DIR}/: {found})")
+    if "://" in study:
+        return study, None
+    if study.endswith((".db", ".sqlite", ".sqlite3")) or Path(study).is_file():
+        return _as_url(study), None
+    by_kernel = STUDIES_DIR / f"{study}.db"
+    if by_kernel.is_file():
+        return _as_url(str(by_kernel)), study
+    by_prefix = STUDIES_DIR / f"{study.split('-')[0]}.db"  # study names start with the kernel: gemm-mnk4096_...
+    if by_prefix.is_file():
+        return _as_url(str(by_prefix)), study
+    looked = by_kernel if by_kernel == by_prefix else f"{by_kernel} and no {by_prefix}"
+    raise InputError(f"unknown study {study!r}: no {looked}; give a database path or --storage URL")
+
+
+def get_storage(url: str) -> optuna.storages.RDBStorage:
+    """An RDB storage for `url`, checked first so that opening never creates a database file."""
+    _check_database(url)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except (SQLAlchemyError, RuntimeError, ValueError) as exc:  # driver, URL and Optuna schema-version errors
+        raise InputError(f"cannot open storage {url}: {_first_line(exc)}") from None
+
+
+def resolve_storage(study: str | None, storage: str | None) -> tuple[str, str | None]:
+    """The storage URL that `study`/`storage` name (checked: it exists and is an Optuna database) and the study
+    or kernel name to look for in it (None: all of it)."""
+    url, name = _locate(study, storage)
+    _check_database(url)
+    return url, name
+
+
+def open_studies(study: str | None, storage: str | None = None) -> list[optuna.Study]:
+    """Every study that `study` names, oldest first.
+
+    `study` may be a study name (→ that study), a kernel name (→ `studies/<kernel>.db` and its studies of that
+    kernel), a path to a ``.db`` file or a storage URL (→ all of its studies), or None with `storage` (→ all
+    of it). A study name without `storage` is looked up in `studies/<kernel>.db`, the kernel being the name's
+    prefix before the first "-". Raises InputError for a missing database, a database with no studies, or an
+    unknown name. Never creates a database.
+    """
+    url, name = _locate(study, storage)
+    rdb = get_storage(url)
+    summaries = sorted(rdb.get_all_studies(), key=lambda s: rdb.get_study_id_from_name(s.study_name))
+    if not summaries:
+        raise InputError(f"{url}: holds no studies")
+    chosen = summaries
+    if name is not None:
+        exact = [s for s in summaries if s.study_name == name]
+        by_kernel = [s for s in summaries if s.user_attrs.get("kernel") == name]
+        db = _sqlite_path(url)
+        if exact:
+            chosen = exact
+        elif by_kernel:
+            chosen = by_kernel
+        elif db is not None and db.stem == name and not any("kernel" in s.user_attrs for s in summaries):
+            chosen = summaries  # studies/<kernel>.db written before studies carried a "kernel" attr
+        else:
+            known = ", ".join(s.study_name for s in summaries)
+            raise InputError(f"unknown study {name!r} in {url} (it holds: {known})")
+    opened = [optuna.load_study(study_name=s.study_name, storage=rdb) for s in chosen]
+    for one in opened:
+        _URLS[one] = url
+    return opened
+
+
+def open_study(study: str | None, storage: str | None = None) -> optuna.Study:
+    """The one study that `study` names: as `open_studies`, and of several the latest (highest id)."""
+    return open_studies(study, storage)[-1]
+
+
+def artifact_dir_for(url: str) -> Path | None:
+    """Default artifact folder of a storage: `<db stem>.artifacts/` next to a SQLite file; None otherwise."""
+    path = _sqlite_path(url)
+    return None if path is None else path.with_name(f"{path.stem}.artifacts")
+
+
+def storage_url(study: optuna.Study) -> str:
+    """The URL of the storage behind a study that `open_studies` returned. InputError for another study."""
+    url = _URLS.get(study)
+    if url is None:
+        raise InputError(f"study {study.study_name}: its storage is unknown (open it with open_studies)")
+    return url
+
+
+def gpu_facts(study: optuna.Study) -> GpuFacts:
+    """The facts of the GPU the study ran on (its "gpu_facts" attr); for a study recorded before studies stored
+    them, `tuner.gpu.DEFAULT` (H100/H200), whose `measured` is False."""
+    return GpuFacts.from_dict(study.user_attrs.get(StudyAttr.GPU_FACTS))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which trials count
+
+# Which trials count
+
+
+def is_measured(trial: FrozenTrial) -> bool:
+    """COMPLETE, verified and timed (no "failure" attr)."""
+    return trial.state == TrialState.COMPLETE and TrialAttr.FAILURE not in trial.user_attrs
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    """Answered from an earlier trial of the same config ("duplicate_of"), without GPU time."""
+    return trial.user_attrs.get(TrialAttr.DUPLICATE_OF) is not None
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Every Optuna constraint ≤ 0, and the "constraint" mirror, where present, ≤ 0."""
+    mirrored = trial.user_attrs.get(TrialAttr.CONSTRAINT)
+    return all(c <= 0.0 for c in trial.constraints.values()) and (mirrored is None or float(mirrored) <= 0.0)
+
+
+def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Measured, original, feasible trials, in trial order. InputError when there are none."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        raise InputError(f"study {study.study_name} is empty: it has no trials")
+    kept = [t for t in trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
+    if not kept:
+        states = _state_counts(trials)
+        raise InputError(f"study {study.study_name} has no completed, verified trials ({states})")
+    return kept
+
+
+def _state_counts(trials: Iterable[FrozenTrial]) -> str:
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+def throughput_unit(study: optuna.Study) -> str:
+    """"TB/s" or "TFLOP/s": what the study's throughput means."""
+    return str(study.user_attrs.get("throughput_unit") or "TB/s")
+
+
+def throughput(study: optuna.Study, trial: FrozenTrial) -> float:
+    """The trial's throughput: the "throughput" objective where the study has one, else tbps/tflops by unit."""
+    names = study.metric_names or []
+    if "throughput" in names and trial.values is not None:
+        return float(trial.values[names.index("throughput")])
+    key = "tflops" if throughput_unit(study) == "TFLOP/s" else "tbps"
+    value = trial.user_attrs.get(key)
+    if value is not None:
+        return float(value)
+    return float(trial.values[0]) if trial.values else math.nan
+
+
+def finalist(study: optuna.Study, number: int) -> dict[str, Any] | None:
+    """The re-timed figures of trial `number` when the study re-timed it at the end (user attr "finalists",
+    written by the driver with a longer budget than screening), else None."""
+    for entry in study.user_attrs.get(StudyAttr.FINALISTS) or []:
+        if entry.get("trial") == number and "tbps" in entry:
+            return entry
+    return None
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial:
+    """The fastest measured, original, feasible trial. Where the study re-timed its fastest configs at the end,
+    the fastest by those figures (the screening order can differ by noise); else the fastest by `throughput`.
+    InputError when there is none."""
+    measured = measured_trials(study)
+    by_number = {t.number: t for t in measured}
+    retimed = [f for f in study.user_attrs.get(StudyAttr.FINALISTS) or []
+               if "tbps" in f and f.get("trial") in by_number]
+    if retimed:
+        return by_number[retimed[0]["trial"]]  # the driver stores finalists fastest first
+    return max(measured, key=lambda t: throughput(study, t))
+
+
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Optuna's own Pareto front (`study.best_trials`, constraint-aware) minus what must not be there: failed or
+    unverified trials, duplicates and infeasible ones. Fastest first. InputError when nothing is measured."""
+    measured_trials(study)  # raises for an empty study or one with nothing measured
+    front = [t for t in study.best_trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
+    if not front and len(study.directions) == 1:
+        front = [best_trial(study)]  # the single best was a duplicate: its original ties with it
+    return sorted(front, key=lambda t: (-throughput(study, t), t.number))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The space and sources behind a study
+
+@dataclass
+class StudyContext:
+    """What rendering a study's configs needs: its family, its problem, and its space when the file is still
+    there and unchanged (`space_note` says why not, otherwise)."""
+
+    kernel: str
+    family: Any
+    problem: Any
+    space: Any = None
+    space_note: str = ""
+
+
+def study_context(study: optuna.Study) -> StudyContext:
+    """Family and problem from the study's user attrs; the space from "space_path" (as given, else relative to
+    the package root) when its sha256 matches "space_hash" and the family's template matches "templates_hash"
+    (so a source rendered now is the one that was measured). InputError when the attrs are missing."""
+    from tuner import kernels
+    from tuner import space as space_mod
+    from tuner.render import templates_hash
+
+    attrs = study.user_attrs
+    kernel = attrs.get("kernel")
+    if kernel not in kernels.names():
+        raise InputError(f"study {study.study_name}: user attr 'kernel' is {kernel!r}, not one of "
+                         f"{', '.join(kernels.names())} (was it written by `tuner study`?)")
+    problem_attr = attrs.get("problem")
+    if not isinstance(problem_attr, dict) or not isinstance(problem_attr.get("sizes"), dict):
+        raise InputError(f"study {study.study_name}: user attr 'problem' (name, dtype, sizes) is missing")
+    problem = space_mod.Problem(name=str(problem_attr.get("name", "problem")),
+                                dtype=str(problem_attr.get("dtype", "float32")),
+                                sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
+                                gpu=gpu_facts(study))
+    ctx = StudyContext(kernel=kernel, family=kernels.get(kernel), problem=problem)
+    space_path = attrs.get("space_path")
+    if not space_path:
+        ctx.space_note = "the study does not name its space file"
+        return ctx
+    candidates = [Path(space_path), space_mod.PACKAGE_ROOT / space_path]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        ctx.space_note = f"space file {space_path} not found"
+        return ctx
+    space = space_mod.load(path)
+    recorded = str(attrs.get("space_hash") or "")
+    if recorded and space.content_hash() != recorded:
+        ctx.space_note = f"space file {path} changed since the study ran (sha256 differs from 'space_hash')"
+        return ctx
+    recorded = str(attrs.get(StudyAttr.TEMPLATES_HASH) or "")
+    if recorded and templates_hash(ctx.family) != recorded:
+        ctx.space_note = f"kernel template {ctx.family.template} changed since the study ran (sha256 differs " \
+                         "from 'templates_hash')"
+        return ctx
+    ctx.space = space
+    return ctx
+
+
+def render_trial(ctx: StudyContext, trial: FrozenTrial):
+    """The rendered `Source` of a trial's config. InputError when the space is unavailable (see
+    `ctx.space_note`)."""
+    from tuner.render import render
+
+    if ctx.space is None:
+        raise InputError(f"cannot render trial {trial.number}: {ctx.space_note}")
+    params = {name: trial.params[name] for name in ctx.space.params if name in trial.params}
+    return render(ctx.family, params, ctx.space.resolve(params, ctx.problem), ctx.problem.env)
+
+
+def render_command(study: optuna.Study, trial: FrozenTrial) -> str:
+    """The `tuner render` command line that prints a trial's source."""
+    attrs = study.user_attrs
+    problem = (attrs.get("problem") or {}).get("name")
+    words = ["tuner", "render", str(attrs.get("space_path") or attrs.get("kernel") or "SPACE")]
+    if problem:
+        words += ["--problem", str(problem)]
+    for name, value in trial.params.items():
+        text = json.dumps(value) if isinstance(value, bool) else str(value)
+        words += ["--set", f"{name}={text}"]
+    return shlex.join(words)
+
+
+
+
+def derived(trial: FrozenTrial) -> dict[str, Any]:
+    """The derived values the driver recorded for a trial's config (empty where it recorded none)."""
+    value = trial.user_attrs.get(TrialAttr.DERIVED)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def threads(trial: FrozenTrial) -> int | None:
+    """Threads per block of a trial's config (its derived "threads"), None where not recorded."""
+    value = derived(trial).get("threads", trial.user_attrs.get("threads"))
+    return int(value) if value is not None else None
