@@ -3,8 +3,9 @@
 `explain(profile, ...)` reads a `tuner.ncu.Profile` (the launches of one call of a config) against what the
 family says the call needs (its minimal bytes) and what the GPU can do (the measured copy ceiling, the FP32
 peak) and returns an `Explanation`: DRAM bytes and the useful fraction, DRAM throughput against the ceiling,
-global load/store sectors per request and bytes used per sector (coalescing), shared-memory bank conflicts per
-instruction, L2 hit rate, achieved vs theoretical occupancy, registers, local-memory (spill) traffic and
+global load/store sectors per request and bytes used per sector (coalescing), DRAM bytes read per requested
+load sector (over-fetch: an H200 reads 64 bytes from DRAM for a lone 32-byte sector), shared-memory bank
+conflicts per instruction, L2 hit rate, achieved vs theoretical occupancy, registers, local-memory (spill) traffic and
 arithmetic intensity, then the bound, named by the rules below, and findings in plain words.
 
 The bound (first rule that holds):
@@ -15,7 +16,8 @@ The bound (first rule that holds):
 - **latency / occupancy**: nothing is near a peak; the warps in flight cannot cover the memory latency.
 
 `compare(a, b)` names what explains the difference between two configs: DRAM bytes (with their cause: sectors
-per request, spills, extra kernels), bank conflicts, spills, occupancy or DRAM throughput, in that order.
+per request, DRAM over-fetch, spills, extra kernels), bank conflicts, spills, occupancy or DRAM throughput, in
+that order.
 `tuner explain` (`explain_study`) runs this over a study's trials; `roofline_png`/`write_roofline` draw them.
 """
 
@@ -38,6 +40,8 @@ HBM_BOUND = 0.70
 UNIT_BOUND = 0.60
 #: Below this share of each fetched sector used, loads (stores) are called uncoalesced.
 COALESCED_EFFICIENCY = 0.80
+#: DRAM bytes read per requested global-load sector above this many sectors' worth is over-fetch.
+OVERFETCH = 1.5
 #: A useful fraction below this is worth a finding.
 USEFUL_FRACTION_OK = 0.80
 #: Shared accesses with more wavefronts per instruction than this are called bank-conflicted.
@@ -69,6 +73,7 @@ class Explanation:
     ideal_sectors_per_request: float
     ld_efficiency_pct: float
     st_efficiency_pct: float
+    dram_read_per_ld_sector: float  # DRAM bytes read per 32-byte global-load sector (> 32: DRAM over-fetch)
     smem_ld_conflicts: float
     smem_st_conflicts: float
     smem_ld_ways: float
@@ -87,6 +92,7 @@ class Explanation:
     fma_pct: float
     bound: str = ""
     findings: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # requested counters ncu gave no value for
 
     @property
     def dram_bytes(self) -> float:
@@ -136,6 +142,7 @@ def explain(
             profile.total("l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
         ),
         ideal_sectors_per_request=32 * access_bytes / SECTOR_BYTES,
+        dram_read_per_ld_sector=_div(read, profile.total("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")),
         ld_efficiency_pct=profile.weighted("smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct"),
         st_efficiency_pct=profile.weighted("smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct"),
         smem_ld_conflicts=profile.total("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
@@ -163,6 +170,7 @@ def explain(
         lts_pct=profile.weighted("lts__throughput.avg.pct_of_peak_sustained_elapsed"),
         l1tex_pct=profile.weighted("l1tex__throughput.avg.pct_of_peak_sustained_active"),
         fma_pct=profile.weighted("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+        missing=list(profile.missing),
     )
     e.bound = bound(e)
     e.findings = findings(e)
@@ -222,6 +230,11 @@ def findings(e: Explanation) -> list[str]:
             f"uncoalesced loads: {e.ld_sectors_per_request:.1f} sectors per request (ideal "
             f"{e.ideal_sectors_per_request:g}), {_pct(e.ld_efficiency_pct)} of each 32-byte sector used"
         )
+    if _ok(e.dram_read_per_ld_sector) and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES:
+        out.append(
+            f"DRAM over-fetch: {e.dram_read_per_ld_sector:.0f} bytes read from DRAM per 32-byte sector the loads "
+            "asked for (the L2 fetches more than the sector when each one sits alone)"
+        )
     if _ok(e.st_efficiency_pct) and e.st_efficiency_pct < 100 * COALESCED_EFFICIENCY:
         out.append(
             f"uncoalesced stores: {e.st_sectors_per_request:.1f} sectors per request, "
@@ -232,9 +245,14 @@ def findings(e: Explanation) -> list[str]:
         ("store", e.smem_st_ways, e.smem_st_conflicts),
     ):
         if _ok(ways) and ways > CONFLICT_WAYS:
+            advice = (
+                "harmless while HBM-bound"
+                if e.bound == "HBM bandwidth"
+                else "pad the tile so a column falls in distinct banks"
+            )
             out.append(
                 f"shared-memory bank conflicts: {ways:.1f}-way on {side}s ({conflicts / 1e6:.3g} M "
-                "extra wavefronts); pad the tile so a column falls in distinct banks"
+                f"extra wavefronts); {advice}"
             )
     if e.local_bytes > 0:
         out.append(
@@ -255,6 +273,8 @@ def findings(e: Explanation) -> list[str]:
         if e.peak_tflops:
             line += f" ({e.tflops / e.peak_tflops:.0%} of {e.peak_tflops:.1f} peak)"
         out.append(line)
+    if e.missing:
+        out.append(f"not measured (ncu gave no value): {', '.join(e.missing)}")
     return out
 
 
@@ -277,6 +297,15 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
             cause = (
                 f": {slow.ld_sectors_per_request:.1f} sectors per request on the loads vs "
                 f"{fast.ld_sectors_per_request:.1f}"
+            )
+        elif (
+            _ok(slow.dram_read_per_ld_sector)
+            and slow.dram_read_per_ld_sector > 1.3 * _nz(fast.dram_read_per_ld_sector)
+            and slow.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES
+        ):
+            cause = (
+                f": DRAM reads {slow.dram_read_per_ld_sector:.0f} bytes per 32-byte sector loaded vs "
+                f"{fast.dram_read_per_ld_sector:.0f}"
             )
         elif slow.local_bytes > 2 * fast.local_bytes + 1e6:
             cause = f": {_gb(slow.local_bytes)} of spill (local-memory) traffic"
@@ -449,6 +478,13 @@ def _pick(
     return list(dict.fromkeys(wanted))
 
 
+def _current(record: Any) -> bool:
+    """A stored profile this version reads: one of an older format (ns taken for seconds) is profiled again."""
+    from tuner.ncu import PROFILE_FORMAT
+
+    return isinstance(record, dict) and (record.get("profile") or {}).get("format") == PROFILE_FORMAT
+
+
 def explain_study(
     study,
     trials: Sequence[int] = (),
@@ -459,9 +495,9 @@ def explain_study(
     timeout_s: float = 240.0,
 ) -> list[ExplainedTrial]:
     """Explain the chosen measured trials of `study` (default: the best). Trials profiled before (study user
-    attr ``ncu:<n>``) are not profiled again unless `reprofile`. Every profile runs before anything is written:
-    an InputError (unknown or unmeasured trial, a config that no longer renders, ncu absent, not permitted or
-    timing out) leaves the study as it was."""
+    attr ``ncu:<n>``, in the current `PROFILE_FORMAT`) are not profiled again unless `reprofile`. Every profile
+    runs before anything is written: an InputError (unknown or unmeasured trial, a config that no longer
+    renders, ncu absent, not permitted or timing out) leaves the study as it was."""
     from tuner import export
     from tuner import ncu as ncu_mod
 
@@ -469,7 +505,7 @@ def explain_study(
     numbers = _pick(study, measured, trials, best, worst, compare_pair)
     by_number = {t.number: t for t in measured}
     stored = {n: study.user_attrs.get(f"{ATTR_PREFIX}{n}") for n in numbers}
-    todo = [n for n in numbers if reprofile or not isinstance(stored[n], dict)]
+    todo = [n for n in numbers if reprofile or not _current(stored[n])]
     fresh: dict[int, dict[str, Any]] = {}
     ctx = export.study_context(study)
     if todo:

@@ -115,6 +115,7 @@ class LessonResult:
     gpu: str = ""
     ceiling_tbps: float | None = None
     csvs: dict[str, str] = field(default_factory=dict)  # config label → raw ncu CSV
+    ncu_failures: list[str] = field(default_factory=list)  # one line per config whose profile failed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +124,7 @@ class LessonResult:
             "gpu": self.gpu,
             "ceiling_tbps": self.ceiling_tbps,
             "notes": self.notes,
+            "ncu_failures": self.ncu_failures,
             "rows": [dataclasses.asdict(r) for r in self.rows],
         }
 
@@ -175,29 +177,50 @@ class Bench:
             "spill_bytes": result.spill_bytes,
         }
 
-    def profile(self, space, params: dict[str, Any], problem, label: str, result: LessonResult):
-        """The Explanation of one config under ncu (None without --ncu); the raw CSV goes into `result`."""
+    def profile(self, space, params: dict[str, Any], problem, label: str, result: LessonResult, row: Row):
+        """The Explanation of one config under ncu (None without --ncu); the raw CSV goes into `result`. A config
+        whose own profile fails (its target exits with an error, ncu times out or profiles nothing) is marked
+        in `row` (measured ``ncu: failed``) and in `result.ncu_failures`, and the lesson goes on; ncu absent or
+        not permitted still ends the lesson (no config could be profiled)."""
         if not self.use_ncu:
             return None
         from tuner import kernels
         from tuner.explain import explain
-        from tuner.ncu import fp32_peak_tflops, profile_config
+        from tuner.ncu import NcuConfigError, fp32_peak_tflops, parse_raw_csv
         from tuner.render import render
 
         family = kernels.get(space.kernel)
         resolved = space.resolve(params, problem)
         source = render(family, params, resolved, problem.env)
         launches = len(family.launches(source.entry, resolved, problem.env))
-        run = profile_config(space.path, problem.name, params, source.uri, launches, timeout_s=self.timeout_s * 2)
-        result.csvs[label] = run.csv_text
+        try:
+            csv_text, report = self.capture(space, params, problem, source.uri, launches, label, result)
+            profile = parse_raw_csv(csv_text, where=f"ncu on {source.uri}")
+        except NcuConfigError as exc:
+            row.measured["ncu"] = "failed"
+            result.ncu_failures.append(f"{row.label}: {exc}")
+            return None
+        result.csvs[label] = csv_text
         return explain(
-            run.profile,
+            profile,
             label,
             family.bytes_moved(problem.env),
             ceiling_tbps=self.info.get("ceiling_tbps"),
-            peak_tflops=fp32_peak_tflops(run.report.get("device", {})),
+            peak_tflops=fp32_peak_tflops(report.get("device", {})),
             access_bytes=int(params.get("vec", 1)) * family.elem_bytes(problem.env),
         )
+
+    def capture(
+        self, space, params: dict[str, Any], problem, uri: str, launches: int, label: str, result: LessonResult
+    ) -> tuple[str, dict[str, Any]]:
+        """Run ncu on one config: (the raw CSV, the target's report). A lesson's configs may lie outside the
+        shipped space's lists (the registers sweep), so the target is told to accept them."""
+        from tuner.ncu import profile_config
+
+        run = profile_config(
+            space.path, problem.name, params, uri, launches, timeout_s=self.timeout_s * 2, outside_space=True
+        )
+        return run.csv_text, run.report
 
 
 def _space(name: str):
@@ -227,7 +250,7 @@ def coalescing(bench: Bench) -> LessonResult:
             },
         )
         row.measured = bench.time(space, params, problem)
-        e = bench.profile(space, params, problem, f"stride{stride}", result)
+        e = bench.profile(space, params, problem, f"stride{stride}", result, row)
         if e is not None:
             row.measured.update(
                 sectors_per_request=e.ld_sectors_per_request,
@@ -255,7 +278,7 @@ def bank_conflicts(bench: Bench) -> LessonResult:
         label = f"[32][{32 + pad}] vec{vec}" + (" (tuned)" if tuned else "")
         row = Row(label=label, params=params, predicted={"read_ways": transpose_read_ways(32, vec, 8, pad)})
         row.measured = bench.time(space, params, problem)
-        e = bench.profile(space, params, problem, f"pad{pad}_vec{vec}", result)
+        e = bench.profile(space, params, problem, f"pad{pad}_vec{vec}", result, row)
         if e is not None:
             row.measured.update(
                 smem_ld_ways=e.smem_ld_ways,
@@ -305,7 +328,7 @@ def registers(bench: Bench | None) -> LessonResult:
             timed = bench.time(space, params, problem)
             row.measured.update({k: v for k, v in timed.items() if k not in ("registers", "spill_bytes")})
             if n in (2, 8):  # the default and the tightest bound: the spill traffic ncu sees
-                e = bench.profile(space, params, problem, f"lb{n}", result)
+                e = bench.profile(space, params, problem, f"lb{n}", result, row)
                 if e is not None:
                     row.measured.update(
                         local_bytes=e.local_bytes, bound=e.bound, achieved_occupancy_pct=e.achieved_occupancy_pct
@@ -335,7 +358,7 @@ def fusion(bench: Bench) -> LessonResult:
             predicted={"dram_bytes": k * 2 * elements * elem, "time_vs_fused": float(k)},
         )
         row.measured = bench.time(space, params, problem)
-        e = bench.profile(space, params, problem, f"fusion{depth}", result)
+        e = bench.profile(space, params, problem, f"fusion{depth}", result, row)
         if e is not None:
             row.measured.update(dram_bytes=e.dram_bytes, bound=e.bound, of_ceiling=e.of_ceiling)
         result.rows.append(row)
@@ -383,6 +406,8 @@ def print_table(result: LessonResult) -> None:
     console.print(table)
     for note in result.notes:
         console.print(f"  {note}", highlight=False)
+    for failure in result.ncu_failures:
+        console.print(f"  no ncu profile: {failure}", highlight=False)
 
 
 def lesson_png(result: LessonResult) -> bytes:

@@ -39,45 +39,48 @@ from typing import Any
 
 from tuner.errors import InputError
 
-#: The counters `tuner explain` reads, and why. Names as Nsight Compute 2025 spells them for sm_70 and later.
-METRICS: tuple[str, ...] = (
+#: The counters `tuner explain` reads, why, and the kind of unit each must come in (checked against the units
+#: row of the capture: a value is converted to base units by its own unit, never assumed). Names as Nsight Compute
+#: 2025 spells them for sm_70 and later; all of them come back from ncu 2025.3 on an H200 (tests/data/ncu/).
+METRIC_KINDS: dict[str, str] = {
     # time and DRAM traffic
-    "gpu__time_duration.sum",
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__time_duration.sum": "time",
+    "dram__bytes_read.sum": "bytes",
+    "dram__bytes_write.sum": "bytes",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "pct",
     # the other units' speed of light, to name the bound
-    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-    "l1tex__throughput.avg.pct_of_peak_sustained_active",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "pct",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active": "pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "pct",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": "pct",
     # coalescing: sectors per request, and bytes used per sector fetched
-    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
-    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
-    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
-    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
-    "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct",
-    "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "count",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "count",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "count",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "count",
+    "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct": "pct",
+    "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct": "pct",
     # shared memory: bank conflicts per instruction
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
-    "smsp__inst_executed_op_shared_ld.sum",
-    "smsp__inst_executed_op_shared_st.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "count",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "count",
+    "smsp__inst_executed_op_shared_ld.sum": "count",
+    "smsp__inst_executed_op_shared_st.sum": "count",
     # L2
-    "lts__t_sector_hit_rate.pct",
+    "lts__t_sector_hit_rate.pct": "pct",
     # occupancy and registers
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "sm__maximum_warps_per_active_cycle_pct",
-    "launch__registers_per_thread",
-    "launch__occupancy_limit_registers",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "pct",
+    "sm__maximum_warps_per_active_cycle_pct": "pct",
+    "launch__registers_per_thread": "count",
+    "launch__occupancy_limit_registers": "count",
     # spills: local-memory traffic
-    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
-    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum": "bytes",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum": "bytes",
     # FP32 work (thread-level, predicated-on)
-    "sm__sass_thread_inst_executed_op_ffma_pred_on.sum",
-    "sm__sass_thread_inst_executed_op_fadd_pred_on.sum",
-    "sm__sass_thread_inst_executed_op_fmul_pred_on.sum",
-)
+    "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": "count",
+    "sm__sass_thread_inst_executed_op_fadd_pred_on.sum": "count",
+    "sm__sass_thread_inst_executed_op_fmul_pred_on.sum": "count",
+}
+METRICS: tuple[str, ...] = tuple(METRIC_KINDS)
 
 #: The columns of the raw page that describe a launch rather than a metric.
 ID_COLUMNS = (
@@ -94,34 +97,43 @@ ID_COLUMNS = (
     "CC",
 )
 
-#: Unit → factor to the base unit (byte, second, count); ncu prints base units with --print-units base, but a
-#: capture made without it still reads correctly.
-_SCALE = {
-    "byte": 1.0,
-    "kbyte": 1e3,
-    "mbyte": 1e6,
-    "gbyte": 1e9,
-    "tbyte": 1e12,
-    "kibyte": 1024.0,
-    "mibyte": 1024.0**2,
-    "gibyte": 1024.0**3,
-    "second": 1.0,
-    "msecond": 1e-3,
-    "usecond": 1e-6,
-    "nsecond": 1e-9,
-    "sector": 1.0,
-    "request": 1.0,
-    "inst": 1.0,
-    "warp": 1.0,
+#: Unit (lower case, as in the capture's units row) → (kind, factor to the base unit: second, byte, percent,
+#: count). ``--print-units base`` gives ``ns`` and ``byte`` (ncu 2025.3); ncu's scaled units (``usecond``,
+#: ``Mbyte``...) read correctly too. A metric of `METRIC_KINDS` in any other unit is refused, not guessed.
+_UNITS: dict[str, tuple[str, float]] = {
+    **{u: ("time", 1.0) for u in ("s", "second")},
+    **{u: ("time", 1e-3) for u in ("ms", "msecond")},
+    **{u: ("time", 1e-6) for u in ("us", "usecond")},
+    **{u: ("time", 1e-9) for u in ("ns", "nsecond")},
+    "byte": ("bytes", 1.0),
+    "kbyte": ("bytes", 1e3),
+    "mbyte": ("bytes", 1e6),
+    "gbyte": ("bytes", 1e9),
+    "tbyte": ("bytes", 1e12),
+    "kibyte": ("bytes", 1024.0),
+    "mibyte": ("bytes", 1024.0**2),
+    "gibyte": ("bytes", 1024.0**3),
+    "%": ("pct", 1.0),
+    **{
+        u: ("count", 1.0)
+        for u in ("", "sector", "request", "inst", "warp", "block", "thread", "register/thread", "cycle")
+    },
 }
-#: Units whose values are converted to seconds / bytes so every Profile holds one scale.
-_TIME_UNITS = {"second", "msecond", "usecond", "nsecond"}
+
+#: Stored profiles carry this; a record without it was read before the units row was honoured (time in ns
+#: taken for seconds) and is profiled again rather than trusted.
+PROFILE_FORMAT = 2
 
 DEFAULT_TIMEOUT_S = 240.0
 
 
 class NcuError(InputError):
     """ncu could not profile: absent, not permitted, timed out, or it profiled no kernel."""
+
+
+class NcuConfigError(NcuError):
+    """ncu ran but this one config gave no profile (its target failed, timed out, or no kernel was profiled);
+    other configs may still profile. Absence of ncu and ERR_NVGPUCTRPERM stay plain NcuErrors."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,7 +153,7 @@ def _number(text: str) -> float | None:
 
 @dataclass(frozen=True)
 class KernelMetrics:
-    """One profiled kernel launch: its name, geometry and metric values in base units (bytes, seconds, %)."""
+    """One profiled kernel launch: its name, geometry and metric values in base units (seconds, bytes, %)."""
 
     kernel: str
     block: str
@@ -157,7 +169,7 @@ class Profile:
     """The profiled launches of one call of a config, in launch order, with sums and weighted averages."""
 
     kernels: tuple[KernelMetrics, ...]
-    missing: tuple[str, ...] = ()  # requested metrics ncu did not report (a name it does not know)
+    missing: tuple[str, ...] = ()  # requested metrics ncu did not report (unknown name, or blank in every row)
 
     def total(self, name: str) -> float:
         """Sum over the launches; NaN when no launch reported it."""
@@ -184,6 +196,7 @@ class Profile:
                 {"kernel": k.kernel, "block": k.block, "grid": k.grid, "values": k.values} for k in self.kernels
             ],
             "missing": list(self.missing),
+            "format": PROFILE_FORMAT,
         }
 
     @classmethod
@@ -205,8 +218,10 @@ class Profile:
 def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] = METRICS) -> Profile:
     """Parse ``ncu --csv --page raw`` text into a Profile (one KernelMetrics per data row, in order).
 
-    The header is the first line whose first field is ``ID``; the line after it holds the units. Raises
-    NcuError naming `where` when there is no header or no data row."""
+    The header is the first line whose first field is ``ID``; the line after it holds the units. Only `metrics`
+    are kept, each converted to base units (seconds, bytes, percent, counts) by its own entry in the units row.
+    Raises NcuError naming `where` when there is no header or no data row, or a metric comes in a unit that is
+    not of its kind (`METRIC_KINDS`)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if start is None:
@@ -218,18 +233,27 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
     if len(units) != len(header) or any(units[header.index(c)] for c in ID_COLUMNS if c in header):
         raise NcuError(f"{where}: the row after the header is not a row of units (was --page raw used?)")
     col = {name: i for i, name in enumerate(header)}
-    metric_cols = [(name, i) for name, i in col.items() if name not in ID_COLUMNS]
+    wanted = [(name, col[name]) for name in metrics if name in col]
+    scale: dict[str, float] = {}
+    for name, i in wanted:
+        unit = units[i].strip()
+        kind, factor = _UNITS.get(unit.lower(), ("?", math.nan))
+        expected = METRIC_KINDS.get(name)
+        if kind == "?" or (expected is not None and kind != expected):
+            raise NcuError(
+                f"{where}: metric {name} comes in unit {unit!r}, expected "
+                f"{'a ' + expected + ' unit' if expected else 'a known unit'}"
+            )
+        scale[name] = factor
     kernels = []
     for row in data:
         if len(row) != len(header):
             raise NcuError(f"{where}: a row has {len(row)} fields, the header {len(header)}")
         values: dict[str, float] = {}
-        for name, i in metric_cols:
+        for name, i in wanted:
             value = _number(row[i])
-            if value is None:
-                continue
-            unit = units[i].strip().lower()
-            values[name] = value * _SCALE.get(unit, 1.0)
+            if value is not None:
+                values[name] = value * scale[name]
         kernels.append(
             KernelMetrics(
                 kernel=row[col["Kernel Name"]] if "Kernel Name" in col else "",
@@ -238,7 +262,8 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
                 values=values,
             )
         )
-    missing = tuple(m for m in metrics if m not in col)
+    # A name ncu does not know is absent from the header; one it knows but cannot read here is blank ("n/a").
+    missing = tuple(m for m in metrics if not any(m in k.values for k in kernels))
     return Profile(kernels=tuple(kernels), missing=missing)
 
 
@@ -246,9 +271,15 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
 # Command lines
 
 
-def target_command(space: str | Path, problem: str, params: dict[str, Any], python: str | None = None) -> list[str]:
-    """The profile target's argv for one config: ``python -m tuner.ncu SPACE --problem P --set k=v ...``."""
+def target_command(
+    space: str | Path, problem: str, params: dict[str, Any], python: str | None = None, outside_space: bool = False
+) -> list[str]:
+    """The profile target's argv for one config: ``python -m tuner.ncu SPACE --problem P --set k=v ...``.
+    `outside_space`: the values may lie outside the space's lists (a lesson's sweep past the shipped choices);
+    the space's constraints still apply."""
     argv = [python or sys.executable, "-m", "tuner.ncu", str(space), "--problem", problem]
+    if outside_space:
+        argv.append("--outside-space")
     for name, value in params.items():
         text = json.dumps(value) if isinstance(value, bool) else str(value)
         argv += ["--set", f"{name}={text}"]
@@ -314,7 +345,7 @@ def run_ncu(
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        raise NcuError(f"{where}: ncu did not finish within {timeout_s:g} s") from None
+        raise NcuConfigError(f"{where}: ncu did not finish within {timeout_s:g} s") from None
     except OSError as exc:
         raise NcuError(f"{where}: cannot run {argv[0]}: {exc.strerror}") from None
     log = Path(log_file).read_text(errors="replace") if Path(log_file).is_file() else ""
@@ -327,16 +358,21 @@ def run_ncu(
     report = target_report(proc.stdout)
     if report.get("ok") is False:
         result = report.get("result") or {}
-        raise NcuError(
+        raise NcuConfigError(
             f"{where}: the config did not pass its check under ncu ({result.get('failure')}: "
             f"{str(result.get('reason', ''))[:200]})"
         )
     if '"ID",' not in log:
+        # The target's own one-line error (``tuner.ncu: error: ...``) says why better than ncu's exit-code note.
+        lines = everything.splitlines()
         tail = next(
-            (ln.strip() for ln in reversed(everything.splitlines()) if "error" in ln.lower() or "==WARNING==" in ln),
-            f"exit status {proc.returncode}",
+            (ln.strip() for ln in reversed(lines) if ln.startswith("tuner.ncu: error:")),
+            next(
+                (ln.strip() for ln in reversed(lines) if "error" in ln.lower() or "==WARNING==" in ln),
+                f"exit status {proc.returncode}",
+            ),
         )
-        raise NcuError(f"{where}: ncu profiled no kernel ({tail[:200]})")
+        raise NcuConfigError(f"{where}: ncu profiled no kernel ({tail[:300]})")
     return log, proc.stdout
 
 
@@ -371,12 +407,15 @@ def profile_config(
     uri: str,
     launches_per_call: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    outside_space: bool = False,
 ) -> ProfileRun:
-    """Profile one config under ncu (see the module docstring). NcuError on any failure."""
+    """Profile one config under ncu (see the module docstring). NcuError on any failure; NcuConfigError when
+    the failure is this config's own (see `target_command` for `outside_space`)."""
     ncu = find_ncu()
     with tempfile.TemporaryDirectory(prefix="tuner-ncu-") as tmp:
         log_file = Path(tmp) / "raw.csv"
-        argv = ncu_command(target_command(space_path, problem, params), uri, launches_per_call, log_file, ncu=ncu)
+        target = target_command(space_path, problem, params, outside_space=outside_space)
+        argv = ncu_command(target, uri, launches_per_call, log_file, ncu=ncu)
         where = f"ncu on {uri}"
         text, stdout = run_ncu(argv, log_file, timeout_s=timeout_s, where=where)
     profile = parse_raw_csv(text, where=where)
@@ -399,6 +438,32 @@ def device_facts() -> dict[str, Any]:
         "sm_count": int(props["multiProcessorCount"]),
         "sm_clock_mhz": int(props.get("clockRate", 0)) // 1000,
         "cc": f"{props['major']}.{props['minor']}",
+    }
+
+
+def device_facts_from_csv(text: str) -> dict[str, Any]:
+    """The `device_facts` of the GPU a raw capture was made on, read from the device columns ncu adds to the raw
+    page (``device__attribute_*``, ``CC``); {} when the capture lacks them. Lets a saved capture be explained
+    again without the GPU."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        return {}
+    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[start:] if line.startswith('"')))))
+    if len(rows) < 3:
+        return {}
+    row = dict(zip(rows[0], rows[2], strict=False))
+    sm_count = _number(row.get("device__attribute_multiprocessor_count", ""))
+    clock_khz = _number(row.get("device__attribute_max_gpu_frequency_khz", "")) or _number(
+        row.get("device__attribute_clock_rate", "")
+    )
+    if not sm_count or not clock_khz or "CC" not in row:
+        return {}
+    return {
+        "gpu": row.get("device__attribute_display_name", ""),
+        "sm_count": int(sm_count),
+        "sm_clock_mhz": int(clock_khz) // 1000,
+        "cc": row["CC"],
     }
 
 
@@ -425,6 +490,28 @@ def fp32_peak_tflops(facts: dict[str, Any]) -> float | None:
     return facts["sm_count"] * lanes * 2 * facts["sm_clock_mhz"] * 1e6 / 1e12
 
 
+def widen(space, assignments: Sequence[str]):
+    """`space` with each ``NAME=VALUE`` of `assignments` added to NAME's values (YAML scalars only; names and
+    text that do not parse are left for `config_from_assignments` to refuse)."""
+    import dataclasses
+
+    import yaml
+
+    params = dict(space.params)
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in params:
+            continue
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            continue
+        if not isinstance(value, dict | list) and value not in params[key]:
+            params[key] = (*params[key], value)
+    return dataclasses.replace(space, params=params)
+
+
 def _target_main(argv: list[str] | None = None) -> int:
     """``python -m tuner.ncu SPACE [--problem P] [--set k=v ...]``: check and time one config on GPU 0 with the
     project's protocol (a short budget: the point is the launches ncu selects), print a JSON report."""
@@ -432,6 +519,7 @@ def _target_main(argv: list[str] | None = None) -> int:
     parser.add_argument("space")
     parser.add_argument("--problem")
     parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--outside-space", action="store_true", help="accept values outside the space's lists")
     args = parser.parse_args(argv)
     from tuner import space as space_mod
     from tuner.bench import GpuEvaluator
@@ -439,6 +527,8 @@ def _target_main(argv: list[str] | None = None) -> int:
 
     try:
         space = space_mod.load(args.space)
+        if args.outside_space:
+            space = widen(space, args.set)
         problem = space.problem(args.problem)
         params = space.config_from_assignments(args.set, problem)
     except InputError as exc:
