@@ -6,7 +6,8 @@
 #
 # Needs: a GPU, ncu on PATH, the project on PYTHONPATH (optuna too for the explain part; it is skipped without).
 # Writes under $OUT: explain_capture.tgz (lessons/*.png|json|csv, explain.txt, explain.json, roofline.png|html,
-# env.txt, one log per step) and summary.txt (every step's printed table, in order). Each step has its own limit (4 x 115 s + 90 s + 20 s) so the bundle is written within 10 minutes.
+# explain-profiles.json, env.txt, one log per step) and summary.txt (every step's printed table, in order).
+# `python benchmarks/explain_regen.py DIR OUT` re-explains an extracted bundle on the CPU with the current code. Each step has its own limit (4 x 115 s + 90 s + 20 s) so the bundle is written within 10 minutes.
 set -u
 OUT=${OUT:?set OUT to the output folder}
 PY=${PYTHON:-python3}
@@ -49,6 +50,11 @@ if $PY -c "import optuna" 2>/dev/null; then
     --plot "$WORK/roofline.png"
   step explain-json 20 $PY -m tuner explain "$WORK/transpose.db" --best --worst --compare 36 103 --json
   cp "$WORK/explain-json.log" "$WORK/explain.json"
+  # The study's stored profiles (metrics in base units), for benchmarks/explain_regen.py and tests/data/ncu/.
+  $PY -c "import json, sys, optuna
+attrs = optuna.load_study(study_name=None, storage='sqlite:///' + sys.argv[1]).user_attrs
+json.dump({k: v for k, v in attrs.items() if k.startswith('ncu:')}, open(sys.argv[2], 'w'), indent=1)" \
+    "$WORK/transpose.db" "$WORK/explain-profiles.json" || echo "explain-profiles.json: not written" >> "$SUMMARY"
   rm -f "$WORK/transpose.db"*
 else
   echo "== explain: skipped (optuna not importable; carry the devsite tarball)" | tee -a "$SUMMARY"
