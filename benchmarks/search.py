@@ -20,7 +20,8 @@ Writes ``search.json`` and one convergence plot per space under --out (default $
     python benchmarks/search.py benchmarks/data/*.db.gz --seeds 20 --jobs 16      # spaces from the manifest
     python benchmarks/search.py cache.json.gz --seeds 20                          # a Kernel Tuner cache
 
-A recording is ``PATH=SPACE``, or a PATH whose space the manifest (benchmarks/data/manifest.json) names, or a
+A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
+names, or a
 Kernel Tuner cache (its space is made with `tuner.kt.space_text`).
 """
 
@@ -63,11 +64,11 @@ def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
         out = tmp / f"{name}.yaml"
         out.write_text(text)
         return name, path, str(out)
-    if MANIFEST.exists():
-        manifest = json.loads(MANIFEST.read_text())
-        entry = manifest.get(Path(path).name)
-        if entry:
-            return name, path, str(ROOT / entry["space"])
+    for manifest_path in (Path(path).with_name("manifest.json"), MANIFEST):  # beside the recording, or ours
+        if manifest_path.exists():
+            entry = json.loads(manifest_path.read_text()).get(Path(path).name)
+            if entry:
+                return name, path, str(ROOT / entry["space"])
     raise SystemExit(f"search.py: {path}: no space given (use PATH=SPACE) and none in {MANIFEST}")
 
 
