@@ -220,8 +220,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         kernel=args.kernel, space=args.space or args.kernel, trials=args.trials, storage=args.storage,
         study_name=args.study_name, sampler=args.sampler, seed=args.seed, gpus=args.gpus,
         ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
-        replay_delay_s=args.replay_delay, takeover=args.takeover,
-        progress=not args.json,
+        replay_delay_s=args.replay_delay, takeover=args.takeover, replay_study=args.replay_study,
+        progress=not args.json, repair=args.repair != "random", ordered=not args.categorical,
+        in_process=args.in_process, objectives=args.objectives,
     ))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -291,9 +292,33 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_kt(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tuner import kt
+
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise InputError("-o: the space file must end in .yaml or .yml", args.out)
+    text, valid = kt.space_text(kt.read_cache(args.cache), args.cache)
+    out.write_text(text)
+    print(f"wrote {out}: {valid} valid configs; run it with "
+          f"tuner study kt --space {out} --replay {args.cache} --trials N")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner import export
 
+    if args.kt_cache:
+        from tuner import kt
+
+        study = export.open_study(args.study, args.storage)
+        print(f"wrote {kt.write_cache(study, args.kt_cache)}: study {study.study_name} as a Kernel Tuner cache")
+        if not args.header:
+            return 0
+    if not args.header:
+        raise InputError("tuner export: give --header PATH, --kt-cache PATH, or both")
     export.check_namespace(args.namespace)
     export.check_writable(args.header, None, "--header")
     studies = export.open_studies(args.study, args.storage)
@@ -368,7 +393,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("export", help="write the tuned configs as a C++17 header")
     p.add_argument("study", help=STUDY_HELP + "; a kernel or .db exports every study of that kernel in it")
-    p.add_argument("--header", required=True, metavar="PATH")
+    p.add_argument("--header", metavar="PATH", help="the C++17 header to write")
+    p.add_argument("--kt-cache", metavar="PATH.json[.gz]", help="also (or only) write the study as a Kernel "
+                   "Tuner cache file (its simulation mode and KTdashboard read it)")
     p.add_argument("--pick", choices=("fastest", "pareto"), default="fastest",
                    help="the fastest config per study, or its whole Pareto front (default: fastest)")
     p.add_argument("--namespace", default="tuned", help="C++ namespace (default: tuned)")
@@ -459,9 +486,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds each replayed answer takes, standing in for GPU time")
     p.add_argument("--takeover", action="store_true",
                    help="take the study over from a driver that holds it (after that driver's host crashed)")
+    p.add_argument("--replay-study", metavar="NAME", help="the study to replay when the file holds several")
+    p.add_argument("--in-process", action="store_true",
+                   help="with --replay: answer in this process (no Ray), one config in flight")
+    p.add_argument("--repair", choices=("nearest", "random"), default="nearest",
+                   help="after a proposal that cannot be measured, measure the nearest unexplored valid config "
+                        "(default) or a uniform draw among them")
+    p.add_argument("--objectives", choices=("first", "all"), default="first",
+                   help="search the space's first objective (throughput; default; the Pareto front of registers "
+                        "and SMEM comes from all measured trials) or all of them (multi-objective)")
+    p.add_argument("--categorical", action="store_true",
+                   help="show the sampler every param as categorical (default: numeric params are ordered)")
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("import-kt", help="write a space YAML for a Kernel Tuner cache file (replay only)")
+    p.add_argument("cache", help="a Kernel Tuner cache, .json or .json.gz")
+    p.add_argument("-o", "--out", required=True, metavar="SPACE.yaml")
+    p.set_defaults(func=cmd_import_kt)
 
     _add_results_commands(sub)  # pareto, export, dashboard, trials, best
 

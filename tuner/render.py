@@ -60,7 +60,9 @@ def _env() -> jinja2.Environment:
 
 def templates_hash(family: kbase.Family, templates_dir: Path | str = TEMPLATES_DIR) -> str:
     """sha256 of the family's template file: a study records it, so a source rendered later can be trusted to be
-    the one that was measured."""
+    the one that was measured. A replay-only family has no template: the hash of nothing."""
+    if not family.template:
+        return hashlib.sha256(b"").hexdigest()
     return hashlib.sha256((Path(templates_dir) / family.template).read_bytes()).hexdigest()
 
 

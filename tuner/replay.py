@@ -75,12 +75,21 @@ class ReplayEvaluator:
 
 def load_recording(path: str, study_name: str | None = None
                    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
-    """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names)."""
+    """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names) of a
+    recording: a study database (a SQLite file, ``.db.gz`` for a gzipped one, or a SQLAlchemy URL) or a Kernel
+    Tuner cache (``.json``, ``.json.gz``; see `tuner.kt`)."""
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
+    from tuner import kt
     from tuner.dbfiles import readonly_url
 
+    if kt.is_cache_path(path):
+        data = kt.read_cache(path)
+        return kt.records(data, path), {StudyAttr.GPU: str(data.get("device_name", ""))}, \
+            list(data["tune_params_keys"])
+    if path.endswith(".gz") and "://" not in path:
+        return _load_gzipped_db(path, study_name)
     url = readonly_url(path)  # a recording is an input: never written, not even Optuna's tables
     try:
         storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
@@ -106,3 +115,73 @@ def load_recording(path: str, study_name: str | None = None
             records[params_key(trial.params)] = (trial.state.name, dict(attrs))
     return records, dict(study.user_attrs), sorted(param_names)
 
+
+
+def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[str, dict[str, Any]]]:
+    """params key → (state, user attrs) for every replayable trial of a recording (see `load_recording`)."""
+    return load_recording(path, study_name)[0]
+
+
+def _load_gzipped_db(path: str, study_name: str | None):
+    """`load_recording` of a gzipped SQLite study database (recordings are stored compressed), read from a
+    temporary copy."""
+    import gzip
+    import shutil
+    import tempfile
+
+    try:
+        with gzip.open(path, "rb") as src, tempfile.NamedTemporaryFile(suffix=".db", delete=False) as dst:
+            shutil.copyfileobj(src, dst)
+            tmp = dst.name
+    except FileNotFoundError:
+        raise InputError("replay file not found", path) from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"cannot decompress: {exc}", path) from None
+    try:
+        return load_recording(tmp, study_name)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+class ReplayPool:
+    """The study driver's pool (`tuner.cluster.Pool`'s interface) answering from a recording in this process:
+    no Ray, no GPU. `in_flight` configs are outstanding at a time and answered first in, first out, as
+    `in_flight` workers of equal speed would answer them, so a study sees the sampler's parallel-proposal
+    behaviour without any waiting. Used to replay studies fast (benchmarks/search.py, tests)."""
+
+    measures = False
+
+    def __init__(self, problem, path: str, study_name: str | None = None, in_flight: int = 1):
+        from collections import deque
+
+        self.problem = problem
+        self.replay = ReplayEvaluator(path, study_name)
+        info = self.replay.start()
+        self.capacity = max(1, in_flight)
+        self.queue: deque[tuple[int, dict[str, Any]]] = deque()
+        self.gpus = [{**info, "gpu_index": i} for i in range(self.capacity)]
+        self.arch = info["arch"]
+        self.ran_on: dict[int, int] = {}
+        self.built: dict[int, Any] = {}
+        self.startup: dict[str, Any] = {}
+        self.started = time.perf_counter()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.queue)
+
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
+        self.queue.append((number, params))
+
+    def poll(self, timeout: float = 0.0) -> list[tuple[int, Result]]:
+        """The oldest outstanding config's result (none when nothing is outstanding)."""
+        if not self.queue:
+            return []
+        number, params = self.queue.popleft()
+        return [(number, self.replay.evaluate(None, "", params, self.problem))]
+
+    def busy_seconds(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self.queue.clear()

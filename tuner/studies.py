@@ -282,11 +282,26 @@ def best_trial(study: optuna.Study) -> FrozenTrial:
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Optuna's own Pareto front (`study.best_trials`, constraint-aware) minus what must not be there: failed or
     unverified trials, duplicates and infeasible ones. Fastest first. InputError when nothing is measured."""
-    measured_trials(study)  # raises for an empty study or one with nothing measured
-    front = [t for t in study.best_trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
-    if not front and len(study.directions) == 1:
-        front = [best_trial(study)]  # the single best was a duplicate: its original ties with it
+    measured = measured_trials(study)  # raises for an empty study or one with nothing measured
+    if len(study.directions) == 1:
+        # A throughput-only search: the front of throughput against registers and SMEM over every measured trial.
+        front = _front(study, measured)
+    else:
+        front = [t for t in study.best_trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
     return sorted(front, key=lambda t: (-throughput(study, t), t.number))
+
+
+def _front(study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials no other trial beats on throughput, registers and SMEM at once (ties on all three: the first)."""
+    points = [(-throughput(study, t), t.user_attrs.get("registers") or 0, t.user_attrs.get("smem_bytes") or 0)
+              for t in trials]
+    front, seen = [], set()
+    for i, p in enumerate(points):
+        dominated = any(all(a <= b for a, b in zip(q, p, strict=True)) and q != p for q in points)
+        if not dominated and p not in seen:
+            seen.add(p)
+            front.append(trials[i])
+    return front
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -36,10 +36,13 @@ from tuner.evaluator import EvaluatorFactory
 from tuner.gpu import GpuFacts
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
+from tuner.search import Codec, worst_values
 from tuner.space import params_key
 
 SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "grid")
 CONSTRAINT_KEY = "space"
+#: user attr of a proposal answered without evaluation; its value says why (invalid, duplicate, known_failure)
+SCREENED = "screened"
 
 
 @dataclass
@@ -59,13 +62,22 @@ class StudyOptions:
     replay_delay_s: float = 0.0
     problem: str | None = None
     progress: bool = True
-    #: after a config that breaks a constraint, measure the nearest valid config next (see `_Repair`)
+    #: after a proposal that cannot be measured (breaks a constraint, already measured or failed, in flight),
+    #: measure the nearest unexplored valid config next (see `_Repair`); False: a uniform draw among them
     repair: bool = True
+    #: numeric params as ordered (index) distributions for the sampler (see `tuner.search.Codec`)
+    ordered: bool = True
+    #: answer replayed configs in this process (no Ray, no writer process): `replay_in_flight` configs in flight
+    in_process: bool = False
+    replay_in_flight: int = 1
     #: how many of the fastest configs to re-time with `final_budget_ms` at the end (not in replay)
     finalists: int = 5
     final_budget_ms: float = 300.0
     #: take the study over from a driver that holds its lease (see tuner.lease)
     takeover: bool = False
+    #: what the sampler optimises: "first" = the space's first objective alone (throughput; the Pareto front of
+    #: registers and SMEM is computed from all measured trials afterwards), "all" = every objective of the space
+    objectives: str = "first"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -110,12 +122,6 @@ def open_storage(url: str):
 
 def default_study_name(space: space_mod.SearchSpace, problem, gpu: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{space.kernel}-{problem.label()}-{gpu}")
-
-
-def _distributions(space: space_mod.SearchSpace):
-    from optuna.distributions import CategoricalDistribution
-
-    return {name: CategoricalDistribution(list(values)) for name, values in space.params.items()}
 
 
 def make_sampler(name: str, seed: int | None, n_objectives: int):
@@ -220,8 +226,10 @@ def _values(result, objectives, family) -> list[float]:
 
 
 def _counts(trial) -> bool:
-    """Trials that count towards --trials: everything but the leftovers of a killed driver."""
-    return trial.state.is_finished() and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
+    """Trials that count towards --trials: configs evaluated, not the leftovers of a killed driver nor proposals
+    answered without evaluation (``screened``: a constraint violation, a duplicate, a known failure)."""
+    return (trial.state.is_finished() and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
+            and SCREENED not in trial.user_attrs)
 
 
 class Driver:
@@ -246,7 +254,9 @@ class Driver:
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = kernels.get(self.space.kernel)
-        self.objectives = self.space.objectives
+        if opts.objectives not in ("first", "all"):
+            raise InputError(f"--objectives {opts.objectives}: choose first or all")
+        self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.evaluator: EvaluatorFactory
         if opts.replay:
             from tuner.replay import ReplayEvaluator
@@ -265,10 +275,13 @@ class Driver:
         limits.replay_delay(opts.replay_delay_s)
         self.url = opts.storage or default_storage(opts.kernel)
         # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
-        check_storage(self.url)
+        if self.url != ":memory:":
+            check_storage(self.url)
         limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.storage = None
         self.lease = None
+        self.codec = Codec(self.space.params, ordered=opts.ordered)
+        self.sampler_s = 0.0
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
 
     # -- set-up -------------------------------------------------------------------------------------------------
@@ -304,6 +317,10 @@ class Driver:
                 if old.get(key) != attrs[key]:
                     raise InputError(f"study {name!r} was made with a different {what}; refusing to mix trials "
                                      f"(use --study-name for a new study)", self.url)
+            if old.get("objectives") not in (None, attrs["objectives"]):
+                raise InputError(f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
+                                 f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
+                                 f"or use --study-name)", self.url)
             if old.get(StudyAttr.KERNEL) != attrs[StudyAttr.KERNEL] or \
                     old.get(StudyAttr.PROBLEM) != attrs[StudyAttr.PROBLEM]:
                 raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
@@ -346,15 +363,27 @@ class Driver:
         import optuna
         from optuna.trial import TrialState
 
-        from tuner.cluster import Pool
+        if self.opts.in_process:
+            from tuner.replay import ReplayPool
 
-        pool = Pool(self.space, self.problem, self.evaluator, gpus=self.opts.gpus,
-                    ray_address=self.opts.ray_address, timeout_s=self.opts.timeout, logical_gpus=self.logical_gpus)
+            if not self.opts.replay:
+                raise InputError("an in-process study needs a replay recording")
+            pool = ReplayPool(self.problem, self.opts.replay, self.opts.replay_study,
+                              in_flight=self.opts.replay_in_flight)
+        else:
+            from tuner.cluster import Pool
+
+            pool = Pool(self.space, self.problem, self.evaluator, gpus=self.opts.gpus,
+                        ray_address=self.opts.ray_address, timeout_s=self.opts.timeout,
+                        logical_gpus=self.logical_gpus)
         gpu = pool.gpus[0]["gpu"]
         from tuner.lease import acquire
 
-        self.storage = open_storage(self.url)
-        self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
+        if self.url == ":memory:":
+            self.storage = optuna.storages.InMemoryStorage()
+        else:
+            self.storage = open_storage(self.url)
+            self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
         facts = pool.gpus[0].get("gpu_facts")
         if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
             self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
@@ -364,65 +393,93 @@ class Driver:
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
 
         memory = optuna.storages.InMemoryStorage()
-        fast = optuna.create_study(storage=memory, directions=[o.direction for o in self.objectives],
-                                   sampler=self.sampler)
+        directions = [o.direction for o in self.objectives]
+        fast = optuna.create_study(storage=memory, directions=directions, sampler=self.sampler)
         self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
-        fast.add_trials(past)
-        measured: dict[str, int] = {}
+        measured: dict[str, int] = {}  # params key → the trial that measured it
+        failed: dict[str, int] = {}  # params key → the trial whose evaluation failed (never evaluated again)
+        measured_values: list[list[float]] = []
         for t in past:
-            if t.state == TrialState.COMPLETE and TrialAttr.DUPLICATE_OF not in t.user_attrs:
+            if TrialAttr.DUPLICATE_OF in t.user_attrs or SCREENED in t.user_attrs:
+                continue
+            if t.state == TrialState.COMPLETE:
                 measured.setdefault(params_key(t.params), t.number)
+                measured_values.append(list(t.values))
+            elif _evaluation_failed(t):
+                failed.setdefault(params_key(t.params), t.number)
+        self.worst = worst_values(measured_values, directions)
+        fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in past) if s is not None])
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
         for params in again:
-            fast.enqueue_trial(params)
+            fast.enqueue_trial(self.codec.encode(params))
         if not past and self.opts.sampler != "grid":
             # A new study measures the space's default (a known-good config) first: a baseline the search
             # must beat, and a floor under what it reports.
-            fast.enqueue_trial(dict(self.space.default))
+            fast.enqueue_trial(self.codec.encode(dict(self.space.default)))
+        repair = None
         if self.opts.sampler == "grid":
             done_keys = {params_key(t.params) for t in past if _counts(t)}
             for params in self.space.valid_configs(self.problem):
                 if params_key(params) not in done_keys:
-                    fast.enqueue_trial(params)
+                    fast.enqueue_trial(self.codec.encode(params))
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             target = min(target, counted + grid_left)
+        else:
+            # Random search draws its replacements uniformly too: the nearest config would skew it towards the
+            # edges of the valid set.
+            repair = _Repair(self.space, self.problem, self.opts.seed,
+                             nearest=self.opts.repair and self.opts.sampler != "random")
+            if repair.complete:
+                # Proposals that cannot be measured do not count: the study ends when the valid set is spent.
+                unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if k in repair.keys)
+                target = min(target, counted + unexplored)
 
-        repair = _Repair(self.space, self.problem, self.opts.seed) if self.opts.repair and \
-            self.opts.sampler != "grid" else None
-        mirror = _Mirror(self.url, self.storage.get_study_id_from_name(durable.study_name))
-        dists = _distributions(self.space)
+        study_id = self.storage.get_study_id_from_name(durable.study_name)
+        mirror = _InlineMirror(self.storage, study_id) if self.opts.in_process else _Mirror(self.url, study_id)
+        dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
         running: dict[str, int] = {}  # params key → trial number in flight
         waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
         stats = _Stats(self.family.throughput_unit, past)
         progress = _Progress(self.opts.progress, target, counted, stats)
         first_result_at = None
-        asked = counted
+        submitted = counted  # counted plus configs in flight
         try:
             with progress:
                 while counted < target:
-                    while asked < target and pool.in_flight < pool.capacity:
+                    while submitted < target and pool.in_flight < pool.capacity:
+                        started = time.perf_counter()
                         trial = fast.ask(dists)
-                        asked += 1
-                        params = trial.params
+                        self.sampler_s += time.perf_counter() - started
+                        params = self.codec.decode(trial.params)
                         key = params_key(params)
-                        mirror.start(trial.number, self._frozen(trial.number))
+                        mirror.start(trial.number, self.codec.record(self._frozen(trial.number)))
                         reason = self.space.validate(params, self.problem)
                         if reason is not None:
-                            counted += self._tell(fast, mirror, trial, Invalid(reason=reason), stats)
-                            if repair is not None and asked < target:
-                                nearest = repair.nearest(params, set(measured) | set(running))
-                                if nearest is not None:
-                                    fast.enqueue_trial(nearest)
+                            self._screen(trial, "invalid", stats)
+                            self._tell(fast, mirror, trial, Invalid(reason=reason), stats)
                         elif key in measured:
-                            counted += self._tell_duplicate(fast, mirror, trial, measured[key], stats)
+                            self._screen(trial, "duplicate", stats)
+                            self._tell_duplicate(fast, mirror, trial, measured[key], stats)
+                        elif key in failed:
+                            self._screen(trial, "known_failure", stats)
+                            self._tell_duplicate(fast, mirror, trial, failed[key], stats)
                         elif key in running:
+                            self._screen(trial, "duplicate", stats)
                             waiting[key].append(trial)
                         else:
                             running[key] = trial.number
                             trials[trial.number] = trial
                             pool.submit(trial.number, params)
+                            submitted += 1
+                            continue
+                        # The proposal cannot be measured: measure the nearest unexplored valid config next.
+                        nearest = repair.nearest(params, set(measured) | set(failed) | set(running)) \
+                            if repair is not None else None
+                        if nearest is None:
+                            break  # nothing unexplored is free now: wait for a result
+                        fast.enqueue_trial(self.codec.encode(nearest))
                     for number, result in pool.poll():
                         first_result_at = first_result_at or time.perf_counter()
                         trial = trials.pop(number)
@@ -431,16 +488,12 @@ class Driver:
                         built = pool.built.pop(number, None)
                         if result.ok and built is not None and self.artifacts is not None:
                             self.artifacts.attach(trial, *built)
-                        key = params_key(trial.params)
+                        key = params_key(self.codec.decode(trial.params))
                         running.pop(key, None)
                         counted += self._tell(fast, mirror, trial, result, stats)
-                        if result.ok:
-                            measured[key] = trial.number
+                        (measured if result.ok else failed)[key] = trial.number
                         for dup in waiting.pop(key, []):
-                            if result.ok:
-                                counted += self._tell_duplicate(fast, mirror, dup, trial.number, stats)
-                            else:
-                                counted += self._tell(fast, mirror, dup, result, stats)
+                            self._tell_duplicate(fast, mirror, dup, trial.number, stats)
                     progress.update(counted)
             loop_end = time.perf_counter()
             busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
@@ -455,6 +508,7 @@ class Driver:
             mirror.close()
         after_start = loop_end - started
         evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
+        asked = len(fast.get_trials(deepcopy=False)) - len(past)
         summary = {
             "study": durable.study_name,
             "storage": self.url,
@@ -462,13 +516,16 @@ class Driver:
             "measured_this_run": stats.measured,
             "duplicates_this_run": stats.duplicates,
             "failures_this_run": dict(stats.failures),
+            # Proposals answered without evaluation (not counted as trials), by why.
+            "screened_this_run": dict(stats.screened),
+            "sampler_ms_per_proposal": round(1000 * self.sampler_s / asked, 3) if asked else None,
             "wall_s": round(wall, 3),
             # From the process's start (the command), not from this object's: imports count too.
             "cold_start_s": round(first_result_at - self.t0 + self.t_imports, 3) if first_result_at else None,
             "gpus": gpus,
             "startup": pool_startup,
             # Busy = inside a GPU worker's evaluate (launch, verify, time); compiling is CPU work elsewhere.
-            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3),
+            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3) if after_start > 0 else None,
             "after_start_s": round(after_start, 3),
             "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
             "writer_flush_s": round(time.perf_counter() - flush_started, 3),
@@ -488,12 +545,12 @@ class Driver:
 
         unit_key = "tflops" if self.family.throughput_unit == "TFLOP/s" else "tbps"
         measured = [t for t in fast.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if TrialAttr.DUPLICATE_OF not in t.user_attrs]
+                    if TrialAttr.DUPLICATE_OF not in t.user_attrs and TrialAttr.FAILURE not in t.user_attrs]
         top = sorted(measured, key=lambda t: t.user_attrs[unit_key], reverse=True)[: self.opts.finalists]
         if not top:
             return []
         for i, t in enumerate(top):
-            pool.submit(-1 - i, dict(t.params), budget_ms=self.opts.final_budget_ms)
+            pool.submit(-1 - i, self.codec.decode(t.params), budget_ms=self.opts.final_budget_ms)
         results: dict[int, Any] = {}
         while len(results) < len(top):
             for number, result in pool.poll():
@@ -501,7 +558,7 @@ class Driver:
         finalists = []
         for i, t in enumerate(top):
             r = results[-1 - i]
-            entry = {"trial": t.number, "params": dict(t.params), "uri": t.user_attrs.get("uri"),
+            entry = {"trial": t.number, "params": self.codec.decode(t.params), "uri": t.user_attrs.get("uri"),
                      "screening_" + unit_key: t.user_attrs[unit_key]}
             if r.ok:
                 entry.update({k: r.to_dict()[k] for k in ("median_ms", "p20_ms", "p80_ms", "repetitions", "tbps",
@@ -519,42 +576,96 @@ class Driver:
         """The fast study's trial `number` as it stands (a running one: params and start time)."""
         return self.memory.get_trial(self.memory.get_trial_id_from_study_id_trial_number(self.fast_id, number))
 
-    def _tell(self, fast, mirror, trial, result: Result, stats: _Stats) -> int:
-        from optuna.trial import TrialState
+    def _screen(self, trial, why: str, stats: _Stats) -> None:
+        trial.set_user_attr(SCREENED, why)
+        stats.screened[why] += 1
 
+    def _tell_sampler(self, fast, trial, values=None, state=None):
+        started = time.perf_counter()
+        frozen = fast.tell(trial, values, state=state)
+        self.sampler_s += time.perf_counter() - started
+        return frozen
+
+    def _tell(self, fast, mirror, trial, result: Result, stats: _Stats) -> int:
+        """Tell `result`; returns 1 when the trial counts towards --trials (it was evaluated), else 0."""
+        params = self.codec.decode(trial.params)
         if result.ok:
             trial.set_constraint(CONSTRAINT_KEY, 0.0)
             for key, value in result.to_dict().items():
                 trial.set_user_attr(key, value)
-            trial.set_user_attr(TrialAttr.DERIVED, {k: v for k, v in
-                                                    self.space.resolve(trial.params, self.problem).items()
-                                                    if k not in trial.params})
+            trial.set_user_attr(TrialAttr.DERIVED, {k: v for k, v in self.space.resolve(params, self.problem).items()
+                                                    if k not in params})
             trial.set_user_attr(TrialAttr.CONSTRAINT, 0.0)
             values = _values(result, self.objectives, self.family)
-            frozen = fast.tell(trial, values)
-            stats.add(trial.number, trial.params, result)
+            self.worst = worst_values([values] + ([self.worst] if self.worst else []),
+                                      [o.direction for o in self.objectives])
+            frozen = self._tell_sampler(fast, trial, values)
+            stats.add(trial.number, params, result)
         else:
-            invalid = result.kind == Invalid.kind
-            trial.set_constraint(CONSTRAINT_KEY, 1.0 if invalid else 0.0)
-            trial.set_user_attr(TrialAttr.CONSTRAINT, 1.0 if invalid else 0.0)
+            # Any failure is infeasible for the sampler, and told with the worst values so far so that every
+            # sampler learns from it (see tuner.search); the record keeps PRUNED/FAIL.
+            trial.set_constraint(CONSTRAINT_KEY, 1.0)
+            trial.set_user_attr(TrialAttr.CONSTRAINT, 1.0)
             trial.set_user_attr(TrialAttr.FAILURE, result.kind)
             trial.set_user_attr(TrialAttr.REASON, result.reason)
-            frozen = fast.tell(trial, state=TrialState.PRUNED if invalid else TrialState.FAIL)
+            frozen = self._tell_failure(fast, trial, result.kind)
             stats.fail(result.kind)
-        mirror.finish(trial.number, frozen)
-        return 1
+        mirror.finish(trial.number, self.codec.record(frozen))
+        return 0 if SCREENED in trial.user_attrs else 1
+
+    def _tell_failure(self, fast, trial, kind: str):
+        from optuna.trial import TrialState
+
+        if self.worst is not None:
+            return self._tell_sampler(fast, trial, list(self.worst))
+        # nothing measured yet: no value to tell; the sampler skips the trial
+        return self._tell_sampler(fast, trial, state=TrialState.PRUNED if kind == Invalid.kind else TrialState.FAIL)
 
     def _tell_duplicate(self, fast, mirror, trial, original: int, stats: _Stats) -> int:
+        """Answer `trial` from trial `original` of the same config (measured or failed) without evaluating."""
         first = self._frozen(original)
-        trial.set_constraint(CONSTRAINT_KEY, 0.0)
         for key, value in first.user_attrs.items():
-            if key != TrialAttr.ARTIFACTS:  # the original's artifacts belong to the original
+            if key not in (TrialAttr.ARTIFACTS, SCREENED):  # the original's artifacts belong to the original
                 trial.set_user_attr(key, value)
         trial.set_user_attr(TrialAttr.DUPLICATE_OF, original)
-        frozen = fast.tell(trial, list(first.values))
-        stats.duplicates += 1
-        mirror.finish(trial.number, frozen)
-        return 1
+        if TrialAttr.FAILURE in first.user_attrs:
+            trial.set_constraint(CONSTRAINT_KEY, 1.0)
+            frozen = self._tell_failure(fast, trial, first.user_attrs[TrialAttr.FAILURE])
+        else:
+            trial.set_constraint(CONSTRAINT_KEY, 0.0)
+            frozen = self._tell_sampler(fast, trial, list(first.values))
+            stats.duplicates += 1
+        mirror.finish(trial.number, self.codec.record(frozen))
+        return 0 if SCREENED in trial.user_attrs else 1
+
+
+def _evaluation_failed(trial) -> bool:
+    """A recorded trial whose evaluation failed (compile, launch, wrong result, timeout, or an invalid answer of
+    the evaluator), as opposed to an interrupted one."""
+    kind = trial.user_attrs.get(TrialAttr.FAILURE)
+    return trial.state.name in ("FAIL", "PRUNED") and kind is not None and kind != INTERRUPTED
+
+
+class _InlineMirror:
+    """`_Mirror` without a process: writes each trial into `storage` at once (in-process replay studies)."""
+
+    def __init__(self, storage, study_id: int):
+        self.storage, self.study_id = storage, study_id
+        self.trial_ids: dict[int, int] = {}
+
+    def start(self, number: int, frozen) -> None:
+        self.trial_ids[number] = self.storage.create_new_trial(self.study_id, template_trial=frozen)
+
+    def finish(self, number: int, frozen) -> None:
+        trial_id = self.trial_ids[number]
+        for key, value in frozen.user_attrs.items():
+            self.storage.set_trial_user_attr(trial_id, key, value)
+        for key, value in frozen.system_attrs.items():
+            self.storage.set_trial_system_attr(trial_id, key, value)
+        self.storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
 
 
 class _ArtifactWriter:
@@ -592,42 +703,60 @@ class _ArtifactWriter:
 
 
 class _Repair:
-    """Nearest valid config to an invalid proposal.
+    """The config to measure after a proposal that cannot be measured.
 
-    In a sparse space (GEMV: 1% of the Cartesian product is valid) a sampler spends most trials on configs that
-    break a constraint. Each such trial is still told PRUNED with its constraint (so the sampler learns where
-    the feasible region is), and the next trial measures the valid config closest to the proposal: fewest
-    steps along each param's ordered list of values (L1 over value indices), ties broken by a seeded draw,
-    configs already measured or in flight skipped. The valid set is enumerated once, on first use.
+    In a sparse space (GEMV: 1% of the Cartesian product is valid) a sampler proposes many configs that break a
+    constraint, and once it converges it proposes configs already measured (or known to fail). Each such
+    proposal is still told to the sampler (so it learns where the feasible, unexplored region is), and the next
+    trial measures the valid config closest to the proposal: fewest steps along each param's ordered list of
+    values (L1 over value indices), ties broken by a seeded draw, configs already measured, failed or in flight
+    skipped. With `nearest` False, a uniform draw among those configs instead. The valid set is enumerated once
+    (a space too large to list within `space.WALK_BUDGET` gets no repair).
     """
 
-    def __init__(self, space, problem, seed: int | None):
+    def __init__(self, space, problem, seed: int | None, nearest: bool = True):
         import numpy as np
 
         self.space, self.problem = space, problem
         self.rng = np.random.default_rng(seed)
+        self.use_nearest = nearest
         self.index: dict[str, dict[Any, int]] = {n: {v: i for i, v in enumerate(vs)} for n, vs in space.params.items()}
-        self.valid = None
+        try:
+            self.configs = list(self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET))
+            #: whether `configs` is the whole valid set (else the space is too large to list, and the sampler
+            #: alone finds valid configs)
+            self.complete = True
+        except space_mod.WalkBudgetExceeded:
+            self.configs, self.complete = [], False
+        self.keys = {params_key(c): i for i, c in enumerate(self.configs)}
+        self.valid = np.array([[self.index[n][c[n]] for n in self.index] for c in self.configs], dtype=np.int16)
+
+    def size(self) -> int:
+        return len(self.configs)
 
     def nearest(self, params: dict[str, Any], exclude: set[str]) -> dict[str, Any] | None:
         import numpy as np
 
-        if self.valid is None:
-            try:
-                configs = list(self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET))
-            except space_mod.WalkBudgetExceeded:  # too large to list: the sampler alone finds valid configs
-                configs = []
-            self.configs = configs
-            self.valid = np.array([[self.index[n][c[n]] for n in self.index] for c in configs], dtype=np.int16)
+        if self.use_nearest:
+            point = np.array([self.index[n][params[n]] for n in self.index], dtype=np.int16)
+            distance = np.abs(self.valid - point).sum(axis=1).astype(np.float64)
+            distance += self.rng.random(len(distance)) * 0.5  # seeded tie-break below one step
+        else:
+            distance = self.rng.random(len(self.configs))
         if not self.configs:
             return None
-        point = np.array([self.index[n][params[n]] for n in self.index], dtype=np.int16)
-        distance = np.abs(self.valid - point).sum(axis=1).astype(np.float64)
-        distance += self.rng.random(len(distance)) * 0.5  # seeded tie-break below one step
-        for i in np.argsort(distance)[:64]:
-            if params_key(self.configs[i]) not in exclude:
-                return dict(self.configs[i])
-        return None
+        if len(exclude) < len(self.configs) // 2:
+            for i in np.argsort(distance)[: 4 * len(exclude) + 64]:
+                if params_key(self.configs[i]) not in exclude:
+                    return dict(self.configs[i])
+        free = np.ones(len(self.configs), dtype=bool)
+        for key in exclude:
+            if key in self.keys:
+                free[self.keys[key]] = False
+        if not free.any():
+            return None
+        distance[~free] = np.inf
+        return dict(self.configs[int(np.argmin(distance))])
 
 
 def _process_age() -> float:
@@ -647,16 +776,21 @@ class _Stats:
         self.measured = 0
         self.duplicates = 0
         self.failures: Counter[str] = Counter()
+        self.screened: Counter[str] = Counter()
         self.best: dict[str, Any] | None = None
         for t in past:
             if t.state.name == "COMPLETE" and TrialAttr.DUPLICATE_OF not in t.user_attrs:
                 self._consider(t.number, t.params, t.user_attrs)
 
     def _consider(self, number, params, figures) -> None:
-        key = "tflops" if self.unit == "TFLOP/s" else "tbps"
-        if self.best is None or figures[key] > self.best[key]:
+        key = {"TFLOP/s": "tflops", "TB/s": "tbps"}.get(self.unit)
+        if key is None:  # a family without a throughput (replay-only): the shortest time is the best
+            better = self.best is None or figures["median_ms"] < self.best["median_ms"]
+        else:
+            better = self.best is None or figures[key] > self.best[key]
+        if better:
             self.best = {"trial": number, "params": dict(params), "uri": figures.get("uri"),
-                         "tbps": figures["tbps"], "tflops": figures["tflops"],
+                         "tbps": figures["tbps"], "tflops": figures["tflops"], "median_ms": figures["median_ms"],
                          "fraction_of_ceiling": figures["fraction_of_ceiling"], "registers": figures["registers"],
                          "smem_bytes": figures["smem_bytes"]}
 

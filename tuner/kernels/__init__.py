@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "rope": "tuner.kernels.rope",
     "decode_attention": "tuner.kernels.decode_attention",
     "adamw": "tuner.kernels.adamw",
+    "kt": "tuner.kernels.kt",
 }
 _LOADED: dict[str, Family] = {}
 
