@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """The `tuner` command line. Each subcommand is a thin layer over one stage module: spaces, render, check (space,
 render, compile); bench, ceiling (worker); study (study); pareto, export, dashboard, trials, best (export's rooms).
 
@@ -61,10 +62,8 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from tuner import space as space_mod
+    from tuner.console import Column, print_table
 
     rows = []
     for path in space_mod.shipped_spaces():
@@ -75,13 +74,11 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title="shipped search spaces")
-    for col in ("name", "kernel", "problems", "cartesian", "valid"):
-        table.add_column(col, justify="right" if col in ("cartesian", "valid") else "left")
-    for r in rows:
-        valid = f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}"
-        table.add_row(r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}", valid)
-    Console().print(table)
+    columns = [Column("name", copy=True), Column("kernel"), Column("problems"), Column("cartesian", "right"),
+               Column("valid", "right")]
+    print_table("shipped search spaces", columns,
+                [[r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}",
+                  f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}"] for r in rows])
     return 0
 
 
@@ -107,10 +104,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
+    from rich.text import Text
 
     from tuner import compile as compile_mod
     from tuner import kernels, limits
+    from tuner.console import Column, human_seconds, print_table
     from tuner.render import render
 
     s, problem = _load_space_and_problem(args)
@@ -142,19 +140,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        table = Table(title=f"{s.name}: {len(records)} configs, {arch}")
-        for col in ("uri", "registers", "smem", "spills", "status"):
-            table.add_column(col, justify="left" if col in ("uri", "status") else "right")
-        for r in records:
-            if "failure" in r:
-                table.add_row(r["uri"], "", "", "", f"[red]{r['reason']}")
-            else:
-                table.add_row(r["uri"], str(r["registers"]), str(r["smem_bytes"]), str(r["spill_bytes"]),
-                              "[yellow]spills" if r["spill_bytes"] else "ok")
-        out = Console()
-        out.print(table)
-        out.print(f"compiled {summary['compiled']}, failed {summary['failed']} in {elapsed:.2f} s "
-                  f"({summary['configs_per_s']} configs/s)")
+        columns = [Column("uri", copy=True), Column("registers", "right"), Column("smem", "right"),
+                   Column("spills", "right"), Column("status")]
+        rows = [[r["uri"], "", "", "", Text(r["reason"], style="red")] if "failure" in r else
+                [r["uri"], str(r["registers"]), str(r["smem_bytes"]), str(r["spill_bytes"]),
+                 Text("spills", style="yellow") if r["spill_bytes"] else "ok"] for r in records]
+        print_table(f"{s.name}: {len(records)} configs, {arch}", columns, rows,
+                    notes=[f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
+                           f"({summary['configs_per_s']} configs/s)"])
     return 1 if failed else 0
 
 
@@ -173,9 +166,7 @@ def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
+    from tuner.console import Column, print_table
     from tuner.evaluate import evaluate_config
     from tuner.worker import IsolatedEvaluator
 
@@ -189,11 +180,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2, default=str))
         return 0 if result.ok else 1
-    table = Table(title=f"{s.name} on {info.get('gpu')}", show_header=False)
-    for key, value in record.items():
-        if key not in ("clocks", "versions", "log"):
-            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    Console().print(table)
+    print_table(f"{s.name} on {info.get('gpu')}", [Column("field"), Column("value", copy=True)],
+                [[key, f"{value:.4g}" if isinstance(value, float) else str(value)]
+                 for key, value in record.items() if key not in ("clocks", "versions", "log")])
     return 0 if result.ok else 1
 
 
@@ -232,7 +221,19 @@ def cmd_study(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # results
 
-STUDY_HELP = "a study name, a kernel name (studies/<kernel>.db) or a .db path"
+STUDY_HELP = "a study's name or its kernel's (found in studies/*.db, or in --storage), or a .db path"
+STORAGE_HELP = "a storage URL or .db path to look in (default: every studies/*.db under the current directory)"
+
+
+def _complete_study(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """Shell completion of STUDY: the study names in --storage, else in studies/*.db."""
+    from tuner.studies import study_names
+
+    try:
+        names = study_names(getattr(parsed_args, "storage", None))
+    except InputError:
+        return []
+    return [name for name in names if name.startswith(prefix)]
 
 
 def _port(text: str) -> int:
@@ -257,11 +258,43 @@ def _fmt(value: Any, spec: str = "") -> str:
 # results: pareto / export / dashboard / trials / best (outputs are checked before any work, written atomically)
 
 
-def cmd_pareto(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+def cmd_studies(args: argparse.Namespace) -> int:
+    from tuner import studies
+    from tuner.console import Column, print_table
 
+    rows = studies.list_studies(args.storage)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    where = args.storage or f"{studies.STUDIES_DIR}/*.db"
+    columns = [Column("name", copy=True), Column("kernel"), Column("problem"), Column("GPU"),
+               Column("trials", "right"), Column("best", "right"), Column("last change"), Column("storage", copy=True)]
+    print_table(f"studies in {where}", columns,
+                [[r["name"], r["kernel"] or "", r["problem"] or "", r["gpu"] or "", str(r["trials"]),
+                  f"{r['best']:.3f} {r['unit']}" if r["best"] is not None else "",
+                  (r["last_change"] or "").replace("T", " "), _storage_label(r["storage"])] for r in rows],
+                notes=[] if rows else [f"no studies in {where}"])
+    return 0
+
+
+def _storage_label(url: str) -> str:
+    """A SQLite URL as its file's path (relative to here when below it), any other URL as it is."""
+    from pathlib import Path
+
+    from tuner.dbfiles import sqlite_path
+
+    path = sqlite_path(url)
+    if path is None:
+        return url
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
     from tuner import export
+    from tuner.console import Column, print_table
 
     if args.out:
         export.check_writable(args.out, (".csv", ".json"), "--out")
@@ -271,24 +304,22 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     front = export.pareto_trials(study)
     unit = export.throughput_unit(study)
     measured = len(export.measured_trials(study))
-    table = Table(title=f"{study.study_name}: Pareto front, {len(front)} of {measured} measured configs "
-                        f"({study.user_attrs.get('gpu', '')})")
-    for col, justify in (("#", "right"), ("uri", "left"), (unit, "right"), ("of ceiling", "right"),
-                         ("regs", "right"), ("SMEM B", "right"), ("spills", "right"), ("blocks/SM", "right")):
-        table.add_column(col, justify=justify)
+    columns = [Column("#", "right"), Column("uri", copy=True), Column(unit, "right"),
+               Column("of ceiling", "right"), Column("regs", "right"), Column("SMEM B", "right"),
+               Column("spills", "right"), Column("blocks/SM", "right")]
+    rows = []
     for t in front:
         a = t.user_attrs
-        table.add_row(str(t.number), str(a.get("uri", "")), f"{export.throughput(study, t):.3f}",
-                      _fmt(a.get("fraction_of_ceiling"), ".3f"), _fmt(a.get("registers")),
-                      _fmt(a.get("smem_bytes")), _fmt(a.get("spill_bytes")), _fmt(a.get("blocks_per_sm")))
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # piped: keep each row on one line, whole uris included
-    console.print(table)
+        rows.append([str(t.number), str(a.get("uri", "")), f"{export.throughput(study, t):.3f}",
+                     _fmt(a.get("fraction_of_ceiling"), ".3f"), _fmt(a.get("registers")),
+                     _fmt(a.get("smem_bytes")), _fmt(a.get("spill_bytes")), _fmt(a.get("blocks_per_sm"))])
+    notes = []
     if args.out:
-        console.print(f"wrote {export.write_pareto(study, args.out)}")
+        notes.append(f"wrote {export.write_pareto(study, args.out)}")
     if args.plot:
-        console.print(f"wrote {export.plot_pareto(study, args.plot)}")
+        notes.append(f"wrote {export.plot_pareto(study, args.plot)}")
+    print_table(f"{study.study_name}: Pareto front, {len(front)} of {measured} measured configs "
+                f"({study.user_attrs.get('gpu', '')})", columns, rows, notes)
     return 0
 
 
@@ -355,12 +386,15 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(best, indent=2, default=str))
         return 0
-    from rich.console import Console
+    from rich.text import Text
+
+    from tuner.console import print_lines
 
     unit = best["throughput_unit"]
     fraction = best.get("fraction_of_ceiling")
     lines = [
-        f"[bold]{best['uri']}[/bold]  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})",
+        Text.assemble((str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, "
+                                                    f"{best.get('gpu') or '?'})"),
         "params:     " + ", ".join(f"{k}={v}" for k, v in best["params"].items()),
         f"throughput: {best['throughput']:.3f} {unit}"
         + (f" = {fraction:.3f} of the copy ceiling" if fraction else "")
@@ -369,12 +403,13 @@ def cmd_best(args: argparse.Namespace) -> int:
         f"SMEM/block, {_fmt(best.get('spill_bytes'))} B spills, {_fmt(best.get('threads'))} threads/block",
         f"occupancy:  {_fmt(best.get('blocks_per_sm'))} blocks/SM, {_fmt(best.get('warps_per_sm'))} warps/SM"
         + (f" ({best['occupancy']:.0%} of 64)" if best.get("occupancy") is not None else ""),
-        ("source:     " + best["source_path"]) if "source_path" in best else
-        ("source:     " + best["render_command"]),
     ]
-    console = Console(highlight=False)
-    for line in lines:
-        console.print(line)
+    # The source's path or the command that prints it on a line of its own, so it copies whole.
+    if "source_path" in best:
+        lines += ["source:", "    " + best["source_path"]]
+    else:
+        lines += ["source (prints it):", "    " + best["render_command"]]
+    print_lines(lines)
     return 0
 
 
@@ -383,16 +418,23 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _add_results_commands(sub: argparse._SubParsersAction) -> None:
-    """Register pareto, export, dashboard, trials and best on `sub`; each sets ``func`` to its handler."""
+    """Register studies, pareto, export, dashboard, trials and best on `sub`; each sets ``func`` to its
+    handler."""
+    p = sub.add_parser("studies", help="list the studies in studies/*.db (or --storage): trials, best, last change")
+    p.add_argument("--storage", help="a storage URL or .db path (default: every studies/*.db here)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_studies)
+
     p = sub.add_parser("pareto", help="the Pareto front of a study: table, --out CSV/JSON, --plot PNG/HTML")
-    p.add_argument("study", help=STUDY_HELP)
-    p.add_argument("--storage", help="a storage URL (default: studies/<kernel>.db)")
+    p.add_argument("study", help=STUDY_HELP).completer = _complete_study  # type: ignore[attr-defined]
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--out", metavar="FILE.csv|.json")
     p.add_argument("--plot", metavar="FILE.png|.html")
     p.set_defaults(func=cmd_pareto)
 
     p = sub.add_parser("export", help="write the tuned configs as a C++17 header")
-    p.add_argument("study", help=STUDY_HELP + "; a kernel or .db exports every study of that kernel in it")
+    p.add_argument("study", help=STUDY_HELP + "; a kernel or .db exports every study of that kernel in it"
+                   ).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--header", metavar="PATH", help="the C++17 header to write")
     p.add_argument("--kt-cache", metavar="PATH.json[.gz]", help="also (or only) write the study as a Kernel "
                    "Tuner cache file (its simulation mode and KTdashboard read it)")
@@ -400,27 +442,28 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
                    help="the fastest config per study, or its whole Pareto front (default: fastest)")
     p.add_argument("--namespace", default="tuned", help="C++ namespace (default: tuned)")
     p.add_argument("--with-source", action="store_true", help="embed each config's CUDA source as a raw string")
-    p.add_argument("--storage")
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("dashboard", help="serve optuna-dashboard for a study database, with sources and PTX")
-    p.add_argument("study", nargs="?", help=STUDY_HELP + " (default: the only database in studies/)")
+    p.add_argument("study", nargs="?", help=STUDY_HELP + " (default: the only database in studies/)"
+                   ).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--port", type=_port, default=8080)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--storage")
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--artifacts", metavar="DIR",
                    help="artifact folder (default: <db stem>.artifacts/ beside the database)")
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("trials", help="every trial of a study as a flat table (CSV or Parquet)")
-    p.add_argument("study", help=STUDY_HELP)
+    p.add_argument("study", help=STUDY_HELP).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--out", required=True, metavar="FILE.csv|.parquet")
-    p.add_argument("--storage")
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_trials)
 
     p = sub.add_parser("best", help="the fastest verified config of a study")
-    p.add_argument("study", help=STUDY_HELP)
-    p.add_argument("--storage")
+    p.add_argument("study", help=STUDY_HELP).completer = _complete_study  # type: ignore[attr-defined]
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_best)
 
@@ -431,6 +474,7 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tuner", description="Auto-tune memory-bound CUDA kernels.")
+    parser.add_argument("--version", action="version", version=f"tuner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("spaces", help="list the shipped search spaces with their sizes")
@@ -474,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", help="kernel family, e.g. gemm")
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
-    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db)")
+    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the "
+                   "current directory)")
     p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     p.add_argument("--seed", type=int)
@@ -506,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, metavar="SPACE.yaml")
     p.set_defaults(func=cmd_import_kt)
 
-    _add_results_commands(sub)  # pareto, export, dashboard, trials, best
+    _add_results_commands(sub)  # studies, pareto, export, dashboard, trials, best
 
     from tuner.lesson import add_commands as add_lesson_commands
 
@@ -514,8 +559,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tuner")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from tuner import __version__
+
+        return __version__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (register-python-argcomplete tuner)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     try:
         args = parser.parse_args(argv)
         code = int(args.func(args) or 0)

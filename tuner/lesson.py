@@ -36,7 +36,7 @@ from typing import Any
 from tuner.errors import InputError
 
 LESSONS = ("coalescing", "bank-conflicts", "registers", "fusion", "ncu")
-STUDY_HELP = "a study name, a kernel name (studies/<kernel>.db) or a .db path"
+STUDY_HELP = "a study's name or its kernel's (found in studies/*.db, or in --storage), or a .db path"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -616,7 +616,7 @@ def _trial_number(text: str) -> int:
 
 
 def _add_explain_args(p: argparse.ArgumentParser, study_required: bool) -> None:
-    p.add_argument("--storage")
+    p.add_argument("--storage", help="a storage URL or .db path to look in (default: every studies/*.db here)")
     p.add_argument("--trial", type=_trial_number, action="append", metavar="N", help="a trial to explain (repeat)")
     p.add_argument("--best", action="store_true", help="the fastest measured trial (the default)")
     p.add_argument("--worst", action="store_true", help="the slowest measured trial")

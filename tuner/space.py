@@ -302,9 +302,13 @@ class SearchSpace:
 
 
 def resolve_path(space: str | Path) -> Path:
-    """A path to a YAML file, or the name of a shipped space (``gemm`` → search_spaces/gemm.yaml)."""
+    """A path to a YAML file, or the name of a shipped space (``gemm`` → the shipped gemm.yaml). A path that does
+    not exist but reads ``search_spaces/NAME.yaml`` (how commands and recorded studies name the shipped spaces)
+    is the shipped space NAME, so such commands work from any directory."""
     path = Path(space)
     if path.suffix in (".yaml", ".yml"):
+        if not path.exists() and path.parent.name == "search_spaces" and (SPACES_DIR / path.name).is_file():
+            return SPACES_DIR / path.name
         return path
     shipped = SPACES_DIR / f"{space}.yaml"
     return shipped if shipped.exists() else path

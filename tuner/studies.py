@@ -94,15 +94,54 @@ def _check_database(url: str) -> None:
         raise InputError(f"{path}: not an Optuna study database (no studies/trials tables)")
 
 
+def databases() -> list[Path]:
+    """The default storage: every ``*.db`` under `STUDIES_DIR` (relative to the working directory), sorted."""
+    return sorted(STUDIES_DIR.glob("*.db"))
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    """Names for a one-line message: all of them, or the first `limit` and how many more."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _find_in_default_storage(name: str) -> str:
+    """The URL of the database under `STUDIES_DIR` that holds study `name` (else a study of kernel `name`).
+    InputError naming the studies that are there when none does, or the databases when several do."""
+    exact: list[str] = []
+    by_kernel: list[str] = []
+    known: list[str] = []
+    for url, rdb in _storages(None):
+        for s in rdb.get_all_studies():
+            known.append(s.study_name)
+            if s.study_name == name:
+                exact.append(url)
+            elif s.user_attrs.get("kernel") == name and url not in by_kernel:
+                by_kernel.append(url)
+    hits = exact or by_kernel
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        paths = ", ".join(str(_sqlite_path(u)) for u in hits)
+        raise InputError(f"study {name!r} is in several databases ({paths}); choose one with --storage")
+    raise InputError(f"unknown study {name!r}: not in {STUDIES_DIR}/*.db (there: {_listing(known)}); "
+                     "give a database path or --storage URL (`tuner studies` lists them)")
+
+
 def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
-    """(storage URL, the study or kernel name to look for in it, or None for all of it)."""
+    """(storage URL, the study or kernel name to look for in it, or None for all of it).
+
+    A bare name without `storage` is looked for in the default storage: `studies/<name>.db` when that file
+    exists (a kernel's database), else every database under `studies/` (a study's own name, else its kernel)."""
     if storage:
         if study and (study.endswith(".db") or "://" in study):
             raise InputError(f"give the database either as STUDY ({study}) or as --storage ({storage}), "
                              "not both")
         return _as_url(storage), study or None
     if study is None:
-        dbs = sorted(STUDIES_DIR.glob("*.db"))
+        dbs = databases()
         if len(dbs) == 1:
             return _as_url(str(dbs[0])), None
         found = ", ".join(p.stem for p in dbs) or "none"
@@ -114,11 +153,7 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
     by_kernel = STUDIES_DIR / f"{study}.db"
     if by_kernel.is_file():
         return _as_url(str(by_kernel)), study
-    by_prefix = STUDIES_DIR / f"{study.split('-')[0]}.db"  # study names start with the kernel: gemm-mnk4096_...
-    if by_prefix.is_file():
-        return _as_url(str(by_prefix)), study
-    looked = by_kernel if by_kernel == by_prefix else f"{by_kernel} and no {by_prefix}"
-    raise InputError(f"unknown study {study!r}: no {looked}; give a database path or --storage URL")
+    return _find_in_default_storage(study), study
 
 
 def get_storage(url: str) -> optuna.storages.RDBStorage:
@@ -145,8 +180,8 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
 
     `study` may be a study name (→ that study), a kernel name (→ `studies/<kernel>.db` and its studies of that
     kernel), a path to a ``.db`` file or a storage URL (→ all of its studies), or None with `storage` (→ all
-    of it). A study name without `storage` is looked up in `studies/<kernel>.db`, the kernel being the name's
-    prefix before the first "-". Raises InputError for a missing database, a database with no studies, or an
+    of it). A name without `storage` is looked up in the default storage (every ``studies/*.db``, see
+    `_locate`). Raises InputError for a missing database, a database with no studies, or an
     unknown name. Never creates a database.
     """
     url, name = _locate(study, storage)
@@ -166,7 +201,7 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
         elif db is not None and db.stem == name and not any("kernel" in s.user_attrs for s in summaries):
             chosen = summaries  # studies/<kernel>.db written before studies carried a "kernel" attr
         else:
-            known = ", ".join(s.study_name for s in summaries)
+            known = _listing([s.study_name for s in summaries])
             raise InputError(f"unknown study {name!r} in {url} (it holds: {known})")
     opened = [optuna.load_study(study_name=s.study_name, storage=rdb) for s in chosen]
     for one in opened:
@@ -177,6 +212,70 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
 def open_study(study: str | None, storage: str | None = None) -> optuna.Study:
     """The one study that `study` names: as `open_studies`, and of several the latest (highest id)."""
     return open_studies(study, storage)[-1]
+
+
+def _storages(storage: str | None) -> list[tuple[str, optuna.storages.RDBStorage]]:
+    """(URL, storage) of `storage`, or of every study database under `STUDIES_DIR` when None (files there
+    that are not study databases are skipped; a `storage` given is checked: InputError)."""
+    if storage is not None:
+        url = _as_url(storage)
+        return [(url, get_storage(url))]
+    found = []
+    for db in databases():
+        url = _as_url(str(db))
+        try:
+            found.append((url, get_storage(url)))
+        except InputError:
+            continue
+    return found
+
+
+def study_names(storage: str | None = None) -> list[str]:
+    """The names of the studies in `storage`, or in the default storage when None (see `_storages`)."""
+    return [s.study_name for _, rdb in _storages(storage) for s in rdb.get_all_studies()]
+
+
+def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
+    """One row per study in `storage` (a URL or .db path), or in the default storage (every `databases()`
+    file) when None: name, kernel, problem, gpu, trials (all states), measured, best (throughput of
+    `best_trial`, re-timed where the study re-timed it; None with nothing measured), unit, last_change (the
+    latest start or end of a trial, ISO 8601; None for an empty study), storage (its URL). Oldest first per
+    storage. InputError for a `storage` that is missing or not a study database; files under `studies/`
+    that are not study databases are skipped."""
+    rows: list[dict[str, Any]] = []
+    for url, rdb in _storages(storage):
+        summaries = sorted(rdb.get_all_studies(), key=lambda s: rdb.get_study_id_from_name(s.study_name))
+        for summary in summaries:
+            study = optuna.load_study(study_name=summary.study_name, storage=rdb)
+            _URLS[study] = url
+            rows.append(_study_row(study, url))
+    return rows
+
+
+def _study_row(study: optuna.Study, url: str) -> dict[str, Any]:
+    trials = study.get_trials(deepcopy=False)
+    attrs = study.user_attrs
+    unit = throughput_unit(study)
+    best = None
+    measured = [t for t in trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
+    if measured:
+        top = best_trial(study)
+        final = finalist(study, top.number)
+        key = "tflops" if unit == "TFLOP/s" else "tbps"
+        best = float(final[key]) if final is not None and final.get(key) is not None else throughput(study, top)
+    stamps = [d for t in trials for d in (t.datetime_start, t.datetime_complete) if d is not None]
+    return {
+        "name": study.study_name,
+        "kernel": attrs.get("kernel"),
+        "problem": (attrs.get("problem") or {}).get("name"),
+        "gpu": attrs.get("gpu"),
+        "trials": len(trials),
+        "measured": len(measured),
+        "best": best,
+        "unit": unit,
+        "last_change": max(stamps).isoformat(timespec="seconds") if stamps else None,
+        "storage": url,
+    }
 
 
 def artifact_dir_for(url: str) -> Path | None:
@@ -374,11 +473,25 @@ def render_trial(ctx: StudyContext, trial: FrozenTrial):
     return render(ctx.family, params, ctx.space.resolve(params, ctx.problem), ctx.problem.env)
 
 
+def _space_argument(space_path: str, space_hash: str) -> str:
+    """How a command names a study's space: a shipped space by its name (which resolves from any directory)
+    when the study was run on that very file (same sha256), any other space by its path as recorded."""
+    from tuner import space as space_mod
+
+    path = Path(space_path)
+    shipped = space_mod.SPACES_DIR / path.name
+    if path.suffix in (".yaml", ".yml") and path.parent.name == "search_spaces" and shipped.is_file():
+        if not space_hash or space_mod.load(shipped).content_hash() == space_hash:
+            return path.stem
+    return space_path
+
+
 def render_command(study: optuna.Study, trial: FrozenTrial) -> str:
     """The `tuner render` command line that prints a trial's source."""
     attrs = study.user_attrs
     problem = (attrs.get("problem") or {}).get("name")
-    words = ["tuner", "render", str(attrs.get("space_path") or attrs.get("kernel") or "SPACE")]
+    words = ["tuner", "render", _space_argument(str(attrs.get("space_path") or attrs.get("kernel") or "SPACE"),
+                                              str(attrs.get("space_hash") or ""))]
     if problem:
         words += ["--problem", str(problem)]
     for name, value in trial.params.items():

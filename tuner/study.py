@@ -442,7 +442,7 @@ class Driver:
         running: dict[str, int] = {}  # params key → trial number in flight
         waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
         stats = _Stats(self.family.throughput_unit, past)
-        progress = _Progress(self.opts.progress, target, counted, stats)
+        progress = _Progress(self.opts.progress, target, counted, stats, where=_where(durable.study_name, self.url))
         first_result_at = None
         submitted = counted  # counted plus configs in flight
         try:
@@ -802,21 +802,55 @@ class _Stats:
         self.failures[kind] += 1
 
 
-class _Progress:
-    """A rich progress bar: trials done/N, best so far, trials/s, failures by kind."""
+def _where(study: str, url: str) -> str:
+    """The line that says where a study's trials go, printed as it starts."""
+    from tuner.dbfiles import sqlite_path
 
-    def __init__(self, enabled: bool, total: int, done: int, stats: _Stats):
+    path = sqlite_path(url)
+    return f"study {study}: trials go to {path if path is not None else url}"
+
+
+#: what each stage of `summary["startup"]` is, for people
+_STAGES = {"process_start_to_driver_s": "imports", "ray_init_s": "Ray", "gpu_workers_s": "workers"}
+
+
+def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
+    """What the seconds before the first result went to: start-up (its stages), then the first config."""
+    from tuner.console import human_seconds
+
+    cold = summary.get("cold_start_s")
+    stages = {k: float(v) for k, v in (summary.get("startup") or {}).items() if isinstance(v, (int, float))}
+    startup = sum(stages.values())
+    order = sorted(stages, key=lambda k: (list(_STAGES).index(k) if k in _STAGES else len(_STAGES), k))
+    parts = ", ".join(f"{_STAGES.get(k, k.removesuffix('_s').replace('_', ' '))} {human_seconds(stages[k])}"
+                      for k in order)
+    text = f"start-up {human_seconds(startup)}" + (f" ({parts})" if parts else "")
+    if cold is None:
+        return text + "; no result came back"
+    first = "opening the study and answering the first config" if replay else \
+        "opening the study, compiling and measuring the first config"
+    return f"first result at {human_seconds(cold)}: {text}, then {human_seconds(max(cold - startup, 0.0))} " \
+           f"{first}"
+
+
+class _Progress:
+    """A rich progress bar: trials done/N, best so far, trials/s, failures by kind; `where` (where the trials
+    go) is printed above it as the study starts."""
+
+    def __init__(self, enabled: bool, total: int, done: int, stats: _Stats, where: str = ""):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = Console(stderr=True)
         self.stats, self.started, self.done0 = stats, time.perf_counter(), done
-        self.enabled = enabled
+        self.enabled, self.where = enabled, where
         self.bar = Progress(TextColumn("[bold]study"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[info]}"), console=self.console, disable=not enabled)
         self.task = self.bar.add_task("study", total=total, completed=done, info="")
 
     def __enter__(self):
+        if self.enabled and self.where:
+            self.console.print(self.where, soft_wrap=True, highlight=False, markup=False)
         self.bar.__enter__()
         return self
 
@@ -834,26 +868,38 @@ class _Progress:
         self.bar.update(self.task, completed=done, info=f"{best}  {rate:.1f} trials/s  {fails}")
 
     def final(self, summary: dict[str, Any]) -> None:
+        """The end-of-study table: where, how many, what the time went to, the best config in the family's own
+        unit (TB/s with its fraction of the copy ceiling, or TFLOP/s)."""
         from rich.table import Table
+        from rich.text import Text
+
+        from tuner.console import human_seconds
 
         if not self.enabled:
             return
+        replay = any(str(g.get("gpu", "")).startswith("replay:") for g in summary.get("gpus") or [])
         table = Table(title=f"study {summary['study']}", show_header=False)
-        table.add_row("stored in", summary["storage"])
+        table.add_column(no_wrap=True)
+        table.add_column(overflow="fold")
+        table.add_row("stored in", Text(summary["storage"]))
         table.add_row("trials", f"{summary['trials']} ({summary['measured_this_run']} measured this run, "
                                 f"{summary['duplicates_this_run']} answered from earlier trials)")
         if summary["failures_this_run"]:
             table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
-        table.add_row("wall time", f"{summary['wall_s']:.1f} s (first result after {summary['cold_start_s']} s)")
+        table.add_row("wall time", f"{human_seconds(summary['wall_s'])}; {_first_seconds(summary, replay)}")
         if summary["gpu_busy_fraction"] is not None:
-            table.add_row("GPU busy", f"{summary['gpu_busy_fraction']:.0%}")
+            table.add_row("replay workers busy" if replay else "GPU busy", f"{summary['gpu_busy_fraction']:.0%}")
         best = summary["best"]
         if best:
-            table.add_row("best", best["uri"] or str(best["params"]))
-            table.add_row("", f"{best['tbps']:.3f} TB/s, {best['tflops']:.2f} TFLOP/s, "
-                              f"{best['fraction_of_ceiling']:.3f}× ceiling, {best['registers']} registers, "
-                              f"{best['smem_bytes']} B SMEM")
-        self.console.print(table)
+            if self.stats.unit == "TFLOP/s":
+                figure = f"{best['tflops']:.1f} TFLOP/s"
+            else:
+                figure = f"{best['tbps']:.3f} TB/s, {best['fraction_of_ceiling']:.2f}× the copy ceiling"
+            table.add_row("best", Text(best["uri"] or str(best["params"])))
+            table.add_row("", f"{figure}, {best['registers']} registers, {best['smem_bytes']} B SMEM")
+        # Wide enough for the uri and the storage whole: they are copied from here.
+        width = max(self.console.width, len(str(best["uri"] if best else "")) + 30, len(summary["storage"]) + 30)
+        self.console.print(table, width=width)
 
 
 def run_study(opts: StudyOptions) -> dict[str, Any]:
