@@ -27,8 +27,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def tuner(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """`tuner ARGS` through pipes (stdout is not a terminal), importing this checkout from any directory."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture
@@ -99,8 +100,16 @@ def test_best_through_a_narrow_pipe_keeps_the_command_on_one_line_and_it_runs_an
 
 
 def test_check_through_a_narrow_pipe_prints_whole_uris_as_plain_rows(elsewhere):
-    proc = tuner("check", "search_spaces/transpose.yaml", "--sample", "4", "--seed", "3", cwd=elsewhere,
-                 env={"COLUMNS": "40", "TUNER_CACHE_DIR": str(elsewhere / "cache")})
+    proc = tuner(
+        "check",
+        "search_spaces/transpose.yaml",
+        "--sample",
+        "4",
+        "--seed",
+        "3",
+        cwd=elsewhere,
+        env={"COLUMNS": "40", "TUNER_CACHE_DIR": str(elsewhere / "cache")},
+    )
     assert proc.returncode == 0, proc.stderr
     header, *rows = proc.stdout.splitlines()
     assert header.split("\t") == ["uri", "registers", "smem", "spills", "status"]
@@ -117,14 +126,35 @@ def test_check_through_a_narrow_pipe_prints_whole_uris_as_plain_rows(elsewhere):
 
 def test_replay_study_in_a_terminal_shows_live_progress_and_an_honest_summary(tmp_path):
     pexpect = pytest.importorskip("pexpect")
-    args = ["-m", "tuner", "study", "transpose", "--replay", str(RECORDING), "--trials", "40", "--seed", "3",
-            "--replay-delay", "0.05"]
-    child = pexpect.spawn(sys.executable, args, cwd=str(tmp_path), dimensions=(40, 120), encoding="utf-8",
-                          timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"})
+    args = [
+        "-m",
+        "tuner",
+        "study",
+        "transpose",
+        "--replay",
+        str(RECORDING),
+        "--trials",
+        "40",
+        "--seed",
+        "3",
+        "--replay-delay",
+        "0.05",
+    ]
+    child = pexpect.spawn(
+        sys.executable,
+        args,
+        cwd=str(tmp_path),
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"},
+    )
     child.expect(r"trials go to studies/transpose\.db")
     # the live line, colours and all: "study ━━━╸━━ 13/40 0:00:01 best 3.65 TB/s (0.86× ceiling)  25.3 trials/s"
-    child.expect(r"study\S* \S+ \S*?(\d+)/40\S* \S*?\d:\d\d:\d\d\S* best \d\.\d\d TB/s \(0\.\d\d× ceiling\) +"
-                 r"\d+\.\d trials/s")
+    child.expect(
+        r"study\S* \S+ \S*?(\d+)/40\S* \S*?\d:\d\d:\d\d\S* best \d\.\d\d TB/s \(0\.\d\d× ceiling\) +"
+        r"\d+\.\d trials/s"
+    )
     live = int(child.match.group(1))
     child.expect(pexpect.EOF)
     child.close()
@@ -132,16 +162,22 @@ def test_replay_study_in_a_terminal_shows_live_progress_and_an_honest_summary(tm
     screen = ANSI.sub("", child.before)
     assert live < 40  # seen while the study ran, not only at its end
     assert "40/40" in screen
-    table = screen[screen.index("study transpose-"):]
+    table = screen[screen.index("study transpose-") :]
     assert "replay workers busy" in table and "GPU busy" not in table
     assert "TFLOP/s" not in table
     # The table's cells may fold over lines: read them as one text.
     text = " ".join(table.replace("│", " ").split())
-    assert re.search(r"best transpose_tile\d+_rpt\d+_pad\d+_vec\d+ \d\.\d{3} TB/s, 0\.\d\d× the copy ceiling, "
-                     r"\d+ registers", text), text
-    wall = re.search(r"wall time (\d+\.\d) s; first result at (\d+\.\d) s: start-up (\d+\.\d) s \(imports "
-                     r"\S+ s, Ray \S+ s, workers \S+ s\), then \S+ s opening the study and answering the first "
-                     r"config", text)
+    assert re.search(
+        r"best transpose_tile\d+_rpt\d+_pad\d+_vec\d+ \d\.\d{3} TB/s, 0\.\d\d× the copy ceiling, "
+        r"\d+ registers",
+        text,
+    ), text
+    wall = re.search(
+        r"wall time (\d+\.\d) s; first result at (\d+\.\d) s: start-up (\d+\.\d) s \(imports "
+        r"\S+ s, Ray \S+ s, workers \S+ s\), then \S+ s opening the study and answering the first "
+        r"config",
+        text,
+    )
     assert wall, text
     assert float(wall.group(3)) <= float(wall.group(2)) <= float(wall.group(1)) + 0.1
     assert (tmp_path / "studies" / "transpose.db").is_file()
@@ -159,8 +195,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def _readme_commands() -> dict[str, str]:
     """The README's command block: command → its synopsis (continuation lines joined, comments dropped)."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Commands"):]
-    section = section[:section.index("\n## ", 5)]
+    section = text[text.index("## Commands") :]
+    section = section[: section.index("\n## ", 5)]
     commands: dict[str, str] = {}
     current = None
     for line in section.splitlines():
@@ -192,18 +228,37 @@ def test_readme_command_list_matches_the_parser():
 
 
 def test_version_and_completion(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tuner", "--version"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert proc.returncode == 0 and re.fullmatch(r"tuner \d+\.\d+\.\d+\S*\n", proc.stdout), proc
     assert "PYTHON_ARGCOMPLETE_OK" in (ROOT / "tuner" / "cli.py").read_text()[:1024]
     pytest.importorskip("argcomplete")
     # argcomplete's protocol: the shell sets these and reads the candidates back (here from a file).
     out = tmp_path / "candidates"
     line = "tuner st"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n",
-           "COMP_LINE": line, "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out)}
-    proc = subprocess.run([sys.executable, "-m", "tuner"], env=env, cwd=tmp_path, timeout=60, capture_output=True,
-                          text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "COMP_LINE": line,
+        "COMP_POINT": str(len(line)),
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner"], env=env, cwd=tmp_path, timeout=60, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     candidates = set(out.read_text().split())
     assert {"study", "studies"} <= candidates and "best" not in candidates
+
+
+def test_a_command_names_a_shipped_space_only_when_the_study_ran_on_that_very_file():
+    from tuner import space as space_mod
+    from tuner import studies
+
+    recorded = "/some/other/checkout/search_spaces/transpose.yaml"
+    assert studies._space_argument(recorded, space_mod.load("transpose").content_hash()) == "transpose"
+    assert studies._space_argument(recorded, "0" * 64) == recorded  # an edited copy: its own path
+    assert studies._space_argument("mine/t.yaml", "") == "mine/t.yaml"

@@ -35,8 +35,9 @@ def _plain(cell: Cell) -> str:
     return " ".join(text.split())  # one field, one line: a tab or newline inside would split it
 
 
-def print_table(title: str, columns: Sequence[Column], rows: Iterable[Sequence[Cell]],
-                notes: Sequence[str] = ()) -> None:
+def print_table(
+    title: str, columns: Sequence[Column], rows: Iterable[Sequence[Cell]], notes: Sequence[str] = ()
+) -> None:
     """Print `rows` under `columns`: a rich table in a terminal, tab-separated plain rows otherwise (see the
     module docstring). Cells are plain text (a `Text` may carry a style); nothing in them is read as markup."""
     rows = [list(r) for r in rows]
