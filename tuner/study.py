@@ -887,8 +887,9 @@ class _Progress:
         if summary["failures_this_run"]:
             table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
         table.add_row("wall time", f"{human_seconds(summary['wall_s'])}; {_first_seconds(summary, replay)}")
-        if summary["gpu_busy_fraction"] is not None:
-            table.add_row("replay workers busy" if replay else "GPU busy", f"{summary['gpu_busy_fraction']:.0%}")
+        busy = summary["gpu_busy_fraction"]
+        if busy is not None and not (replay and busy == 0):  # an in-process replay has no workers to be busy
+            table.add_row("replay workers busy" if replay else "GPU busy", f"{busy:.0%}")
         best = summary["best"]
         if best:
             if self.stats.unit == "TFLOP/s":
