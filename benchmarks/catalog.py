@@ -90,7 +90,7 @@ def main() -> int:
     for kernel, problem_name, target in TARGETS:
         if args.only and kernel not in args.only:
             continue
-        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         url = f"sqlite:///{out}/catalog-{date}.db"

@@ -60,7 +60,7 @@ def main() -> int:
     from tuner.render import render
 
     study = optuna.load_study(study_name=summary["study"], storage=url)
-    space = space_mod.load(ROOT / "search_spaces" / "gemm.yaml")
+    space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")
     problem = space.problem()
     family = kernels.get("gemm")
     best = summary["best"]

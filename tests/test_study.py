@@ -21,7 +21,7 @@ from tuner.space import params_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
 
 
 def tuner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

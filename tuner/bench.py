@@ -39,7 +39,7 @@ from tuner import kernels
 from tuner.expr import ceil_div
 from tuner.gpu import GpuFacts
 from tuner.kernels import bf16
-from tuner.kernels.base import Family, Launch
+from tuner.kernels.base import Family, Launch, ReferenceFailed
 from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
 
 __all__ = [
@@ -639,7 +639,10 @@ class GpuEvaluator:
         with stream:
             rng = cupy.random.default_rng(seed)
             inputs = family.inputs(cupy, problem, rng)
-            reference = family.reference(cupy, inputs, problem, config=config)
+            try:
+                reference = family.reference(cupy, inputs, problem, config=config)
+            except ReferenceFailed as exc:  # a user's reference raised: this config's trial fails, the study goes on
+                return WrongResult(reason=str(exc), details={"phase": "reference", "seed": seed})
             outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype))
                        for name, (shape, dtype) in family.outputs(problem, config).items()}
             for array in outputs.values():

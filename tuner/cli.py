@@ -91,12 +91,11 @@ def _load_space_and_problem(args: argparse.Namespace):
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from tuner import kernels
     from tuner.render import render
 
     s, problem = _load_space_and_problem(args)
     params = s.config_from_assignments(args.set or [], problem)
-    source = render(kernels.get(s.kernel), params, s.resolve(params, problem), problem.env)
+    source = render(s.family, params, s.resolve(params, problem), problem.env)
     sys.stdout.write(source.text)
     return 0
 
@@ -107,12 +106,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from tuner import compile as compile_mod
-    from tuner import kernels, limits
+    from tuner import limits
     from tuner.console import Column, human_seconds, print_table
+    from tuner.kernels.custom import check_reference
     from tuner.render import render
 
     s, problem = _load_space_and_problem(args)
-    family = kernels.get(s.kernel)
+    family = s.family
+    check_reference(s, problem)  # a user's reference runs once with NumPy: it must return the outputs' shapes
     arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
     configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()

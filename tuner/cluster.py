@@ -137,7 +137,7 @@ class Pool:
         import ray
 
         self.space, self.problem = space, problem
-        self.family = kernels.get(space.kernel)
+        self.family = space.family
         self.timeout_s = timeout_s
         t0 = time.perf_counter()
         resources = init_ray(ray_address, logical_gpus)
@@ -276,7 +276,7 @@ class Pool:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                ref = slot.actor.evaluate.remote(job.compiled, self.space.kernel, job.config, self.problem.env,
+                ref = slot.actor.evaluate.remote(job.compiled, self.space.family_ref, job.config, self.problem.env,
                                                  budget_ms=job.budget_ms)
                 if not slot.queue:
                     slot.head_started = time.perf_counter()

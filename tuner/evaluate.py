@@ -11,7 +11,6 @@ from typing import Any
 
 import jinja2
 
-from tuner import kernels
 from tuner.compile import compile_source, default_arch
 from tuner.evaluator import Evaluator
 from tuner.kernels.base import Family
@@ -54,7 +53,7 @@ def evaluate_config(
     reason = space.validate(config, problem)
     if reason is not None:
         return Invalid(reason=reason, details={"config": dict(config)})
-    family = family or kernels.get(space.kernel)
+    family = family or space.family
     params = {name: config[name] for name in space.params}
     resolved = space.resolve(params, problem)
     source = render(family, params, resolved, problem.env, env=env)

@@ -1,6 +1,8 @@
 """Render a kernel template for one config: (kernel, config, problem) → `Source`.
 
-One strict Jinja2 environment over templates/: an undefined variable is an error naming the template and line,
+One strict Jinja2 environment over the shipped templates (package data, ``tuner/templates``, read through
+`importlib.resources`), plus the directory of a family's own template when it has one (``Family.template_dir``: a
+space's directory, or an installed package's): an undefined variable is an error naming the template and line,
 never an empty string that turns into a baffling compile error later.
 
 What a template sees: every param and derived value of the config, the problem's sizes, ``dtype``, ``ctype``
@@ -15,6 +17,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,8 @@ import jinja2
 from tuner.errors import TemplateError
 from tuner.kernels import base as kbase
 
-TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES", Path(__file__).resolve().parent.parent / "templates"))
+#: The shipped templates: package data, so an installed wheel finds them from any directory.
+TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES") or str(resources.files("tuner") / "templates"))
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,11 @@ class Source:
     template: str
 
 
-def environment(templates_dir: Path | str = TEMPLATES_DIR) -> jinja2.Environment:
+def environment(templates_dir: Path | str = TEMPLATES_DIR, *extra_dirs: Path | str) -> jinja2.Environment:
+    """The strict environment. `extra_dirs` (a family's own template directory) are searched first, so a user's
+    template may include the shipped ones and its own files alike."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        loader=jinja2.FileSystemLoader([*(str(d) for d in extra_dirs), str(templates_dir)]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -48,22 +54,35 @@ def environment(templates_dir: Path | str = TEMPLATES_DIR) -> jinja2.Environment
     )
 
 
-_ENV: jinja2.Environment | None = None
+_ENVS: dict[str, jinja2.Environment] = {}
 
 
-def _env() -> jinja2.Environment:
-    global _ENV
-    if _ENV is None:
-        _ENV = environment()
-    return _ENV
+def _env(family: kbase.Family | None = None) -> jinja2.Environment:
+    """One environment per template directory (the shipped one, or a family's own plus the shipped one)."""
+    own = getattr(family, "template_dir", None)
+    key = str(own or "")
+    if key not in _ENVS:
+        _ENVS[key] = environment(TEMPLATES_DIR, *([own] if own else []))
+    return _ENVS[key]
 
 
-def templates_hash(family: kbase.Family, templates_dir: Path | str = TEMPLATES_DIR) -> str:
-    """sha256 of the family's template file: a study records it, so a source rendered later can be trusted to be
-    the one that was measured. A replay-only family has no template: the hash of nothing."""
+def template_file(family: kbase.Family) -> Path:
+    """The file `family.template` renders from: its own directory first, then the shipped templates."""
+    own = getattr(family, "template_dir", None)
+    for directory in ([Path(own)] if own else []) + [TEMPLATES_DIR]:
+        if (directory / family.template).is_file():
+            return directory / family.template
+    raise TemplateError(f"template {family.template!r} not found in {own or TEMPLATES_DIR}")
+
+
+def templates_hash(family: kbase.Family, templates_dir: Path | str | None = None) -> str:
+    """sha256 of the family's template file (`template_file`, or the one in `templates_dir`): a study records it,
+    so a source rendered later can be trusted to be the one that was measured. A replay-only family has no
+    template: the hash of nothing."""
     if not family.template:
         return hashlib.sha256(b"").hexdigest()
-    return hashlib.sha256((Path(templates_dir) / family.template).read_bytes()).hexdigest()
+    path = Path(templates_dir) / family.template if templates_dir is not None else template_file(family)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _token(value: Any) -> str:
@@ -89,7 +108,7 @@ def render(
     `params` (the raw knobs, in declared order) name the uri; `config` is what the template sees. Raises
     TemplateError (template:line: fault) on a Jinja syntax error or an undefined variable.
     """
-    env = env or _env()
+    env = env or _env(family)
     for key, value in {**config, "dtype": problem_env.get("dtype")}.items():
         if isinstance(value, str) and not _IDENTIFIER.fullmatch(value):
             raise TemplateError(f"{key}={value!r} is not an identifier: string values select a variant and are "

@@ -91,6 +91,7 @@ class StudyAttr:
     """Names of the study's user attrs that more than one stage reads."""
 
     KERNEL = "kernel"
+    FAMILY = "family"  # how any process finds the family again: its name, or space:PATH (tuner.kernels.get)
     PROBLEM = "problem"
     GPU = "gpu"
     ARCH = "arch"

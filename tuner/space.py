@@ -33,6 +33,7 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ from tuner.expr import Expr, ExprError
 from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
-TOP_LEVEL_KEYS = ("kernel", "description", "problem", "params", "constraints", "derived", "objectives", "default")
+TOP_LEVEL_KEYS = ("kernel", "family", "template", "description", "problem", "params", "constraints", "derived",
+                  "objectives", "default")
 METRICS = (
     "throughput",
     "tbps",
@@ -65,7 +67,8 @@ WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
 SAMPLE_DRAWS = 100_000
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-SPACES_DIR = PACKAGE_ROOT / "search_spaces"
+#: The shipped spaces: package data, so an installed wheel finds them from any directory.
+SPACES_DIR = Path(str(resources.files("tuner") / "search_spaces"))
 
 
 class WalkBudgetExceeded(Exception):
@@ -123,7 +126,15 @@ class SearchSpace:
     objectives: list[Objective]
     default: dict[str, Any]
     text: str = ""
+    #: What `tuner.kernels.get` resolves to this space's family in any process (a name, or ``space:PATH``).
+    family_ref: str = ""
     _plan: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def family(self) -> kbase.Family:
+        from tuner import kernels
+
+        return kernels.get(self.family_ref or self.kernel)
 
     # -- queries ------------------------------------------------------------------------------------------------
     def problem(self, name: str | None = None) -> Problem:
@@ -356,15 +367,13 @@ def load(space: str | Path) -> SearchSpace:
         if key not in TOP_LEVEL_KEYS:
             raise fail(f"unknown top-level key {key!r} (allowed: {', '.join(TOP_LEVEL_KEYS)})", key)
     for key in ("kernel", "problem", "params"):
-        if key not in data:
+        if key not in data and not (key == "kernel" and "family" in data):
             raise SpaceError(f"missing top-level key {key!r}", where)
 
-    from tuner import kernels  # late import: kernels import space-free modules only
+    from tuner.kernels import custom  # late import: kernels import space-free modules only
 
-    kernel = data["kernel"]
-    if kernel not in kernels.names():
-        raise fail(f"unknown kernel {kernel!r} (known: {', '.join(kernels.names())})", "kernel")
-    family = kernels.get(kernel)
+    family = custom.space_family(data, path, fail)  # a user's family module runs here, by their choice
+    kernel = family.name
 
     problems = _load_problems(data["problem"], family, fail)
     params = _load_params(data["params"], fail)
@@ -393,6 +402,7 @@ def load(space: str | Path) -> SearchSpace:
         objectives=objectives,
         default={},
         text=text,
+        family_ref=family.ref or family.name,
     )
     space._plan = _plan(space, fail)  # noqa: SLF001 - the loader builds the space it owns
 
@@ -422,6 +432,8 @@ def load(space: str | Path) -> SearchSpace:
                              f"{space.cartesian:,} Cartesian configs", where)
         if default is None and not space.default:
             space.default = first
+    if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
+        family.validate_space(space, fail)
     return space
 
 

@@ -428,7 +428,8 @@ def study_context(study: optuna.Study) -> StudyContext:
 
     attrs = study.user_attrs
     kernel = attrs.get("kernel")
-    if kernel not in kernels.names():
+    ref = str(attrs.get(StudyAttr.FAMILY) or kernel)  # a name, or space:PATH for a family a space file defines
+    if ref not in kernels.names() and not ref.startswith(kernels.SPACE_PREFIX):
         raise InputError(f"study {study.study_name}: user attr 'kernel' is {kernel!r}, not one of "
                          f"{', '.join(kernels.names())} (was it written by `tuner study`?)")
     problem_attr = attrs.get("problem")
@@ -438,12 +439,12 @@ def study_context(study: optuna.Study) -> StudyContext:
                                 dtype=str(problem_attr.get("dtype", "float32")),
                                 sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
                                 gpu=gpu_facts(study))
-    ctx = StudyContext(kernel=kernel, family=kernels.get(kernel), problem=problem)
+    ctx = StudyContext(kernel=kernel, family=kernels.get(ref), problem=problem)
     space_path = attrs.get("space_path")
     if not space_path:
         ctx.space_note = "the study does not name its space file"
         return ctx
-    candidates = [Path(space_path), space_mod.PACKAGE_ROOT / space_path]
+    candidates = [space_mod.resolve_path(space_path), space_mod.PACKAGE_ROOT / space_path]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
         ctx.space_note = f"space file {space_path} not found"

@@ -247,13 +247,16 @@ class Driver:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:
             raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
-        if opts.kernel not in kernels.names():
+        if opts.space == opts.kernel and opts.kernel not in kernels.names():
             raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
         self.space = space_mod.load(opts.space)
         if self.space.kernel != opts.kernel:
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
-        self.family = kernels.get(self.space.kernel)
+        self.family = self.space.family
+        from tuner.kernels.custom import check_reference
+
+        check_reference(self.space, self.problem, required=not opts.replay)  # before anything is written
         if opts.objectives not in ("first", "all"):
             raise InputError(f"--objectives {opts.objectives}: choose first or all")
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
@@ -293,6 +296,7 @@ class Driver:
         name = self._study_name(gpu)
         attrs = {
             StudyAttr.KERNEL: self.space.kernel,
+            StudyAttr.FAMILY: self.space.family_ref,
             StudyAttr.SPACE_PATH: str(self.space.path),
             StudyAttr.SPACE_HASH: self.space.content_hash(),
             StudyAttr.TEMPLATES_HASH: templates_hash(self.family),

@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tuner.errors import InputError
 from tuner.kernels.base import Family
 from tuner.result import LaunchFailed, Result, TimedOut
 
@@ -269,13 +270,18 @@ class IsolatedEvaluator:
         return reply
 
     def _family_ref(self, family: Family | str) -> Family | str:
-        """A registered family crosses by name; any other Family crosses pickled."""
+        """A family that `tuner.kernels.get` resolves (shipped, registered, or defined by a space file) crosses by
+        its reference; any other Family crosses pickled."""
         if isinstance(family, str):
             return family
         from tuner import kernels
 
-        if family.name in kernels.names() and kernels.get(family.name) is family:
-            return family.name
+        ref = family.ref or family.name
+        try:
+            if kernels.get(ref) is family:
+                return ref
+        except (KeyError, InputError):
+            pass
         return family
 
     def evaluate(

@@ -1,8 +1,14 @@
-"""The contract every kernel family implements.
+"""The contract every kernel family implements: the public API for bringing a kernel of your own.
 
 A family is the Python half of a template: it knows the shapes of the arguments, how to launch the rendered
 kernels, the reference the output must match, and the minimal bytes and FLOPs that turn a time into a throughput.
 Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `bench.py` passes CuPy as `xp`.
+
+Most memory-bound kernels need no class at all: a declarative ``kernel:`` block in the space file describes the
+same things as data (`tuner.kernels.declarative`). Write a `Family` subclass when the launches, inputs or
+reference need code; the space names it with ``family: myfile.py:MyFamily`` (a file next to the space) or
+``family: mypkg.mod:MyFamily`` (importable from the space's directory or the environment), and an installed
+package can register it under the entry point group ``tuner.families``.
 """
 
 from __future__ import annotations
@@ -34,15 +40,59 @@ class Launch:
     smem_dynamic: int = 0
 
 
-class Family:
-    """Base class; one subclass per module in tuner/kernels/.
+class ReferenceFailed(Exception):
+    """A user's reference raised or returned the wrong thing; the evaluator records a failed trial with this
+    reason instead of stopping the study."""
 
-    Subclasses set `name`, `template` and `dtypes` and implement the methods below. Methods receive the config
-    (params plus derived values) and the problem (sizes plus ``dtype``), both plain dicts.
+
+class Family:
+    """Base class of every kernel family (shipped ones live in tuner/kernels/, one module each).
+
+    Subclasses set `name`, `template` and `dtypes` and implement `launches`, `inputs`, `outputs`, `reference`
+    and `bytes_moved` (`tolerance`, `flops` and `checked` have defaults). Methods receive the config (params plus
+    derived values) and the problem (sizes plus ``dtype``), both plain dicts; they run on the host and must not
+    keep state between calls (workers in other processes load their own instance).
+
+    The arguments a kernel takes are the names in ``Launch.args``: each is a key of `inputs()` or `outputs()`
+    (an array), else a problem size or a config value (a scalar: ints go as 64 bits, floats as 32). The
+    template's entry point must be ``extern "C" __global__ void {{ entry }}(...)`` with those arguments in order.
+
+    A worked example, ``y = a * x`` over n floats (scale.py next to the space; the space says
+    ``family: scale.py:Scale`` and ``template: scale.cu.j2``, with a param ``block``)::
+
+        from tuner.kernels.base import Family, Launch
+
+        class Scale(Family):
+            name = "scale"
+            template = "scale.cu.j2"          # found next to the space file
+            problem_sizes = ("n",)            # every problem must name n
+
+            def launches(self, entry, config, problem):
+                n, block = problem["n"], config["block"]
+                return [Launch(entry, grid=((n + block - 1) // block, 1, 1), block=(block, 1, 1),
+                               args=("x", "y", "n"))]
+
+            def inputs(self, xp, problem, rng):
+                return {"x": rng.standard_normal((problem["n"],), dtype=xp.float32)}
+
+            def outputs(self, problem, config):
+                return {"y": ((problem["n"],), problem["dtype"])}
+
+            def reference(self, xp, inputs, problem, config=None):
+                return {"y": 2.0 * inputs["x"].astype(xp.float64)}
+
+            def bytes_moved(self, problem):
+                return 2 * problem["n"] * self.elem_bytes(problem)   # x read once, y written once
+
+    Importing a family module runs its code: the user chose to name it in their space file.
     """
 
     name: str = ""
     template: str = ""
+    #: Directory that holds `template` (a space's directory, an installed package's); None: the shipped ones.
+    template_dir: str | None = None
+    #: How any process finds this family again (`tuner.kernels.get`): its name, or ``space:PATH``.
+    ref: str = ""
     dtypes: tuple[str, ...] = ("float32",)
     #: Sizes every problem of this family must name (e.g. ("M", "N", "K")).
     problem_sizes: tuple[str, ...] = ()
@@ -73,9 +123,10 @@ class Family:
         return ()
 
     def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
-        """Expected outputs, computed in float64 (or the best the backend offers) on `xp`. The evaluator passes the
-        resolved config; most families compute the same function for every config and ignore it (copy's
-        expected output depends on its stride and vec)."""
+        """Expected outputs (name → array of the output's shape), computed in float64 (or the best the backend
+        offers) on `xp`. The evaluator passes the resolved config; most families compute the same function for
+        every config and ignore it (copy's expected output depends on its stride and vec). May raise
+        `ReferenceFailed`: the config's trial then fails with that reason."""
         raise NotImplementedError
 
     def tolerance(self, problem: Problem) -> float | dict[str, float]:

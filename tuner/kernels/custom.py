@@ -1,0 +1,216 @@
+"""The family a space file names: shipped or registered by name, a user's class, or a declarative block.
+
+A space file chooses its family with one of
+
+* ``kernel: NAME`` — a shipped family or one an installed package registers (entry point group
+  ``tuner.families``);
+* ``family: FILE.py:Class`` (a file next to the space) or ``family: package.module:Class`` (importable from the
+  space's directory or the environment) — importing it runs the user's code, by the user's choice;
+* ``kernel: {name: ..., arguments: [...], launch: {...}, ...}`` — a declarative family
+  (`tuner.kernels.declarative`): data only, no code runs but AST-checked expressions (and the reference, if the
+  block names one, which is again the user's choice).
+
+``template: FILE.cu.j2`` (next to the space) gives the family a template of its own. Every fault is an
+InputError that names the file and, where there is one, the line.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tuner import kernels
+from tuner.errors import InputError, SpaceError
+from tuner.kernels.base import Family, ReferenceFailed
+
+
+def space_family(data: dict[str, Any], path: Path, fail) -> Family:
+    """The family of the space loaded from `path` (its YAML mapping `data`), registered under its reference.
+    `fail(message, *keys)` builds the SpaceError that names the space file and the line of `keys`."""
+    directory = path.resolve().parent
+    kernel, spec, template = data.get("kernel"), data.get("family"), data.get("template")
+    if spec is not None:
+        if isinstance(kernel, dict):
+            raise fail("a space has either a 'family:' line or a declarative 'kernel:' block, not both", "family")
+        if not isinstance(spec, str):
+            raise fail("'family' expects FILE.py:Class or package.module:Class", "family")
+        family = load_class(spec, directory, fail)
+        if kernel is not None and kernel != family.name:
+            raise fail(f"kernel {kernel!r} does not match the family's name {family.name!r}", "kernel")
+        if family.template_dir is None and template is None:
+            family.template_dir = str(directory)
+    elif isinstance(kernel, dict):
+        from tuner.kernels.declarative import DeclarativeFamily
+
+        family = DeclarativeFamily.from_block(kernel, directory, fail)
+    elif isinstance(kernel, str):
+        if kernel not in kernels.names():
+            raise fail(f"unknown kernel {kernel!r} (known: {', '.join(kernels.names())}; or name a family with "
+                       "'family:', or describe one with a 'kernel:' block)", "kernel")
+        family = kernels.get(kernel)
+        if template is None:
+            return family
+        family = copy.copy(family)  # the registered instance stays as it is for other spaces
+    else:
+        raise fail("'kernel' must be a family name or a mapping (a declarative family)", "kernel")
+
+    if template is not None:
+        if not isinstance(template, str) or Path(template).name != template or not template:
+            raise fail("'template' names a file next to the space (no directories)", "template")
+        family.template, family.template_dir = template, str(directory)
+    if not family.template:
+        raise fail(f"family {family.name!r} names no template (add 'template: FILE.cu.j2')",
+                   "kernel" if spec is None else "family")
+    if family.template_dir is not None and not (Path(family.template_dir) / family.template).is_file():
+        raise fail(f"template {family.template!r} not found in {family.template_dir}",
+                   "template" if template is not None else ("family" if spec is not None else "kernel"))
+    return kernels.register(kernels.SPACE_PREFIX + str(path.resolve()), family)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# importing the user's code
+
+
+def load_class(spec: str, directory: Path, fail) -> Family:
+    """An instance of the Family subclass `spec` names (FILE.py:Class or package.module:Class)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr.isidentifier():
+        raise fail(f"family {spec!r}: expected FILE.py:Class or package.module:Class", "family")
+    module = import_user(target, directory, fail, "family")
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise fail(f"family {spec!r}: {target} has no {attr!r}", "family")
+    if not (isinstance(obj, type) and issubclass(obj, Family)):
+        raise fail(f"family {spec!r}: {attr} is not a subclass of tuner.kernels.base.Family", "family")
+    try:
+        family = obj()
+    except Exception as exc:  # user code
+        raise _user_error(exc, f"family {spec!r}: {attr}() raised", directory) from None
+    if not family.name or not str(family.name).isidentifier():
+        raise fail(f"family {spec!r}: {attr}.name must be an identifier, got {family.name!r}", "family")
+    family.reference = functools.partial(_guarded, family.reference, f"{target}:{attr}.reference", directory)
+    return family
+
+
+def import_user(target: str, directory: Path, fail, key: str):
+    """Import FILE.py (relative to `directory`) or a dotted module (from `directory` first, then the
+    environment). Runs the user's code; a failure is a one-line InputError naming their file and line."""
+    if target.endswith(".py"):
+        file = (directory / target).resolve()
+        if not file.is_file():
+            raise fail(f"{target} not found next to the space ({directory})", key)
+        name = f"tuner_user_{file.stem}_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        _on_path(directory)  # so the file may import its neighbours
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # user code: SyntaxError, ImportError, SystemExit ...
+            del sys.modules[name]
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise _user_error(exc, f"{target} does not import", directory) from None
+        return module
+    if not all(part.isidentifier() for part in target.split(".")):
+        raise fail(f"{target!r} is neither FILE.py nor a dotted module name", key)
+    _on_path(directory)
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name and target.startswith(exc.name):
+            raise fail(f"no module {target!r} in {directory} or the environment", key) from None
+        raise _user_error(exc, f"{target} does not import", directory) from None
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise _user_error(exc, f"{target} does not import", directory) from None
+
+
+def _on_path(directory: Path) -> None:
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+
+
+def _user_error(exc: BaseException, what: str, directory: Path) -> InputError:
+    """One line: the innermost frame of the user's code (file:line) and the exception."""
+    where, line = _user_frame(exc, directory)
+    return InputError(f"{what}: {type(exc).__name__}: {exc}".splitlines()[0], where, line)
+
+
+def _user_frame(exc: BaseException, directory: Path | None) -> tuple[str | None, int | None]:
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return exc.filename, exc.lineno
+    where, line = None, None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        inside_tuner = Path(frame.filename).resolve().is_relative_to(Path(kernels.__file__).resolve().parents[1])
+        if not inside_tuner and "importlib" not in frame.filename:
+            where, line = frame.filename, frame.lineno
+    return where, line
+
+
+def _guarded(fn, what: str, directory: Path | None, *args, **kwargs):
+    """Call a user's reference; any exception it raises becomes ReferenceFailed (a failed trial, not a crash)."""
+    try:
+        return fn(*args, **kwargs)
+    except ReferenceFailed:
+        raise
+    except Exception as exc:  # user code
+        where, line = _user_frame(exc, directory)
+        at = f" ({where}:{line})" if where else ""
+        raise ReferenceFailed(f"{what} raised {type(exc).__name__}: {exc}{at}".splitlines()[0]) from exc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference, tried once before any GPU work
+
+
+def check_reference(space, problem=None, required: bool = False) -> None:
+    """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
+    config, and check it returns every checked output with its declared shape. InputError naming the reference's
+    file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
+    Shipped and registered families are not checked (their own tests do that)."""
+    import numpy as np
+
+    family = space.family
+    if not family.ref.startswith(kernels.SPACE_PREFIX):
+        return
+    if getattr(family, "has_reference", True) is False:
+        if required:
+            raise InputError(f"kernel {family.name!r} declares no reference, so its results cannot be verified: "
+                             "add 'reference: FILE.py:function' to its block (without one, render and check work)",
+                             str(space.path))
+        return
+    problem = problem or space.problem()
+    config = space.resolve(space.default, problem)
+    env = problem.env
+    inputs = family.inputs(np, env, np.random.default_rng(0))
+    where = str(space.path)
+    try:
+        expected = family.reference(np, inputs, env, config=config)
+    except ReferenceFailed as exc:
+        raise InputError(str(exc), where) from None
+    if not isinstance(expected, dict):
+        raise InputError(f"{family.name}: reference returned {type(expected).__name__}, not a dict of outputs", where)
+    outputs = family.outputs(env, config)
+    for name in family.checked() or tuple(expected):
+        if name not in expected:
+            raise InputError(f"{family.name}: reference returned no {name!r} (returned: {sorted(expected)})", where)
+        if name not in outputs:
+            raise InputError(f"{family.name}: reference returned {name!r}, which is not an output", where)
+        shape = tuple(np.shape(expected[name]))
+        if shape != tuple(outputs[name][0]):
+            raise InputError(f"{family.name}: reference output {name!r} has shape {shape}, the kernel writes "
+                             f"{tuple(outputs[name][0])}", where)
+
+
+__all__ = ["SpaceError", "check_reference", "import_user", "load_class", "space_family"]

@@ -1,0 +1,339 @@
+"""A family described as data: the ``kernel:`` block of a space file.
+
+Most memory-bound kernels need no Python class: their arguments, launch geometry, traffic and tolerance are
+expressions of the problem's sizes and the config. A space file says so in its ``kernel:`` block::
+
+    kernel:
+      name: scale_add                      # the kernel's name (readable uris start with it)
+      dtypes: [float32]                    # problem dtypes it supports (default [float32])
+      arguments:                           # in the order of the template's entry point
+        - {name: x, role: input, shape: [n]}             # dtype: the problem's, unless given
+        - {name: y, role: input, shape: [n]}
+        - {name: out, role: output, shape: [n]}
+        - {name: alpha, role: scalar, dtype: float32, value: "2"}   # value: expression of problem sizes
+        - {name: n, role: scalar, dtype: int64}                      # value defaults to the name
+      launch:
+        grid: ["ceil_div(n, block * vec)"]   # expressions of problem sizes, params and derived values
+        block: [block]
+        smem: 0                              # dynamic shared memory, bytes (default 0)
+      bytes: 3 * n * elem_bytes              # minimal traffic (default: each input read once, each output
+      flops: 2 * n                           #   written once); useful FLOPs (default 0)
+      tolerance: 1.0e-5                      # default: by dtype (1e-4 float32, 5e-3 float16, 2e-2 bfloat16)
+      reference: ref.py:scale_add            # optional: FILE.py:function or module:function
+
+Shapes, scalar values, bytes and FLOPs read only the problem (sizes, ``dtype``, ``elem_bytes``); the launch may
+also read params and derived values. Every expression goes through `tuner.expr` (AST-checked, no code runs).
+
+Inputs are fresh standard-normal arrays of the declared dtype; outputs are NaN-poisoned before each checked
+launch. The reference receives every input as a float64 NumPy array and every scalar by name (keyword
+arguments) and returns the expected output (one output) or a dict name → array; it runs the user's code, by the
+user's choice. Without a reference, ``tuner render`` and ``tuner check`` work, but results cannot be verified, so a
+study on a GPU refuses to start. One launch per config (a kernel that needs several is a `Family` subclass).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.expr import Expr, ExprError
+from tuner.kernels import bf16
+from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
+
+FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference")
+REQUIRED = ("name", "arguments", "launch")
+ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value")
+ROLES = ("input", "output", "scalar")
+LAUNCH_FIELDS = ("grid", "block", "smem")
+ARRAY_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+SCALAR_DTYPES = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64}
+PROBLEM_DTYPE = "dtype"  # an argument whose dtype is the problem's
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One kernel argument. `dtype` is a concrete dtype or "dtype" (the problem's); arrays have a `shape`,
+    scalars a `value`."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[Expr, ...] = ()
+    value: Expr | None = None
+
+    def dtype_of(self, problem: Problem) -> str:
+        return problem["dtype"] if self.dtype == PROBLEM_DTYPE else self.dtype
+
+    def shape_of(self, problem: Problem) -> tuple[int, ...]:
+        return tuple(int(e(problem)) for e in self.shape)
+
+
+class DeclarativeFamily(Family):
+    """A `Family` built from a ``kernel:`` block (see the module docstring)."""
+
+    def __init__(self, name: str, dtypes: tuple[str, ...], arguments: tuple[Argument, ...],
+                 grid: tuple[Expr, ...], block: tuple[Expr, ...], smem: Expr, bytes_expr: Expr | None,
+                 flops_expr: Expr | None, tolerance_value: float | None, reference_fn=None,
+                 reference_name: str = ""):
+        self.name, self.dtypes, self.arguments = name, dtypes, arguments
+        self.grid, self.block, self.smem = grid, block, smem
+        self.bytes_expr, self.flops_expr, self.tolerance_value = bytes_expr, flops_expr, tolerance_value
+        self.reference_fn, self.reference_name = reference_fn, reference_name
+        self.has_reference = reference_fn is not None
+        self.uri_names = {}
+
+    # -- loading ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_block(cls, block: dict[str, Any], directory: Path, fail) -> DeclarativeFamily:
+        """Check and build the block; `fail(message, *keys)` makes the SpaceError naming the space file:line."""
+        for key in block:
+            if key not in FIELDS:
+                raise fail(f"kernel: unknown field {key!r} (allowed: {', '.join(FIELDS)})", "kernel", key)
+        for key in REQUIRED:
+            if key not in block:
+                raise fail(f"kernel: missing field {key!r}", "kernel")
+        name = block["name"]
+        if not isinstance(name, str) or not name.isidentifier():
+            raise fail(f"kernel: name {name!r} is not an identifier", "kernel", "name")
+        dtypes = block.get("dtypes", ["float32"])
+        if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
+            raise fail(f"kernel: dtypes must be a list of {', '.join(DTYPES)}", "kernel", "dtypes")
+        arguments = _arguments(block["arguments"], fail)
+        launch = block["launch"]
+        if not isinstance(launch, dict):
+            raise fail("kernel: launch must be a mapping of grid, block (and smem)", "kernel", "launch")
+        for key in launch:
+            if key not in LAUNCH_FIELDS:
+                raise fail(f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LAUNCH_FIELDS)})",
+                           "kernel", "launch", key)
+        for key in ("grid", "block"):
+            if key not in launch:
+                raise fail(f"kernel: launch: missing field {key!r}", "kernel", "launch")
+        grid = _dims(launch["grid"], fail, "kernel", "launch", "grid")
+        threads = _dims(launch["block"], fail, "kernel", "launch", "block")
+        smem = _expr(launch.get("smem", 0), fail, "kernel", "launch", "smem")
+        bytes_expr = _expr(block["bytes"], fail, "kernel", "bytes") if "bytes" in block else None
+        flops_expr = _expr(block["flops"], fail, "kernel", "flops") if "flops" in block else None
+        tolerance = block.get("tolerance")
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int | float)
+                                      or tolerance < 0):
+            raise fail(f"kernel: tolerance must be a number ≥ 0, got {tolerance!r}", "kernel", "tolerance")
+        reference_fn, reference_name = None, ""
+        if block.get("reference") is not None:
+            reference_name = block["reference"]
+            reference_fn = _reference(reference_name, directory, fail)
+        family = cls(name, tuple(dtypes), arguments, grid, threads, smem, bytes_expr, flops_expr,
+                     None if tolerance is None else float(tolerance), reference_fn, reference_name)
+        family.template_dir = str(directory)
+        return family
+
+    def validate_space(self, space, fail) -> None:
+        """Check every expression reads only names the space defines, and that shapes and the default config's
+        launch evaluate to positive integers on every problem."""
+        problem_names = set.intersection(*(set(p.env) for p in space.problems))
+        config_names = problem_names | set(space.params) | set(space.derived)
+
+        def check(expr: Expr, known: set[str], what: str, *keys) -> None:
+            unknown = sorted(expr.names - known)
+            if unknown:
+                allowed = "problem sizes" if known is problem_names else "problem sizes, params and derived values"
+                raise fail(f"kernel: {what} {expr.text!r} names unknown symbol(s) {', '.join(unknown)} "
+                           f"(it may read {allowed}: {', '.join(sorted(known))})", "kernel", *keys)
+
+        for i, arg in enumerate(self.arguments):
+            for expr in arg.shape:
+                check(expr, problem_names, "shape", "arguments", i, "shape")
+            if arg.value is not None:
+                check(arg.value, problem_names, "value", "arguments", i, "value")
+        for key, exprs in (("grid", self.grid), ("block", self.block), ("smem", (self.smem,))):
+            for expr in exprs:
+                check(expr, config_names, key, "launch", key)
+        for key, expr in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
+            if expr is not None:
+                check(expr, problem_names, key, key)
+
+        for problem in space.problems:
+            env = problem.env
+            for i, arg in enumerate(self.arguments):
+                for expr in arg.shape:
+                    _positive(expr, env, fail, f"shape of {arg.name!r} on problem {problem.name!r}",
+                              "arguments", i, "shape")
+            config = space.resolve(space.default or next(space.enumerate(problem)), problem)
+            launch_env = {**env, **config}
+            for key, exprs in (("grid", self.grid), ("block", self.block)):
+                for expr in exprs:
+                    _positive(expr, launch_env, fail, f"launch {key} for the default config on problem "
+                              f"{problem.name!r}", "launch", key)
+
+    # -- the Family contract ------------------------------------------------------------------------------------
+    def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
+        env = {**problem, **config}
+        grid = tuple(int(e(env)) for e in self.grid) + (1,) * (3 - len(self.grid))
+        block = tuple(int(e(env)) for e in self.block) + (1,) * (3 - len(self.block))
+        return [Launch(entry=entry, grid=grid, block=block, args=tuple(a.name for a in self.arguments),
+                       smem_dynamic=int(self.smem(env)))]
+
+    def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for arg in self.arguments:
+            if arg.role == "input":
+                shape, dtype = arg.shape_of(problem), arg.dtype_of(problem)
+                if dtype == "bfloat16":
+                    out[arg.name] = bf16.random(xp, rng, shape)
+                elif dtype == "float64":
+                    out[arg.name] = rng.standard_normal(shape, dtype=xp.float64)
+                else:
+                    out[arg.name] = rng.standard_normal(shape, dtype=xp.float32).astype(dtype, copy=False)
+            elif arg.role == "scalar":
+                out[arg.name] = SCALAR_DTYPES[arg.dtype](arg.value(problem))
+        return out
+
+    def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {a.name: (a.shape_of(problem), a.dtype_of(problem)) for a in self.arguments if a.role == "output"}
+
+    def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict:
+        if self.reference_fn is None:
+            raise ReferenceFailed(f"kernel {self.name!r} declares no reference: results cannot be verified")
+        kwargs = {}
+        for arg in self.arguments:
+            if arg.role == "input":
+                value = inputs[arg.name]
+                if arg.dtype_of(problem) == "bfloat16":
+                    value = bf16.decode(xp, value)
+                value = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
+                kwargs[arg.name] = np.asarray(value, dtype=np.float64)
+            elif arg.role == "scalar":
+                kwargs[arg.name] = inputs[arg.name]
+        result = self.reference_fn(**kwargs)
+        outputs = self.outputs(problem, config or {})
+        if not isinstance(result, dict):
+            if len(outputs) != 1:
+                raise ReferenceFailed(f"reference {self.reference_name} returned {type(result).__name__}; with "
+                                      f"{len(outputs)} outputs it must return a dict of {', '.join(outputs)}")
+            result = {next(iter(outputs)): result}
+        expected = {}
+        for name, value in result.items():
+            if name not in outputs:
+                raise ReferenceFailed(f"reference {self.reference_name} returned {name!r}, which is not an output "
+                                      f"(outputs: {', '.join(outputs)})")
+            shape = tuple(np.shape(value))
+            if shape != outputs[name][0]:
+                raise ReferenceFailed(f"reference {self.reference_name} returned {name!r} with shape {shape}, "
+                                      f"but the kernel writes {outputs[name][0]}")
+            expected[name] = xp.asarray(value)
+        return expected
+
+    def tolerance(self, problem: Problem) -> float:
+        return self.tolerance_value if self.tolerance_value is not None else super().tolerance(problem)
+
+    def bytes_moved(self, problem: Problem) -> int:
+        if self.bytes_expr is not None:
+            return int(self.bytes_expr(problem))
+        return sum(math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)]
+                   for a in self.arguments if a.role != "scalar")
+
+    def flops(self, problem: Problem) -> int:
+        return int(self.flops_expr(problem)) if self.flops_expr is not None else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parsing helpers
+
+
+def _expr(text: Any, fail, *keys) -> Expr:
+    try:
+        return Expr.parse(text)
+    except ExprError as exc:
+        raise fail(f"{': '.join(str(k) for k in keys if isinstance(k, str))}: {exc}", *keys) from None
+
+
+def _dims(spec: Any, fail, *keys) -> tuple[Expr, ...]:
+    items = spec if isinstance(spec, list) else [spec]
+    if not 1 <= len(items) <= 3:
+        raise fail(f"{keys[-1]}: expected 1 to 3 expressions (x, y, z)", *keys)
+    return tuple(_expr(item, fail, *keys) for item in items)
+
+
+def _positive(expr: Expr, env: dict[str, Any], fail, what: str, *keys) -> int:
+    try:
+        value = expr(env)
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        raise fail(f"kernel: {what}: {expr.text!r} fails: {type(exc).__name__}: {exc}", "kernel", *keys) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise fail(f"kernel: {what}: {expr.text!r} gives {value!r}, not a positive integer", "kernel", *keys)
+    return value
+
+
+def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
+    if not isinstance(spec, list) or not spec:
+        raise fail("kernel: arguments must be a non-empty list of {name, role, shape, dtype}", "kernel",
+                   "arguments")
+    out: list[Argument] = []
+    for i, item in enumerate(spec):
+        keys = ("kernel", "arguments", i)
+        if not isinstance(item, dict):
+            raise fail("kernel: each argument is a mapping {name, role, shape, dtype, value}", *keys)
+        for key in item:
+            if key not in ARGUMENT_FIELDS:
+                raise fail(f"kernel: argument: unknown field {key!r} (allowed: {', '.join(ARGUMENT_FIELDS)})",
+                           *keys, key)
+        for key in ("name", "role"):
+            if key not in item:
+                raise fail(f"kernel: argument: missing field {key!r}", *keys)
+        name, role = item["name"], item["role"]
+        if not isinstance(name, str) or not name.isidentifier():
+            raise fail(f"kernel: argument name {name!r} is not an identifier", *keys, "name")
+        if any(a.name == name for a in out):
+            raise fail(f"kernel: argument {name!r} is listed twice", *keys, "name")
+        if role not in ROLES:
+            raise fail(f"kernel: argument {name!r}: role must be one of {', '.join(ROLES)}", *keys, "role")
+        if role == "scalar":
+            if "shape" in item:
+                raise fail(f"kernel: scalar {name!r} has no shape", *keys, "shape")
+            dtype = item.get("dtype", "int64")
+            if dtype not in SCALAR_DTYPES:
+                raise fail(f"kernel: scalar {name!r}: dtype must be one of {', '.join(SCALAR_DTYPES)}",
+                           *keys, "dtype")
+            out.append(Argument(name, role, dtype, value=_expr(item.get("value", name), fail, *keys, "value")))
+            continue
+        if "value" in item:
+            raise fail(f"kernel: array {name!r} takes no value (only scalars do)", *keys, "value")
+        if "shape" not in item:
+            raise fail(f"kernel: argument: missing field 'shape' for array {name!r}", *keys)
+        dtype = item.get("dtype", PROBLEM_DTYPE)
+        if dtype != PROBLEM_DTYPE and dtype not in ARRAY_DTYPES:
+            raise fail(f"kernel: array {name!r}: dtype must be 'dtype' (the problem's) or one of "
+                       f"{', '.join(ARRAY_DTYPES)}", *keys, "dtype")
+        shape = item["shape"]
+        shape = shape if isinstance(shape, list) else [shape]
+        if not shape:
+            raise fail(f"kernel: array {name!r}: shape needs at least one dimension", *keys, "shape")
+        out.append(Argument(name, role, dtype, shape=tuple(_expr(s, fail, *keys, "shape") for s in shape)))
+    if not any(a.role == "output" for a in out):
+        raise fail("kernel: arguments name no output (role: output)", "kernel", "arguments")
+    return tuple(out)
+
+
+def _reference(spec: Any, directory: Path, fail):
+    from tuner.kernels import custom
+
+    if not isinstance(spec, str) or ":" not in spec:
+        raise fail("kernel: reference expects FILE.py:function or module:function", "kernel", "reference")
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr.isidentifier():
+        raise fail(f"kernel: reference {spec!r}: expected FILE.py:function or module:function", "kernel",
+                   "reference")
+
+    def ref_fail(message: str, *_keys):
+        return fail(f"kernel: reference: {message}", "kernel", "reference")
+
+    module = custom.import_user(target, directory, ref_fail, "reference")
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
+    return functools.partial(custom._guarded, fn, f"reference {spec}", directory)
