@@ -29,8 +29,9 @@ EXAMPLE = ROOT / "examples" / "scale_add"
 
 def tuner(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def record(space_file: Path, db: Path) -> int:
@@ -42,12 +43,26 @@ def record(space_file: Path, db: Path) -> int:
     configs = list(space.enumerate())
     for i, config in enumerate(configs):
         ms = 1.0 / config.get("vec", 1) + 0.001 * i
-        attrs = {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "repetitions": 10, "bytes_moved": 3 << 28,
-                 "flops": 0, "tbps": (3 << 28) / ms / 1e9, "tflops": 0.0, "ceiling_tbps": 4.0,
-                 "fraction_of_ceiling": (3 << 28) / ms / 1e9 / 4.0, "registers": 16, "smem_static_bytes": 0,
-                 "smem_dynamic_bytes": 0, "spill_bytes": 0, "gpu": "synthetic"}
-        study.add_trial(optuna.trial.create_trial(params=config, distributions=dists, values=[attrs["tbps"]],
-                                                  user_attrs=attrs))
+        attrs = {
+            "median_ms": ms,
+            "p20_ms": ms,
+            "p80_ms": ms,
+            "repetitions": 10,
+            "bytes_moved": 3 << 28,
+            "flops": 0,
+            "tbps": (3 << 28) / ms / 1e9,
+            "tflops": 0.0,
+            "ceiling_tbps": 4.0,
+            "fraction_of_ceiling": (3 << 28) / ms / 1e9 / 4.0,
+            "registers": 16,
+            "smem_static_bytes": 0,
+            "smem_dynamic_bytes": 0,
+            "spill_bytes": 0,
+            "gpu": "synthetic",
+        }
+        study.add_trial(
+            optuna.trial.create_trial(params=config, distributions=dists, values=[attrs["tbps"]], user_attrs=attrs)
+        )
     return len(configs)
 
 
@@ -56,8 +71,7 @@ def record(space_file: Path, db: Path) -> int:
 
 
 def test_example_compiles_for_sm90_from_another_directory(tmp_path):
-    proc = tuner("check", str(EXAMPLE / "scale_add.yaml"), "--sample", "6", "--arch", "sm_90", "--json",
-                 cwd=tmp_path)
+    proc = tuner("check", str(EXAMPLE / "scale_add.yaml"), "--sample", "6", "--arch", "sm_90", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["compiled"] == 6 and summary["failed"] == 0
@@ -82,8 +96,22 @@ def test_example_study_against_a_replay_then_export(tmp_path):
     work = tmp_path / "mine"
     shutil.copytree(EXAMPLE, work)
     n = record(work / "scale_add.yaml", tmp_path / "rec.db")
-    proc = tuner("study", "scale_add", "--space", "scale_add.yaml", "--trials", "15", "--replay",
-                 str(tmp_path / "rec.db"), "--gpus", "2", "--seed", "3", "--json", cwd=work)
+    proc = tuner(
+        "study",
+        "scale_add",
+        "--space",
+        "scale_add.yaml",
+        "--trials",
+        "15",
+        "--replay",
+        str(tmp_path / "rec.db"),
+        "--gpus",
+        "2",
+        "--seed",
+        "3",
+        "--json",
+        cwd=work,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["trials"] == 15 and n >= 15
@@ -102,7 +130,7 @@ def test_example_study_against_a_replay_then_export(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # a Python family: a file next to the space, a module importable from its directory
 
-FAMILY_PY = '''
+FAMILY_PY = """
 from tuner.kernels.base import Family, Launch
 
 
@@ -126,7 +154,7 @@ class Twice(Family):
 
     def bytes_moved(self, problem):
         return 2 * problem["n"] * self.elem_bytes(problem)
-'''
+"""
 TWICE_TEMPLATE = """\
 extern "C" __global__ void __launch_bounds__({{ block }}) {{ entry }}(const float* x, float* y, long long n)
 {
@@ -162,13 +190,28 @@ def test_python_family_compiles_and_runs_a_replay_study(tmp_path, spec):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["compiled"] == 4 and {r["uri"] for r in summary["configs"]} == {
-        f"twice_block{b}" for b in (64, 128, 256, 512)}
+        f"twice_block{b}" for b in (64, 128, 256, 512)
+    }
 
     record(space_file, tmp_path / "rec.db")
     url = f"sqlite:///{tmp_path}/s.db"
     # Two logical GPUs: each Ray actor resolves the family from its reference (space:PATH) on its own.
-    proc = tuner("study", "twice", "--space", str(space_file), "--trials", "6", "--replay", str(tmp_path / "rec.db"),
-                 "--gpus", "2", "--storage", url, "--json", cwd=tmp_path)
+    proc = tuner(
+        "study",
+        "twice",
+        "--space",
+        str(space_file),
+        "--trials",
+        "6",
+        "--replay",
+        str(tmp_path / "rec.db"),
+        "--gpus",
+        "2",
+        "--storage",
+        url,
+        "--json",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
     assert sum(t.state.name == "COMPLETE" for t in study.trials) >= 4  # 4 configs; the rest are duplicates
@@ -193,9 +236,12 @@ def test_entry_point_family(tmp_path):
     site = tmp_path / "site"
     pkg = site / "epkernels"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(FAMILY_PY.replace('name = "twice"', 'name = "twice_ep"').replace(
-        'template = "twice.cu.j2"', 'template = "twice.cu.j2"\n    template_dir = __import__("os").path.dirname('
-        '__file__)'))
+    (pkg / "__init__.py").write_text(
+        FAMILY_PY.replace('name = "twice"', 'name = "twice_ep"').replace(
+            'template = "twice.cu.j2"',
+            'template = "twice.cu.j2"\n    template_dir = __import__("os").path.dirname(__file__)',
+        )
+    )
     (pkg / "twice.cu.j2").write_text(TWICE_TEMPLATE)
     dist = site / "epkernels-0.1.dist-info"
     dist.mkdir()
@@ -205,8 +251,14 @@ def test_entry_point_family(tmp_path):
     work.mkdir()
     (work / "ep.yaml").write_text("kernel: twice_ep\nproblem: {name: small, n: 4096}\nparams:\n  block: [128, 256]\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
-    proc = subprocess.run([sys.executable, "-m", "tuner", "check", "ep.yaml", "--arch", "sm_90", "--json"],
-                          cwd=work, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "check", "ep.yaml", "--arch", "sm_90", "--json"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert {r["uri"] for r in json.loads(proc.stdout)["configs"]} == {"twice_ep_block128", "twice_ep_block256"}
 
@@ -247,35 +299,58 @@ extern "C" __global__ void {{ entry }}(const float* x, float* y, long long n)
 REF = "def ref(x, n):\n    return x\n"
 
 BAD = {
-    "family does not import": ({"k.yaml": "family: fam.py:F\nproblem: {n: 8}\nparams: {block: [1]}\n",
-                                "fam.py": "import numpy\nraise RuntimeError('broken on purpose')\n"},
-                               r"fam\.py:2: fam\.py does not import: RuntimeError: broken on purpose"),
-    "family file missing": ({"k.yaml": "family: nofile.py:F\nproblem: {n: 8}\nparams: {block: [1]}\n"},
-                            r"k\.yaml:1: nofile\.py not found next to the space"),
-    "family module missing": ({"k.yaml": "family: nomod.fam:F\nproblem: {n: 8}\nparams: {block: [1]}\n"},
-                              r"k\.yaml:1: no module 'nomod\.fam'"),
-    "not a Family": ({"k.yaml": "problem: {n: 8}\nparams: {block: [1]}\nfamily: fam.py:F\n",
-                      "fam.py": "class F:\n    pass\n"},
-                     r"k\.yaml:3: family 'fam\.py:F': F is not a subclass of tuner\.kernels\.base\.Family"),
-    "missing field": ({"k.yaml": DECL.replace("  launch: {grid", "  lunch: {grid")},
-                      r"k\.yaml:7: kernel: unknown field 'lunch'"),
-    "missing required field": ({"k.yaml": DECL.replace("  launch: {grid: [\"ceil_div(n, block)\"], block: [block]}\n",
-                                                       "")},
-                               r"k\.yaml:1: kernel: missing field 'launch'"),
-    "unknown argument field": ({"k.yaml": DECL.replace("{name: x, role: input,", "{name: x, rol: input,")},
-                               r"k\.yaml:4: kernel: argument: unknown field 'rol'"),
-    "unknown name in shape": ({"k.yaml": DECL.replace("{name: y, role: output, shape: [n]}",
-                                                      "{name: y, role: output, shape: [m]}")},
-                              r"k\.yaml:5: kernel: shape 'm' names unknown symbol\(s\) m"),
-    "template missing": ({"k.yaml": DECL.replace("template: k.cu.j2", "template: gone.cu.j2")},
-                         r"k\.yaml:9: template 'gone\.cu\.j2' not found in "),
-    "reference raises": ({"ref.py": "def ref(x, n):\n    return x[n + 10 ** 9]\n"},
-                         r"k\.yaml: reference ref\.py:ref raised IndexError: .*ref\.py:2\)"),
-    "reference wrong shape": ({"ref.py": "def ref(x, n):\n    return x[:5]\n"},
-                              r"k\.yaml: reference ref\.py:ref returned 'y' with shape \(5,\), but the kernel "
-                              r"writes \(4096,\)"),
-    "reference does not import": ({"ref.py": "def ref(x, n)\n    return x\n"},
-                                  r"ref\.py:1: ref\.py does not import: SyntaxError"),
+    "family does not import": (
+        {
+            "k.yaml": "family: fam.py:F\nproblem: {n: 8}\nparams: {block: [1]}\n",
+            "fam.py": "import numpy\nraise RuntimeError('broken on purpose')\n",
+        },
+        r"fam\.py:2: fam\.py does not import: RuntimeError: broken on purpose",
+    ),
+    "family file missing": (
+        {"k.yaml": "family: nofile.py:F\nproblem: {n: 8}\nparams: {block: [1]}\n"},
+        r"k\.yaml:1: nofile\.py not found next to the space",
+    ),
+    "family module missing": (
+        {"k.yaml": "family: nomod.fam:F\nproblem: {n: 8}\nparams: {block: [1]}\n"},
+        r"k\.yaml:1: no module 'nomod\.fam'",
+    ),
+    "not a Family": (
+        {"k.yaml": "problem: {n: 8}\nparams: {block: [1]}\nfamily: fam.py:F\n", "fam.py": "class F:\n    pass\n"},
+        r"k\.yaml:3: family 'fam\.py:F': F is not a subclass of tuner\.kernels\.base\.Family",
+    ),
+    "missing field": (
+        {"k.yaml": DECL.replace("  launch: {grid", "  lunch: {grid")},
+        r"k\.yaml:7: kernel: unknown field 'lunch'",
+    ),
+    "missing required field": (
+        {"k.yaml": DECL.replace('  launch: {grid: ["ceil_div(n, block)"], block: [block]}\n', "")},
+        r"k\.yaml:1: kernel: missing field 'launch'",
+    ),
+    "unknown argument field": (
+        {"k.yaml": DECL.replace("{name: x, role: input,", "{name: x, rol: input,")},
+        r"k\.yaml:4: kernel: argument: unknown field 'rol'",
+    ),
+    "unknown name in shape": (
+        {"k.yaml": DECL.replace("{name: y, role: output, shape: [n]}", "{name: y, role: output, shape: [m]}")},
+        r"k\.yaml:5: kernel: shape 'm' names unknown symbol\(s\) m",
+    ),
+    "template missing": (
+        {"k.yaml": DECL.replace("template: k.cu.j2", "template: gone.cu.j2")},
+        r"k\.yaml:9: template 'gone\.cu\.j2' not found in ",
+    ),
+    "reference raises": (
+        {"ref.py": "def ref(x, n):\n    return x[n + 10 ** 9]\n"},
+        r"k\.yaml: reference ref\.py:ref raised IndexError: .*ref\.py:2\)",
+    ),
+    "reference wrong shape": (
+        {"ref.py": "def ref(x, n):\n    return x[:5]\n"},
+        r"k\.yaml: reference ref\.py:ref returned 'y' with shape \(5,\), but the kernel "
+        r"writes \(4096,\)",
+    ),
+    "reference does not import": (
+        {"ref.py": "def ref(x, n)\n    return x\n"},
+        r"ref\.py:1: ref\.py does not import: SyntaxError",
+    ),
 }
 
 
@@ -293,8 +368,11 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, command):
     files, pattern = BAD[case]
     _write_bad(tmp_path, files)
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = ["check", "k.yaml", "--arch", "sm_90"] if command == "check" else \
-        ["study", "k", "--space", "k.yaml", "--trials", "2"]
+    args = (
+        ["check", "k.yaml", "--arch", "sm_90"]
+        if command == "check"
+        else ["study", "k", "--space", "k.yaml", "--trials", "2"]
+    )
     proc = tuner(*args, cwd=tmp_path)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -333,14 +411,16 @@ def test_a_reference_that_raises_in_a_study_is_a_reference_failure(tmp_path):
 
 def test_space_file_alone_runs_no_code(tmp_path):
     """A YAML + template space (no family:, no reference:) loads without importing anything of the user's."""
-    _write_bad(tmp_path, {"k.yaml": DECL.replace("  reference: ref.py:ref\n", ""),
-                          "ref.py": "raise SystemExit('must not run')\n"})
+    _write_bad(
+        tmp_path,
+        {"k.yaml": DECL.replace("  reference: ref.py:ref\n", ""), "ref.py": "raise SystemExit('must not run')\n"},
+    )
     space = space_mod.load(tmp_path / "k.yaml")
     assert space.family.has_reference is False
 
 
 def test_expressions_outside_the_whitelist_are_refused(tmp_path):
-    _write_bad(tmp_path, {"k.yaml": DECL.replace('"ceil_div(n, block)"', '"__import__(\'os\').getpid()"')})
+    _write_bad(tmp_path, {"k.yaml": DECL.replace('"ceil_div(n, block)"', "\"__import__('os').getpid()\"")})
     with pytest.raises(InputError, match=r"k\.yaml:7: .*not allowed"):
         space_mod.load(tmp_path / "k.yaml")
 

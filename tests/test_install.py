@@ -30,19 +30,27 @@ def installed(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     wheels = base / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w",
-                    str(wheels), "-q"], check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w", str(wheels), "-q"], check=True, timeout=600
+    )
     (wheel,) = wheels.glob("tuner-*.whl")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
     bin_dir = venv / "bin"
-    purelib = subprocess.run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # A plain path line: the test env's packages become importable, but its .pth files (the editable tuner
     # finder among them) are not run.
     Path(purelib, "test_env_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                   check=True, timeout=600)
+    subprocess.run(
+        [bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        check=True,
+        timeout=600,
+    )
     return bin_dir
 
 
@@ -53,20 +61,27 @@ def _env() -> dict[str, str]:
     libs = sorted(Path(sysconfig.get_paths()["purelib"], "nvidia").glob("*/lib/libnvrtc.so*"))
     if libs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(libs[0].parent), env.get("LD_LIBRARY_PATH", "")]).rstrip(
-            os.pathsep)
+            os.pathsep
+        )
     return env
 
 
 def run(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = _env()
-    return subprocess.run([str(bin_dir / "tuner"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [str(bin_dir / "tuner"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_the_wheel_works_from_an_empty_directory(installed, tmp_path):
-    where = subprocess.run([installed / "python", "-c", "import tuner; print(tuner.__file__)"], cwd=tmp_path,
-                           env=_env(), capture_output=True,
-                           text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [installed / "python", "-c", "import tuner; print(tuner.__file__)"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(where).is_relative_to(installed.parent), where  # the wheel's copy, not this tree
 
     proc = run(installed, tmp_path, "spaces", "--json")
@@ -84,8 +99,9 @@ def test_the_wheel_works_from_an_empty_directory(installed, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["compiled"] == 3
 
-    proc = run(installed, tmp_path, "study", "transpose", "--trials", "8", "--replay", str(RECORDING), "--seed", "1",
-               "--json")
+    proc = run(
+        installed, tmp_path, "study", "transpose", "--trials", "8", "--replay", str(RECORDING), "--seed", "1", "--json"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["trials"] == 8
     assert (tmp_path / "studies" / "transpose.db").is_file()

@@ -52,8 +52,11 @@ def space_family(data: dict[str, Any], path: Path, fail) -> Family:
         family = DeclarativeFamily.from_block(kernel, directory, fail)
     elif isinstance(kernel, str):
         if kernel not in kernels.names():
-            raise fail(f"unknown kernel {kernel!r} (known: {', '.join(kernels.names())}; or name a family with "
-                       "'family:', or describe one with a 'kernel:' block)", "kernel")
+            raise fail(
+                f"unknown kernel {kernel!r} (known: {', '.join(kernels.names())}; or name a family with "
+                "'family:', or describe one with a 'kernel:' block)",
+                "kernel",
+            )
         family = kernels.get(kernel)
         if template is None:
             return family
@@ -66,11 +69,15 @@ def space_family(data: dict[str, Any], path: Path, fail) -> Family:
             raise fail("'template' names a file next to the space (no directories)", "template")
         family.template, family.template_dir = template, str(directory)
     if not family.template:
-        raise fail(f"family {family.name!r} names no template (add 'template: FILE.cu.j2')",
-                   "kernel" if spec is None else "family")
+        raise fail(
+            f"family {family.name!r} names no template (add 'template: FILE.cu.j2')",
+            "kernel" if spec is None else "family",
+        )
     if family.template_dir is not None and not (Path(family.template_dir) / family.template).is_file():
-        raise fail(f"template {family.template!r} not found in {family.template_dir}",
-                   "template" if template is not None else ("family" if spec is not None else "kernel"))
+        raise fail(
+            f"template {family.template!r} not found in {family.template_dir}",
+            "template" if template is not None else ("family" if spec is not None else "kernel"),
+        )
     return kernels.register(kernels.SPACE_PREFIX + str(path.resolve()), family)
 
 
@@ -186,9 +193,11 @@ def check_reference(space, problem=None, required: bool = False) -> None:
         return
     if getattr(family, "has_reference", True) is False:
         if required:
-            raise InputError(f"kernel {family.name!r} declares no reference, so its results cannot be verified: "
-                             "add 'reference: FILE.py:function' to its block (without one, render and check work)",
-                             str(space.path))
+            raise InputError(
+                f"kernel {family.name!r} declares no reference, so its results cannot be verified: "
+                "add 'reference: FILE.py:function' to its block (without one, render and check work)",
+                str(space.path),
+            )
         return
     problem = problem or space.problem()
     config = space.resolve(space.default, problem)
@@ -209,8 +218,11 @@ def check_reference(space, problem=None, required: bool = False) -> None:
             raise InputError(f"{family.name}: reference returned {name!r}, which is not an output", where)
         shape = tuple(np.shape(expected[name]))
         if shape != tuple(outputs[name][0]):
-            raise InputError(f"{family.name}: reference output {name!r} has shape {shape}, the kernel writes "
-                             f"{tuple(outputs[name][0])}", where)
+            raise InputError(
+                f"{family.name}: reference output {name!r} has shape {shape}, the kernel writes "
+                f"{tuple(outputs[name][0])}",
+                where,
+            )
 
 
 __all__ = ["SpaceError", "check_reference", "import_user", "load_class", "space_family"]

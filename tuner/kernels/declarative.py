@@ -76,10 +76,20 @@ class Argument:
 class DeclarativeFamily(Family):
     """A `Family` built from a ``kernel:`` block (see the module docstring)."""
 
-    def __init__(self, name: str, dtypes: tuple[str, ...], arguments: tuple[Argument, ...],
-                 grid: tuple[Expr, ...], block: tuple[Expr, ...], smem: Expr, bytes_expr: Expr | None,
-                 flops_expr: Expr | None, tolerance_value: float | None, reference_fn=None,
-                 reference_name: str = ""):
+    def __init__(
+        self,
+        name: str,
+        dtypes: tuple[str, ...],
+        arguments: tuple[Argument, ...],
+        grid: tuple[Expr, ...],
+        block: tuple[Expr, ...],
+        smem: Expr,
+        bytes_expr: Expr | None,
+        flops_expr: Expr | None,
+        tolerance_value: float | None,
+        reference_fn=None,
+        reference_name: str = "",
+    ):
         self.name, self.dtypes, self.arguments = name, dtypes, arguments
         self.grid, self.block, self.smem = grid, block, smem
         self.bytes_expr, self.flops_expr, self.tolerance_value = bytes_expr, flops_expr, tolerance_value
@@ -109,8 +119,12 @@ class DeclarativeFamily(Family):
             raise fail("kernel: launch must be a mapping of grid, block (and smem)", "kernel", "launch")
         for key in launch:
             if key not in LAUNCH_FIELDS:
-                raise fail(f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LAUNCH_FIELDS)})",
-                           "kernel", "launch", key)
+                raise fail(
+                    f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LAUNCH_FIELDS)})",
+                    "kernel",
+                    "launch",
+                    key,
+                )
         for key in ("grid", "block"):
             if key not in launch:
                 raise fail(f"kernel: launch: missing field {key!r}", "kernel", "launch")
@@ -120,15 +134,27 @@ class DeclarativeFamily(Family):
         bytes_expr = _expr(block["bytes"], fail, "kernel", "bytes") if "bytes" in block else None
         flops_expr = _expr(block["flops"], fail, "kernel", "flops") if "flops" in block else None
         tolerance = block.get("tolerance")
-        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int | float)
-                                      or tolerance < 0):
+        if tolerance is not None and (
+            isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance < 0
+        ):
             raise fail(f"kernel: tolerance must be a number ≥ 0, got {tolerance!r}", "kernel", "tolerance")
         reference_fn, reference_name = None, ""
         if block.get("reference") is not None:
             reference_name = block["reference"]
             reference_fn = _reference(reference_name, directory, fail)
-        family = cls(name, tuple(dtypes), arguments, grid, threads, smem, bytes_expr, flops_expr,
-                     None if tolerance is None else float(tolerance), reference_fn, reference_name)
+        family = cls(
+            name,
+            tuple(dtypes),
+            arguments,
+            grid,
+            threads,
+            smem,
+            bytes_expr,
+            flops_expr,
+            None if tolerance is None else float(tolerance),
+            reference_fn,
+            reference_name,
+        )
         family.template_dir = str(directory)
         return family
 
@@ -142,8 +168,12 @@ class DeclarativeFamily(Family):
             unknown = sorted(expr.names - known)
             if unknown:
                 allowed = "problem sizes" if known is problem_names else "problem sizes, params and derived values"
-                raise fail(f"kernel: {what} {expr.text!r} names unknown symbol(s) {', '.join(unknown)} "
-                           f"(it may read {allowed}: {', '.join(sorted(known))})", "kernel", *keys)
+                raise fail(
+                    f"kernel: {what} {expr.text!r} names unknown symbol(s) {', '.join(unknown)} "
+                    f"(it may read {allowed}: {', '.join(sorted(known))})",
+                    "kernel",
+                    *keys,
+                )
 
         for i, arg in enumerate(self.arguments):
             for expr in arg.shape:
@@ -161,22 +191,36 @@ class DeclarativeFamily(Family):
             env = problem.env
             for i, arg in enumerate(self.arguments):
                 for expr in arg.shape:
-                    _positive(expr, env, fail, f"shape of {arg.name!r} on problem {problem.name!r}",
-                              "arguments", i, "shape")
+                    _positive(
+                        expr, env, fail, f"shape of {arg.name!r} on problem {problem.name!r}", "arguments", i, "shape"
+                    )
             config = space.resolve(space.default or next(space.enumerate(problem)), problem)
             launch_env = {**env, **config}
             for key, exprs in (("grid", self.grid), ("block", self.block)):
                 for expr in exprs:
-                    _positive(expr, launch_env, fail, f"launch {key} for the default config on problem "
-                              f"{problem.name!r}", "launch", key)
+                    _positive(
+                        expr,
+                        launch_env,
+                        fail,
+                        f"launch {key} for the default config on problem {problem.name!r}",
+                        "launch",
+                        key,
+                    )
 
     # -- the Family contract ------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         env = {**problem, **config}
         grid = tuple(int(e(env)) for e in self.grid) + (1,) * (3 - len(self.grid))
         block = tuple(int(e(env)) for e in self.block) + (1,) * (3 - len(self.block))
-        return [Launch(entry=entry, grid=grid, block=block, args=tuple(a.name for a in self.arguments),
-                       smem_dynamic=int(self.smem(env)))]
+        return [
+            Launch(
+                entry=entry,
+                grid=grid,
+                block=block,
+                args=tuple(a.name for a in self.arguments),
+                smem_dynamic=int(self.smem(env)),
+            )
+        ]
 
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -213,18 +257,24 @@ class DeclarativeFamily(Family):
         outputs = self.outputs(problem, config or {})
         if not isinstance(result, dict):
             if len(outputs) != 1:
-                raise ReferenceFailed(f"reference {self.reference_name} returned {type(result).__name__}; with "
-                                      f"{len(outputs)} outputs it must return a dict of {', '.join(outputs)}")
+                raise ReferenceFailed(
+                    f"reference {self.reference_name} returned {type(result).__name__}; with "
+                    f"{len(outputs)} outputs it must return a dict of {', '.join(outputs)}"
+                )
             result = {next(iter(outputs)): result}
         expected = {}
         for name, value in result.items():
             if name not in outputs:
-                raise ReferenceFailed(f"reference {self.reference_name} returned {name!r}, which is not an output "
-                                      f"(outputs: {', '.join(outputs)})")
+                raise ReferenceFailed(
+                    f"reference {self.reference_name} returned {name!r}, which is not an output "
+                    f"(outputs: {', '.join(outputs)})"
+                )
             shape = tuple(np.shape(value))
             if shape != outputs[name][0]:
-                raise ReferenceFailed(f"reference {self.reference_name} returned {name!r} with shape {shape}, "
-                                      f"but the kernel writes {outputs[name][0]}")
+                raise ReferenceFailed(
+                    f"reference {self.reference_name} returned {name!r} with shape {shape}, "
+                    f"but the kernel writes {outputs[name][0]}"
+                )
             expected[name] = xp.asarray(value)
         return expected
 
@@ -234,8 +284,11 @@ class DeclarativeFamily(Family):
     def bytes_moved(self, problem: Problem) -> int:
         if self.bytes_expr is not None:
             return int(self.bytes_expr(problem))
-        return sum(math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)]
-                   for a in self.arguments if a.role != "scalar")
+        return sum(
+            math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)]
+            for a in self.arguments
+            if a.role != "scalar"
+        )
 
     def flops(self, problem: Problem) -> int:
         return int(self.flops_expr(problem)) if self.flops_expr is not None else 0
@@ -271,8 +324,7 @@ def _positive(expr: Expr, env: dict[str, Any], fail, what: str, *keys) -> int:
 
 def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
     if not isinstance(spec, list) or not spec:
-        raise fail("kernel: arguments must be a non-empty list of {name, role, shape, dtype}", "kernel",
-                   "arguments")
+        raise fail("kernel: arguments must be a non-empty list of {name, role, shape, dtype}", "kernel", "arguments")
     out: list[Argument] = []
     for i, item in enumerate(spec):
         keys = ("kernel", "arguments", i)
@@ -280,8 +332,9 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
             raise fail("kernel: each argument is a mapping {name, role, shape, dtype, value}", *keys)
         for key in item:
             if key not in ARGUMENT_FIELDS:
-                raise fail(f"kernel: argument: unknown field {key!r} (allowed: {', '.join(ARGUMENT_FIELDS)})",
-                           *keys, key)
+                raise fail(
+                    f"kernel: argument: unknown field {key!r} (allowed: {', '.join(ARGUMENT_FIELDS)})", *keys, key
+                )
         for key in ("name", "role"):
             if key not in item:
                 raise fail(f"kernel: argument: missing field {key!r}", *keys)
@@ -297,8 +350,7 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
                 raise fail(f"kernel: scalar {name!r} has no shape", *keys, "shape")
             dtype = item.get("dtype", "int64")
             if dtype not in SCALAR_DTYPES:
-                raise fail(f"kernel: scalar {name!r}: dtype must be one of {', '.join(SCALAR_DTYPES)}",
-                           *keys, "dtype")
+                raise fail(f"kernel: scalar {name!r}: dtype must be one of {', '.join(SCALAR_DTYPES)}", *keys, "dtype")
             out.append(Argument(name, role, dtype, value=_expr(item.get("value", name), fail, *keys, "value")))
             continue
         if "value" in item:
@@ -307,8 +359,11 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
             raise fail(f"kernel: argument: missing field 'shape' for array {name!r}", *keys)
         dtype = item.get("dtype", PROBLEM_DTYPE)
         if dtype != PROBLEM_DTYPE and dtype not in ARRAY_DTYPES:
-            raise fail(f"kernel: array {name!r}: dtype must be 'dtype' (the problem's) or one of "
-                       f"{', '.join(ARRAY_DTYPES)}", *keys, "dtype")
+            raise fail(
+                f"kernel: array {name!r}: dtype must be 'dtype' (the problem's) or one of {', '.join(ARRAY_DTYPES)}",
+                *keys,
+                "dtype",
+            )
         shape = item["shape"]
         shape = shape if isinstance(shape, list) else [shape]
         if not shape:
@@ -326,8 +381,7 @@ def _reference(spec: Any, directory: Path, fail):
         raise fail("kernel: reference expects FILE.py:function or module:function", "kernel", "reference")
     target, _, attr = spec.rpartition(":")
     if not target or not attr.isidentifier():
-        raise fail(f"kernel: reference {spec!r}: expected FILE.py:function or module:function", "kernel",
-                   "reference")
+        raise fail(f"kernel: reference {spec!r}: expected FILE.py:function or module:function", "kernel", "reference")
 
     def ref_fail(message: str, *_keys):
         return fail(f"kernel: reference: {message}", "kernel", "reference")
