@@ -86,7 +86,7 @@ def test_example_family_is_what_the_block_says():
     assert space.kernel == family.name == "scale_add" and space.family_ref.startswith("space:")
     assert kernels.get(space.family_ref) is family  # what a worker process resolves
     assert family.bytes_moved(problem) == 3 * 4 * problem["n"]  # default: inputs read once, output written once
-    config = space.resolve({"vec": 4, "block": 256, "items": 2, "min_blocks": 0})
+    config = space.resolve({"vec": 4, "block": 256, "items": 2})
     (launch,) = family.launches("e", config, problem)
     assert launch.grid == (problem["n"] // (4 * 256 * 2), 1, 1) and launch.block == (256, 1, 1)
     assert launch.args == ("x", "y", "out", "alpha", "n")
@@ -449,6 +449,38 @@ def test_the_example_verifies_on_the_gpu():
         pytest.skip("needs a CUDA GPU")
     from tuner.evaluate import evaluate_config
 
-    result = evaluate_config(EXAMPLE / "scale_add.yaml", {"vec": 4, "block": 256, "items": 2, "min_blocks": 0})
+    result = evaluate_config(EXAMPLE / "scale_add.yaml", {"vec": 4, "block": 256, "items": 2})
     assert result.ok, result
     assert result.bytes_moved == 12 * 67108864
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the README shows the example's files as they are; `tuner new` writes a starter that compiles
+
+
+def test_readme_section_is_the_example_verbatim_and_short():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Tune your own kernel") : readme.index("## Benchmarks")].rstrip()
+    assert len(section.splitlines()) < 40
+    assert "```cuda\n" + (EXAMPLE / "scale_add.cu.j2").read_text() + "```" in section
+    assert "```yaml\n" + (EXAMPLE / "scale_add.yaml").read_text() + "```" in section
+    assert "`" + (EXAMPLE / "ref.py").read_text().strip() + "`" in section
+
+
+def test_tuner_new_writes_a_starter_that_compiles(tmp_path):
+    proc = tuner("new", "mykernel", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mykernel.cu.j2", "mykernel.yaml", "mykernel_ref.py"]
+    template = (tmp_path / "mykernel.cu.j2").read_text()
+    for knob in ("vector width", "__launch_bounds__", "tile", "pad"):
+        assert knob in template
+    proc = tuner("check", "mykernel.yaml", "--arch", "sm_90", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["failed"] == 0 and summary["compiled"] == space_mod.load(tmp_path / "mykernel.yaml").count_valid()
+
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    proc = tuner("new", "mykernel", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mykernel.cu.j2: exists" in proc.stderr
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before
+    assert tuner("new", "9lives", cwd=tmp_path).returncode == 2

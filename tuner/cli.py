@@ -219,6 +219,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from tuner.starter import write_starter
+
+    for path in write_starter(args.name):
+        print(f"wrote {path}")
+    print(f"next: tuner check {args.name}.yaml   (then, on a GPU: tuner study {args.name} --space {args.name}.yaml "
+          "--trials 100)")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # results
 
@@ -512,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ceiling)
+
+    p = sub.add_parser("new", help="write a starter kernel (template, space, reference) into this directory")
+    p.add_argument("name", help="the kernel's name (an identifier)")
+    p.set_defaults(func=cmd_new)
 
     from tuner.study import SAMPLERS
 
