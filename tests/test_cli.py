@@ -60,7 +60,7 @@ def test_check_json_sample(tmp_path):
 def test_check_exits_1_when_a_valid_config_fails_to_compile(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
-    text = (ROOT / "templates" / "copy.cu.j2").read_text()
+    text = (ROOT / "tuner" / "templates" / "copy.cu.j2").read_text()
     (templates / "copy.cu.j2").write_text(text + "\n{% if vec == 2 %}this is not C++;{% endif %}\n")
     proc = tuner("check", "copy", "--sample", "20", "--json",
                  env={"TUNER_CACHE_DIR": str(tmp_path / "cache"), "TUNER_TEMPLATES": str(templates)})
