@@ -484,3 +484,32 @@ def test_tuner_new_writes_a_starter_that_compiles(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mykernel.cu.j2: exists" in proc.stderr
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before
     assert tuner("new", "9lives", cwd=tmp_path).returncode == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the GPU worker (another process) resolves a user's family from its reference
+
+
+class ResolvingEvaluator:
+    """Stands in for GpuEvaluator in the worker's child: answers with what the family it was sent resolves to."""
+
+    ceiling_tbps = 1.0
+    poisoned = False
+
+    def start(self):
+        return {"gpu": "fake", "ceiling_tbps": 1.0}
+
+    def evaluate(self, compiled, family, config, problem, *args):
+        from tuner.result import Invalid
+
+        resolved = kernels.get(family) if isinstance(family, str) else family
+        return Invalid(reason=f"{type(family).__name__}:{resolved.name}:{resolved.template_dir}")
+
+
+def test_the_worker_process_loads_a_user_family_by_reference():
+    from tuner.worker import IsolatedEvaluator
+
+    space = space_mod.load(EXAMPLE / "scale_add.yaml")
+    with IsolatedEvaluator(evaluator_factory=ResolvingEvaluator, start_timeout_s=60.0) as evaluator:
+        result = evaluator.evaluate(None, space.family, space.default, space.problem())
+    assert result.reason == f"str:scale_add:{EXAMPLE.resolve()}"
