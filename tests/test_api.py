@@ -1,0 +1,72 @@
+"""The Python API (`import tuner`): the same study as the CLI, and a result object instead of printed tables.
+Real Ray (one logical GPU), real Optuna and SQLite, answers replayed from the recorded H200 transpose study."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pandas as pd
+
+import tuner
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
+
+
+def _trials(url: str) -> list[tuple]:
+    (summary,) = optuna.get_all_study_summaries(url)
+    study = optuna.load_study(study_name=summary.study_name, storage=url)
+    return summary.study_name, [(t.number, t.state.name, t.params, t.values) for t in study.trials]
+
+
+def test_api_study_is_the_cli_study(tmp_path):
+    args = dict(trials=12, sampler="tpe", seed=7, gpus=1, replay=str(RECORDING))
+    cli_url, api_url = f"sqlite:///{tmp_path}/cli.db", f"sqlite:///{tmp_path}/api.db"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "study",
+            "transpose",
+            "--space",
+            "transpose",
+            "--trials",
+            "12",
+            "--seed",
+            "7",
+            "--gpus",
+            "1",
+            "--replay",
+            str(RECORDING),
+            "--storage",
+            cli_url,
+            "--json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = tuner.study("transpose", storage=api_url, **args)
+    assert _trials(cli_url) == _trials(api_url)
+
+    assert isinstance(result, tuner.StudyResult) and result.summary["trials"] == 12
+    best = result.best
+    measured = [t for t in result.study.trials if t.state.name == "COMPLETE"]
+    assert best["tbps"] == max(t.user_attrs["tbps"] for t in measured)
+    assert isinstance(result.pareto, pd.DataFrame) and len(result.pareto) >= 1
+    assert isinstance(result.trials, pd.DataFrame) and len(result.trials) == 12
+    header = result.export_header(tmp_path / "t.h")
+    assert best["uri"] in header.read_text()
+
+
+def test_load_space_takes_a_path_or_a_shipped_name():
+    assert tuner.load_space("transpose").kernel == "transpose"
+    assert tuner.load_space(ROOT / "examples" / "scale_add" / "scale_add.yaml").family.name == "scale_add"
