@@ -111,7 +111,7 @@ def dry_run(args) -> int:
     failures = 0
     t0 = time.time()
     for kernel, problem_name, _, _ in selected(args):
-        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         valid = list(space.enumerate(problem))
@@ -172,7 +172,7 @@ def main() -> int:
         (out / f"decode-{date}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
 
     for kernel, problem_name, target_copy, target_peer in selected(args):
-        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         t0 = time.time()
