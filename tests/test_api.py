@@ -56,6 +56,9 @@ def test_api_study_is_the_cli_study(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = tuner.study("transpose", storage=api_url, **args)
     assert _trials(cli_url) == _trials(api_url)
+    import ray
+
+    assert not ray.is_initialized()  # the Ray the call started is gone: later calls may join another cluster
 
     assert isinstance(result, tuner.StudyResult) and result.summary["trials"] == 12
     best = result.best
@@ -70,3 +73,11 @@ def test_api_study_is_the_cli_study(tmp_path):
 def test_load_space_takes_a_path_or_a_shipped_name():
     assert tuner.load_space("transpose").kernel == "transpose"
     assert tuner.load_space(ROOT / "examples" / "scale_add" / "scale_add.yaml").family.name == "scale_add"
+
+
+def test_study_and_bench_are_calls_and_still_modules():
+    from tuner import bench
+    from tuner.study import run_study
+
+    assert callable(tuner.study) and tuner.study.run_study is run_study
+    assert callable(tuner.bench) and bench is tuner.bench and hasattr(bench, "GpuEvaluator")

@@ -14,6 +14,8 @@ A study run here is the same study the CLI runs (`tuner.study.run_study`): the d
 
 from __future__ import annotations
 
+import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,24 @@ from tuner.result import Result
 from tuner.space import Problem, SearchSpace
 from tuner.space import load as load_space
 
-__all__ = ["StudyResult", "bench", "load_space", "study"]
+__all__ = ["StudyResult", "bench", "callable_module", "load_space", "study"]
+
+
+class _CallableModule(types.ModuleType):
+    """A stage module that is also the API call of the same name: ``tuner.study(space, trials=...)`` runs
+    `tuner.api.study`, while ``from tuner.study import run_study`` and ``from tuner import bench`` still reach the
+    modules (renaming the modules would break their importers; shadowing them with functions would break
+    ``from tuner import bench``)."""
+
+    def __call__(self, *args, **kwargs):
+        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)
+
+
+def callable_module(name: str) -> types.ModuleType:
+    """Make the loaded module `name` (tuner.study or tuner.bench) callable as its API function; returns it."""
+    module = sys.modules[name]
+    module.__class__ = _CallableModule
+    return module
 
 
 @dataclass
@@ -87,23 +106,31 @@ def study(
         kernel, where = space.kernel, str(space.path)
     else:
         kernel, where = load_space(space).kernel, str(space)
-    summary = run_study(
-        StudyOptions(
-            kernel=kernel,
-            space=where,
-            trials=trials,
-            storage=storage,
-            study_name=study_name,
-            sampler=sampler,
-            seed=seed,
-            gpus=gpus,
-            ray_address=ray_address,
-            timeout=timeout,
-            replay=None if replay is None else str(replay),
-            problem=problem,
-            progress=progress,
+    import ray
+
+    started_ray = not ray.is_initialized()
+    try:
+        summary = run_study(
+            StudyOptions(
+                kernel=kernel,
+                space=where,
+                trials=trials,
+                storage=storage,
+                study_name=study_name,
+                sampler=sampler,
+                seed=seed,
+                gpus=gpus,
+                ray_address=ray_address,
+                timeout=timeout,
+                replay=None if replay is None else str(replay),
+                problem=problem,
+                progress=progress,
+            )
         )
-    )
+    finally:
+        if started_ray and ray.is_initialized():
+            ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
+
     import optuna
 
     return StudyResult(
