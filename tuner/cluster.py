@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner import kernels
 from tuner.errors import InputError
 from tuner.evaluator import Evaluator, EvaluatorFactory
 from tuner.kernels.base import Family

@@ -184,12 +184,11 @@ class Bench:
         not permitted still ends the lesson (no config could be profiled)."""
         if not self.use_ncu:
             return None
-        from tuner import kernels
         from tuner.explain import explain
         from tuner.ncu import NcuConfigError, fp32_peak_tflops, parse_raw_csv
         from tuner.render import render
 
-        family = kernels.get(space.kernel)
+        family = space.family
         resolved = space.resolve(params, problem)
         source = render(family, params, resolved, problem.env)
         launches = len(family.launches(source.entry, resolved, problem.env))

@@ -439,7 +439,7 @@ def study_context(study: optuna.Study) -> StudyContext:
                                 dtype=str(problem_attr.get("dtype", "float32")),
                                 sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
                                 gpu=gpu_facts(study))
-    ctx = StudyContext(kernel=kernel, family=kernels.get(ref), problem=problem)
+    ctx = StudyContext(kernel=str(kernel), family=kernels.get(ref), problem=problem)
     space_path = attrs.get("space_path")
     if not space_path:
         ctx.space_note = "the study does not name its space file"

@@ -25,6 +25,7 @@ import time
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner import kernels, limits

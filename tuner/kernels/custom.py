@@ -102,7 +102,10 @@ def load_class(spec: str, directory: Path, fail) -> Family:
         raise _user_error(exc, f"family {spec!r}: {attr}() raised", directory) from None
     if not family.name or not str(family.name).isidentifier():
         raise fail(f"family {spec!r}: {attr}.name must be an identifier, got {family.name!r}", "family")
-    family.reference = functools.partial(_guarded, family.reference, f"{target}:{attr}.reference", directory)
+    # The instance's reference turns the user's exceptions into ReferenceFailed: a failed trial, not a crash.
+    family.reference = functools.partial(  # type: ignore[method-assign]
+        guarded, family.reference, f"{target}:{attr}.reference", directory
+    )
     return family
 
 
@@ -118,6 +121,8 @@ def import_user(target: str, directory: Path, fail, key: str):
             return sys.modules[name]
         _on_path(directory)  # so the file may import its neighbours
         spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise fail(f"{target} cannot be imported as a Python module", key)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
@@ -165,7 +170,7 @@ def _user_frame(exc: BaseException, directory: Path | None) -> tuple[str | None,
     return where, line
 
 
-def _guarded(fn, what: str, directory: Path | None, *args, **kwargs):
+def guarded(fn, what: str, directory: Path | None, *args, **kwargs):
     """Call a user's reference; any exception it raises becomes ReferenceFailed (a failed trial, not a crash)."""
     try:
         return fn(*args, **kwargs)

@@ -183,9 +183,9 @@ class DeclarativeFamily(Family):
         for key, exprs in (("grid", self.grid), ("block", self.block), ("smem", (self.smem,))):
             for expr in exprs:
                 check(expr, config_names, key, "launch", key)
-        for key, expr in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
-            if expr is not None:
-                check(expr, problem_names, key, key)
+        for key, optional in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
+            if optional is not None:
+                check(optional, problem_names, key, key)
 
         for problem in space.problems:
             env = problem.env
@@ -210,8 +210,7 @@ class DeclarativeFamily(Family):
     # -- the Family contract ------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         env = {**problem, **config}
-        grid = tuple(int(e(env)) for e in self.grid) + (1,) * (3 - len(self.grid))
-        block = tuple(int(e(env)) for e in self.block) + (1,) * (3 - len(self.block))
+        grid, block = _dim3(self.grid, env), _dim3(self.block, env)
         return [
             Launch(
                 entry=entry,
@@ -233,7 +232,7 @@ class DeclarativeFamily(Family):
                     out[arg.name] = rng.standard_normal(shape, dtype=xp.float64)
                 else:
                     out[arg.name] = rng.standard_normal(shape, dtype=xp.float32).astype(dtype, copy=False)
-            elif arg.role == "scalar":
+            elif arg.role == "scalar" and arg.value is not None:  # every scalar has one (default: its name)
                 out[arg.name] = SCALAR_DTYPES[arg.dtype](arg.value(problem))
         return out
 
@@ -278,7 +277,7 @@ class DeclarativeFamily(Family):
             expected[name] = xp.asarray(value)
         return expected
 
-    def tolerance(self, problem: Problem) -> float:
+    def tolerance(self, problem: Problem) -> float | dict[str, float]:
         return self.tolerance_value if self.tolerance_value is not None else super().tolerance(problem)
 
     def bytes_moved(self, problem: Problem) -> int:
@@ -303,6 +302,11 @@ def _expr(text: Any, fail, *keys) -> Expr:
         return Expr.parse(text)
     except ExprError as exc:
         raise fail(f"{': '.join(str(k) for k in keys if isinstance(k, str))}: {exc}", *keys) from None
+
+
+def _dim3(exprs: tuple[Expr, ...], env: dict[str, Any]) -> tuple[int, int, int]:
+    x, y, z = (*(int(e(env)) for e in exprs), 1, 1, 1)[:3]
+    return x, y, z
 
 
 def _dims(spec: Any, fail, *keys) -> tuple[Expr, ...]:
@@ -390,4 +394,4 @@ def _reference(spec: Any, directory: Path, fail):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(custom._guarded, fn, f"reference {spec}", directory)
+    return functools.partial(custom.guarded, fn, f"reference {spec}", directory)
