@@ -24,7 +24,7 @@ from tuner.study import Driver, StudyOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
 STUDY = "transpose-n16384_float32-NVIDIA_H200"
 
 
