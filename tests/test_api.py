@@ -65,7 +65,7 @@ def test_api_study_is_the_cli_study(tmp_path):
     measured = [t for t in result.study.trials if t.state.name == "COMPLETE"]
     assert best["tbps"] == max(t.user_attrs["tbps"] for t in measured)
     assert isinstance(result.pareto, pd.DataFrame) and len(result.pareto) >= 1
-    assert isinstance(result.trials, pd.DataFrame) and len(result.trials) == 12
+    assert isinstance(result.trials, pd.DataFrame) and len(result.trials) == len(result.study.trials) >= 12
     header = result.export_header(tmp_path / "t.h")
     assert best["uri"] in header.read_text()
 
