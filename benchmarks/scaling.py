@@ -45,12 +45,15 @@ def fresh_env(work: Path) -> dict[str, str]:
             "RAY_AUTH_MODE": "disabled"}
 
 
-def run_study(job: str, gpus: int, trials: int, seed: int, replay: str | None, delay: float) -> dict:
+def run_study(job: str, gpus: int, trials: int, seed: int, replay: str | None, delay: float,
+              engine: str | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"scaling-{job}{gpus}_"))
     cmd = [sys.executable, "-m", "tuner", "study", *JOBS[job], "--trials", str(trials), "--seed", str(seed),
            "--gpus", str(gpus), "--storage", f"sqlite:///{work}/s.db", "--json"]
     if replay:
         cmd += ["--replay", replay, "--replay-delay", str(delay)]
+    if engine:
+        cmd += ["--engine", engine]
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=fresh_env(work), capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -98,6 +101,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay")
     parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--engine", choices=("local", "ray"), help="the study's engine (default: the study's)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
@@ -108,7 +112,7 @@ def main() -> int:
             continue  # the replay recording holds transpose configs only
         trials = args.trials if job == "main" else 100_000
         for n in args.gpus:
-            r = run_study(job, n, trials, args.seed, args.replay, args.delay)
+            r = run_study(job, n, trials, args.seed, args.replay, args.delay, args.engine)
             runs.append(r)
             print(f"{job} N={n}: {r['evaluated_per_s']:.2f} configs/s after start-up, process wall "
                   f"{r['process_wall_s']:.1f} s, first result {r['cold_start_s']} s, busy {r['gpu_busy_fraction']}",
@@ -129,6 +133,7 @@ def main() -> int:
                      "per_gpu": retime_on_each_gpu(top["job"], top["best"]["params"], top["gpus"])}
     mode = "replay" if args.replay else "gpu"
     result = {"command": command, "date": date, "mode": mode, "delay_s": args.delay if args.replay else None,
+              "engine": args.engine or "default",
               "cpus": os.cpu_count(), "runs": runs, "same_config_on_each_gpu": agreement}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

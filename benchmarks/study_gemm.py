@@ -1,9 +1,12 @@
 """The main job, timed, and its best config against cuBLAS in the same run.
 
-    python benchmarks/study_gemm.py [--trials 500] [--out benchmarks/results]
+    python benchmarks/study_gemm.py [--trials 500] [--caches fresh|warm] [--engine local|ray] [--study-only]
 
-1. runs ``tuner study gemm --space search_spaces/gemm.yaml --trials N`` (fresh database, cold compile cache)
-   and takes its wall time, cold start and GPU-busy fraction from the study's own summary;
+1. runs ``tuner study gemm --space search_spaces/gemm.yaml --trials N`` (fresh database) and takes its process
+   wall, start-up stage by stage (the summary's ``startup``: imports, storage, pool and GPU worker start, the
+   ceiling measured or cached, the first result), cold start and GPU-busy fraction. ``--caches fresh`` (the
+   default) gives it empty TUNER_CACHE_DIR and CUPY_CACHE_DIR, as on a new machine; ``--caches warm`` runs the
+   same study twice over the same caches (into two databases) and reports the second;
 2. re-times the study's fastest config with a longer budget (finalists are re-timed before they are reported),
    verified again on fresh inputs;
 3. times cuBLAS SGEMM (torch.mm, TF32 off) with the same protocol (`tuner.bench.benchmark`) on the same GPU.
@@ -33,22 +36,46 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--caches", choices=("fresh", "warm"), default="fresh",
+                        help="fresh: empty compile/ceiling and CuPy caches; warm: run twice, report the second")
+    parser.add_argument("--engine", choices=("local", "ray"), help="the study's engine (default: the study's)")
+    parser.add_argument("--study-only", action="store_true", help="time the study alone (no re-time, no cuBLAS)")
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
     work = Path(tempfile.mkdtemp(prefix="study_gemm_"))
-    url = f"sqlite:///{work}/gemm.db"
-    study_cmd = [sys.executable, "-m", "tuner", "study", "gemm", "--space", "search_spaces/gemm.yaml",
-                 "--trials", str(args.trials), "--storage", url, "--json"]
-    env = {**os.environ, "TUNER_CACHE_DIR": str(work / "cache"), "RAY_AUTH_MODE": "disabled"}
-    started = time.perf_counter()
-    proc = subprocess.run(study_cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        print(proc.stderr[-4000:])
-        return 1
-    summary = json.loads(proc.stdout)
-    print(f"study: {summary['trials']} trials in {wall:.1f} s (driver wall {summary['wall_s']} s, first result "
-          f"after {summary['cold_start_s']} s, GPU busy {summary['gpu_busy_fraction']})", flush=True)
+    env = {**os.environ, "TUNER_CACHE_DIR": str(work / "cache"), "CUPY_CACHE_DIR": str(work / "cupy-cache"),
+           "RAY_AUTH_MODE": "disabled"}
+    runs = []
+    for attempt in range(2 if args.caches == "warm" else 1):
+        url = f"sqlite:///{work}/gemm{attempt}.db"
+        study_cmd = [sys.executable, "-m", "tuner", "study", "gemm", "--space", "search_spaces/gemm.yaml",
+                     "--trials", str(args.trials), "--storage", url, "--json"]
+        if args.engine:
+            study_cmd += ["--engine", args.engine]
+        started = time.perf_counter()
+        proc = subprocess.run(study_cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if proc.returncode != 0:
+            print(proc.stderr[-4000:])
+            return 1
+        summary = json.loads(proc.stdout)
+        runs.append({"caches": "fresh" if attempt == 0 else "warm", "process_wall_s": round(wall, 3),
+                     "driver_wall_s": summary["wall_s"], "cold_start_s": summary["cold_start_s"],
+                     "startup": summary["startup"], "after_start_s": summary["after_start_s"],
+                     "evaluated_per_s": summary["evaluated_per_s"], "gpu_busy_fraction": summary["gpu_busy_fraction"],
+                     "writer_flush_s": summary.get("writer_flush_s")})
+        print(f"study ({runs[-1]['caches']} caches): {summary['trials']} trials in {wall:.1f} s (driver wall "
+              f"{summary['wall_s']} s, first result after {summary['cold_start_s']} s, GPU busy "
+              f"{summary['gpu_busy_fraction']})", flush=True)
+        print("  start-up: " + ", ".join(f"{k} {v}" for k, v in _flat(summary["startup"]).items()), flush=True)
+    if args.study_only:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        date = dt.date.today().isoformat()
+        path = out / f"study_gemm-startup-{args.caches}-{date}.json"
+        path.write_text(json.dumps({"command": command, "date": date, "runs": runs}, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
 
     import optuna
     import torch
@@ -102,6 +129,7 @@ def main() -> int:
          "TFLOPs": round(cublas_tflops, 3), "median_ms": cublas_ms,
          "note": "cuBLAS SGEMM via torch.mm, TF32 off, GEMM alone"},
         {**base, "impl": "tuner study (main job)", "trials": summary["trials"], "wall_s": round(wall, 2),
+         "caches": args.caches, "startup": summary["startup"], "runs": runs,
          "driver_wall_s": summary["wall_s"], "cold_start_s": summary["cold_start_s"],
          "gpu_busy_fraction": summary["gpu_busy_fraction"], "measured": summary["measured_this_run"],
          "duplicates": summary["duplicates_this_run"], "failures": summary["failures_this_run"],
@@ -120,6 +148,17 @@ def main() -> int:
     (out / f"study_gemm-{date}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} → {"a.b": 1}: the start-up stages on one line."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 if __name__ == "__main__":

@@ -45,10 +45,11 @@ def test_recording_is_a_real_h200_grid_over_the_transpose_space():
     assert gpus == {"NVIDIA H200"}
 
 
-def test_replay_study_over_two_logical_gpus(tmp_path):
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_replay_study_over_two_logical_gpus(tmp_path, engine):
     url = f"sqlite:///{tmp_path}/t.db"
     proc = tuner("study", "transpose", "--space", str(SPACE), "--trials", "200", "--replay", str(RECORDING),
-                 "--gpus", "2", "--storage", url, "--seed", "1", "--json")
+                 "--gpus", "2", "--storage", url, "--seed", "1", "--json", "--engine", engine)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     study = load(url)
@@ -56,9 +57,14 @@ def test_replay_study_over_two_logical_gpus(tmp_path):
     # when every one is evaluated; proposals answered without evaluation are recorded too ("screened").
     evaluated = [t for t in study.trials if "screened" not in t.user_attrs]
     assert summary["trials"] == 156 == len(evaluated) < len(study.trials)
+    assert summary["startup"]["engine"] == engine
     states = Counter(t.state.name for t in study.trials)
     assert states["RUNNING"] == 0 and states["COMPLETE"] > 0
     assert {g["gpu_index"] for g in summary["gpus"]} == {0, 1}
+    # Each answered trial names the worker that answered it; both workers answered.
+    workers = {(t.user_attrs["worker"]["node"], t.user_attrs["worker_gpu_index"]) for t in study.trials
+               if "worker" in t.user_attrs}
+    assert len(workers) == 2
     assert study.metric_names == ["throughput"]  # the default search; --objectives all searches all three
 
     # Constraint violations are PRUNED with an Optuna constraint, before any work.

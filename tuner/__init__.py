@@ -10,24 +10,38 @@ import time as _time
 #: (give or take the interpreter's own start-up). Cold-start figures are measured from here.
 IMPORTED_AT = _time.perf_counter()
 
-# `tuner.study` and `tuner.bench` are both a stage module and an API call (see `tuner.api.callable_module`).
-# study.py is light and loads here; bench.py needs CuPy, so it loads (and becomes callable) on first use.
-import tuner.study as study  # noqa: E402, I001
-from tuner.api import StudyResult, callable_module, load_space  # noqa: E402
 from tuner.errors import InputError, SpaceError, TemplateError  # noqa: E402
-from tuner.kernels.base import Family, Launch  # noqa: E402
-from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut, WrongResult  # noqa: E402
-from tuner.space import SearchSpace, load  # noqa: E402
 
-callable_module("tuner.study")
+#: Names imported on first use, so that `tuner --help` does not pay for NumPy, PyYAML, Jinja2 and the stages.
+_LAZY = {
+    "CompileFailed": "tuner.result",
+    "Invalid": "tuner.result",
+    "LaunchFailed": "tuner.result",
+    "Measurement": "tuner.result",
+    "TimedOut": "tuner.result",
+    "WrongResult": "tuner.result",
+    "SearchSpace": "tuner.space",
+    "load": "tuner.space",
+    "Family": "tuner.kernels.base",
+    "Launch": "tuner.kernels.base",
+    "StudyResult": "tuner.api",
+    "load_space": "tuner.api",
+}
 
 
 def __getattr__(name: str):
-    if name == "bench":
-        import importlib
+    import importlib
 
-        return callable_module(importlib.import_module("tuner.bench").__name__)
+    # `tuner.study` and `tuner.bench` are both a stage module and an API call (see `tuner.api.callable_module`);
+    # each module makes itself callable when it loads.
+    if name in ("study", "bench"):
+        return importlib.import_module(f"tuner.{name}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

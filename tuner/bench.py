@@ -10,7 +10,11 @@ and implements the timing protocol of DESIGN.md once, for every caller:
   timed work (at least ``min_reps``); before each repetition a write of a buffer twice the L2 size flushes L2,
   outside the timed region; one CUDA event pair per repetition around all the config's launches, on one
   stream; the median and p20/p80 are reported;
-* the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per evaluator.
+* the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per GPU: the
+  figure is kept in ``ceilings.json`` under the tuner cache dir, keyed by the GPU's UUID and name, the driver and
+  the CuPy version (`ceiling_cache_key`), and reused while they hold (``tuner ceiling`` measures afresh);
+* random inputs and the comparison run on `tuner.devicekernels` (compiled through our NVRTC cache), not on
+  CuPy's JIT-compiled generators and ufuncs, so a fresh machine compiles nothing for them inside the worker.
 
 `time_launches` is the only place in the package that records CUDA events.
 
@@ -360,6 +364,7 @@ class GpuEvaluator:
         hang_timeout_s: float | None = None,
         module_cache_size: int = 256,
         max_reps: int = 10_000,
+        ceiling: str = "cached",
     ):
         self.device = device
         self.gpu_index = device if gpu_index is None else gpu_index
@@ -368,6 +373,11 @@ class GpuEvaluator:
         self.hang_timeout_s = hang_timeout_s
         self.module_cache_size = module_cache_size
         self.max_reps = max_reps
+        if ceiling not in ("cached", "measure"):
+            raise ValueError(f"ceiling must be 'cached' or 'measure', not {ceiling!r}")
+        #: "cached": reuse the ceiling measured earlier on this GPU (same UUID, driver, CuPy, buffer and budget;
+        #: see `ceiling_cache_key`), measuring and storing it when there is none; "measure": always measure
+        self.ceiling_mode = ceiling
         self.poisoned = False
         self.poisoned_by: LaunchFailed | TimedOut | None = None
         self._started = False
@@ -382,16 +392,29 @@ class GpuEvaluator:
         return self._info()
 
     def _start(self) -> None:
+        import threading
+
         import cupy
 
+        from tuner import devicekernels
+        from tuner.compile import compile_source
         from tuner.compile import versions as compile_versions
 
+        t0 = time.perf_counter()
         self._device = cupy.cuda.Device(self.device)
+        self._arch = f"sm_{self._device.compute_capability}"
+        # Our random-input and check kernels compile (or come from the compile cache) while the context, the
+        # flush buffer and the ceiling are set up: NVRTC releases the GIL.
+        built: list[Any] = []
+        compiler = threading.Thread(target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),
+                                    name="tuner-worker-kernels", daemon=True)
+        compiler.start()
         self._device.use()
         props = _runtime.getDeviceProperties(self.device)
         name = props.get("name", b"")
         self._gpu_name = name.decode() if isinstance(name, bytes) else str(name)
-        self._arch = f"sm_{self._device.compute_capability}"
+        uuid = props.get("uuid", b"")
+        self._gpu_uuid = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
         self.facts = GpuFacts.from_device(self.device)
         self.l2_bytes = self.facts.l2_bytes
         self.sm_count = self.facts.sm_count
@@ -408,9 +431,27 @@ class GpuEvaluator:
         }
         self._static_clocks = self._read_static_clocks()
         self._nvml = self._open_nvml()
-        self._warm_up_cupy()
-        self._ceiling_tbps = measure_ceiling(self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream,
-                                             flush=self._flush)
+        t_context = time.perf_counter()
+        key = ceiling_cache_key(self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes,
+                                self.ceiling_budget_ms)
+        cached = read_cached_ceiling(key) if self.ceiling_mode == "cached" else None
+        if cached is None:
+            self._ceiling_tbps = measure_ceiling(self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream,
+                                                 flush=self._flush)
+            store_ceiling(key, self._ceiling_tbps, self._gpu_name)
+        else:
+            self._ceiling_tbps = cached
+        t_ceiling = time.perf_counter()
+        compiler.join()
+        if not built or not built[0].ok:
+            raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built[0], 'reason', '?')}"
+                               if built else "the worker's own kernels did not compile")
+        self._kernels = devicekernels.DeviceKernels(built[0], self.stream)
+        t_done = time.perf_counter()
+        self.startup = {"context_s": round(t_context - t0, 3), "ceiling_s": round(t_ceiling - t_context, 3),
+                        "ceiling_cached": cached is not None,
+                        "worker_kernels_wait_s": round(t_done - t_ceiling, 3),
+                        "worker_kernels_cached": bool(built[0].cached)}
 
     @property
     def gpu_name(self) -> str:
@@ -446,21 +487,23 @@ class GpuEvaluator:
             "clocks": self.clocks(),
             "versions": dict(self.versions),
             "pid": os.getpid(),
+            "uuid": self._gpu_uuid,
+            "startup": dict(self.startup),
         }
 
     def _flush(self) -> None:
         self._flush_buf.data.memset_async(0, self.flush_bytes, self.stream)
 
-    def _warm_up_cupy(self) -> None:
-        """Run once the CuPy kernels every check uses, so their first-use JIT is not billed to a config."""
+    def _check(self, name: str, out, ref, tolerance: float) -> OutputCheck:
+        """`check_output` on the device with our own kernel (no CuPy JIT); CuPy's path for dtypes it lacks."""
         import cupy
 
-        with self.stream:
-            rng = cupy.random.default_rng(0)
-            x = rng.standard_normal(1024, dtype=cupy.float32)
-            rng.random(1024, dtype=cupy.float32)
-            check_output(cupy, "warm-up", x, x.astype(cupy.float64), 0.0)
-        self._sync()
+        ref = cupy.asarray(ref)
+        counted = self._kernels.check(out, ref, tolerance) if out.size else None
+        if counted is None:
+            return check_output(cupy, name, out, ref, tolerance)
+        mismatches, nans, max_abs, max_rel = counted
+        return OutputCheck(name, int(out.size), mismatches, nans, max_abs, max_rel, tolerance)
 
     def _read_static_clocks(self) -> dict[str, Any]:
         clocks: dict[str, Any] = {}
@@ -637,7 +680,7 @@ class GpuEvaluator:
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         with stream:
-            rng = cupy.random.default_rng(seed)
+            rng = self._kernels.rng(seed)  # our kernels: no CuPy JIT on a fresh machine
             inputs = family.inputs(cupy, problem, rng)
             try:
                 reference = family.reference(cupy, inputs, problem, config=config)
@@ -670,8 +713,8 @@ class GpuEvaluator:
             tolerance = family.tolerance(problem)
             out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
             # A checked name that is not an output is an input the kernel updates in place.
-            checks = [check_output(cupy, name, family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
-                                   reference[name], tolerance[name] if isinstance(tolerance, dict) else tolerance)
+            checks = [self._check(name, family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
+                                  reference[name], tolerance[name] if isinstance(tolerance, dict) else tolerance)
                       for name in (family.checked() or tuple(reference))]
             del reference
         bad = [check for check in checks if not check.ok]
@@ -719,6 +762,58 @@ class GpuEvaluator:
             versions={**self.versions, "arch": compiled.arch},
             uri=compiled.uri,
         )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the ceiling, measured once per GPU
+
+
+def ceiling_cache_key(uuid: str, name: str, versions: dict[str, Any], nbytes: int, budget_ms: float) -> str:
+    """What a stored ceiling is valid for: this GPU (UUID and name), its driver, CuPy/NVRTC/CUDA runtime versions,
+    and the copy's size and budget. A new driver or another GPU in the same slot measures again."""
+    return "|".join([uuid, name, str(versions.get("cuda_driver")), str(versions.get("cuda_runtime")),
+                     str(versions.get("cupy")), str(nbytes), f"{budget_ms:g}"])
+
+
+def _ceiling_file():
+    from tuner.compile import cache_dir
+
+    return cache_dir() / "ceilings.json"
+
+
+def read_cached_ceiling(key: str) -> float | None:
+    """The ceiling stored under `key` (TB/s), or None."""
+    import json
+
+    try:
+        entry = json.loads(_ceiling_file().read_text()).get(key)
+    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+        return None
+    value = entry.get("ceiling_tbps") if isinstance(entry, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def store_ceiling(key: str, tbps: float, gpu: str) -> None:
+    """Add a measured ceiling to the cache file (atomically replaced; a lost race loses one entry, re-measured
+    next time)."""
+    import datetime as dt
+    import json
+
+    from tuner.errors import InputError
+    from tuner.files import atomic_write
+
+    path = _ceiling_file()
+    try:
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict):
+            table = {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        table = {}
+    table[key] = {"ceiling_tbps": tbps, "gpu": gpu, "measured_at": dt.datetime.now(dt.UTC).isoformat()}
+    try:
+        atomic_write(path, json.dumps(table, indent=1), make_parents=True)
+    except (OSError, InputError):  # a read-only cache dir: measured each time, nothing else changes
+        pass
 
 
 def gpu_evaluator(gpu_index: int) -> GpuEvaluator:

@@ -65,12 +65,7 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     from tuner import space as space_mod
     from tuner.console import Column, print_table
 
-    rows = []
-    for path in space_mod.shipped_spaces():
-        s = space_mod.load(path)
-        valid, exact = s.count_valid_bounded()  # a bounded walk: a huge space must not stall the listing
-        rows.append({"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": valid,
-                     "valid_exact": exact, "problems": [p.name for p in s.problems], "path": str(path)})
+    rows = _space_rows(space_mod.shipped_spaces())
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -80,6 +75,45 @@ def cmd_spaces(args: argparse.Namespace) -> int:
                 [[r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}",
                   f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}"] for r in rows])
     return 0
+
+
+def _space_rows(paths) -> list[dict[str, Any]]:
+    """One listing row per space file. Counting valid configs walks the space (seconds for the larger ones), so
+    rows are kept in ``spaces.json`` under the tuner cache dir, keyed by the file's bytes and the code that
+    reads and counts it: an edited space, or another tuner, counts again."""
+    import hashlib
+    from pathlib import Path
+
+    from tuner.compile import cache_dir
+    from tuner.files import atomic_write
+
+    here = Path(__file__).parent
+    code = hashlib.sha256(b"".join((here / m).read_bytes() for m in ("space.py", "expr.py", "gpu.py")))
+    cache_path = cache_dir() / "spaces.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    rows, changed = [], False
+    for path in paths:
+        key = hashlib.sha256(code.digest() + Path(path).read_bytes()).hexdigest()
+        row = cache.get(key)
+        if not isinstance(row, dict):
+            from tuner import space as space_mod
+
+            s = space_mod.load(path)
+            valid, exact = s.count_valid_bounded()  # a bounded walk: a huge space must not stall the listing
+            row = {"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": valid,
+                   "valid_exact": exact, "problems": [p.name for p in s.problems]}
+            cache[key], changed = row, True
+        rows.append({**row, "path": str(path)})
+    if changed:
+        try:
+            atomic_write(cache_path, json.dumps(cache), make_parents=True)
+        except (OSError, InputError):  # a read-only cache dir: count again next time
+            pass
+    return rows
 
 
 def _load_space_and_problem(args: argparse.Namespace):
@@ -190,7 +224,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_ceiling(args: argparse.Namespace) -> int:
     from tuner.worker import IsolatedEvaluator
 
-    with IsolatedEvaluator(gpu=args.gpu, timeout_s=120.0) as evaluator:
+    # Measured afresh (never the cached figure), and stored for the studies that follow.
+    with IsolatedEvaluator(gpu=args.gpu, timeout_s=120.0, evaluator_kwargs={"ceiling": "measure"}) as evaluator:
         info = _start_gpu(evaluator, args.gpu)
     record = {"gpu": info["gpu"], "ceiling_tbps": info["ceiling_tbps"], "method": "cudaMemcpyAsync D2D, 2 GiB, "
               "read + write counted, median of event-timed repetitions with L2 flushed"}
@@ -212,7 +247,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
         replay_delay_s=args.replay_delay, takeover=args.takeover, replay_study=args.replay_study,
         progress=not args.json, repair=args.repair != "random", ordered=not args.categorical,
-        in_process=args.in_process, objectives=args.objectives,
+        in_process=args.in_process, objectives=args.objectives, engine=args.engine,
     ))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -527,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the kernel's name (an identifier)")
     p.set_defaults(func=cmd_new)
 
-    from tuner.study import SAMPLERS
+    from tuner.limits import ENGINES, SAMPLERS
 
     p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
     p.add_argument("kernel", help="kernel family, e.g. gemm")
@@ -541,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=_positive_int, help="GPU workers (default: every GPU Ray sees)")
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
+    p.add_argument("--engine", choices=ENGINES,
+                   help="local: GPU worker processes and compile threads on this machine, no Ray (the default "
+                        "without --ray-address); ray: Ray actors and tasks (the default with --ray-address)")
     p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
     p.add_argument("--replay-delay", type=_seconds, default=0.0, metavar="S",
                    help="seconds each replayed answer takes, standing in for GPU time")

@@ -98,8 +98,12 @@ class _GpuActor:
         self.busy_s = 0.0
 
     def start(self) -> dict[str, Any]:
+        import socket
+
+        import ray
+
         return {**self.evaluator.start(), "gpu_index": self.gpu_index, "measures": self.measures,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 
     def busy(self) -> float:
         return self.busy_s
@@ -140,7 +144,7 @@ class Pool:
         self.timeout_s = timeout_s
         t0 = time.perf_counter()
         resources = init_ray(ray_address, logical_gpus)
-        self.startup = {"ray_init_s": round(time.perf_counter() - t0, 3)}
+        self.startup = {"engine": "ray", "ray_init_s": round(time.perf_counter() - t0, 3)}
         available = int(resources.get("GPU", 0))
         want = gpus or available
         if want < 1:
@@ -163,6 +167,8 @@ class Pool:
         self.finished: list[tuple[int, Result]] = []
         #: trial number → index of the GPU whose worker answered it (absent for compile failures)
         self.ran_on: dict[int, int] = {}
+        #: trial number → {"host", "pid", "node"} of that worker
+        self.ran_by: dict[int, dict[str, Any]] = {}
         #: trial number → (Source, Compiled) of each config compiled, for its artifacts (taken by the driver)
         self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
@@ -250,6 +256,7 @@ class Pool:
         _, job = slot.queue.popleft()
         slot.head_started = time.perf_counter()
         self.ran_on[job.number] = slot.info["gpu_index"]
+        self.ran_by[job.number] = {k: slot.info.get(k) for k in ("host", "pid", "node")}
         try:
             result = ray.get(ref)
         except ray.exceptions.RayActorError as exc:

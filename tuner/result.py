@@ -83,6 +83,7 @@ class TrialAttr:
     DUPLICATE_OF = "duplicate_of"  # the number of the trial that measured this config
     DERIVED = "derived"  # derived values of the config
     WORKER_GPU_INDEX = "worker_gpu_index"  # the GPU whose worker answered
+    WORKER = "worker"  # {"host", "pid", "node"} of the process that answered (node: the Ray node id, or "local")
     ARTIFACTS = "artifacts"  # {"source": artifact id, "ptx": artifact id}
     URI = "uri"
 

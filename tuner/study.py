@@ -39,7 +39,8 @@ from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, worst_values
 from tuner.space import params_key
 
-SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "grid")
+SAMPLERS = limits.SAMPLERS
+ENGINES = limits.ENGINES
 CONSTRAINT_KEY = "space"
 #: user attr of a proposal answered without evaluation; its value says why (invalid, duplicate, known_failure)
 SCREENED = "screened"
@@ -78,6 +79,9 @@ class StudyOptions:
     #: what the sampler optimises: "first" = the space's first objective alone (throughput; the Pareto front of
     #: registers and SMEM is computed from all measured trials afterwards), "all" = every objective of the space
     objectives: str = "first"
+    #: "local" (threads and GPU worker processes on this machine, no Ray) or "ray"; None: ray when
+    #: `ray_address` is given, else local
+    engine: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -154,58 +158,93 @@ def make_sampler(name: str, seed: int | None, n_objectives: int):
 # the writer process
 
 
-def _writer_main(url: str, study_id: int, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
-    """Mirror trials into durable storage in ask order. A start and a finish that arrive together become one
-    insert; a start alone is a RUNNING trial completed by a later finish. Exits when the driver (`parent`) dies,
-    so a killed driver leaves no writer holding the database (its RUNNING trials are recovered on the rerun)."""
+#: How long the writer holds a started trial back, waiting for its result to write both in one insert (one
+#: commit instead of one per attribute). A driver killed meanwhile loses those trials' RUNNING records only:
+#: their configs had no result yet, and the rerun asks afresh.
+WRITER_HOLD_S = 1.0
+
+
+def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
+    """Mirror trials into durable storage in ask order. A trial whose result comes within `WRITER_HOLD_S` of its
+    start is one insert; one still running then is written RUNNING and completed by its finish. Exits when the
+    driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
+    recovered on the rerun). The first message names the study ("study", id): the writer is started early, to
+    import while the driver sets up, and opens the storage only once the driver has created it."""
+    import optuna  # noqa: F401 — the slow part of the writer's start, done while the driver is busy too
+
     from tuner.lease import get_unless_orphaned
 
+    first = get_unless_orphaned(inbox, parent)
+    if first is None or first[0] != "study":
+        return
+    study_id = first[1]
     storage = open_storage(url)
     trial_ids: dict[int, int] = {}
+    held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
+    finals: dict[int, Any] = {}  # results of held trials
     stop = False
-    while not stop:
-        first = get_unless_orphaned(inbox, parent)
-        if first is None:
-            return
-        batch = [first]
+    while not (stop and not held):
+        try:
+            batch = [inbox.get(timeout=WRITER_HOLD_S / 4)]
+        except queue_mod.Empty:
+            batch = []
+            if parent is not None and os.getppid() != parent:
+                return
         while True:
             try:
                 batch.append(inbox.get_nowait())
             except queue_mod.Empty:
                 break
-        finals = {msg[1]: msg[2] for msg in batch if msg[0] == "finish"}
+        now = time.monotonic()
         for msg in batch:
             kind = msg[0]
             if kind == "stop":
                 stop = True
             elif kind == "start":
+                held[msg[1]] = (msg[2], now)
+            elif kind == "finish" and msg[1] in held:
+                finals[msg[1]] = msg[2]
+            elif kind == "finish":
                 number, frozen = msg[1], msg[2]
-                template = finals.pop(number, frozen)
-                trial_ids[number] = storage.create_new_trial(study_id, template_trial=template)
-            elif kind == "finish" and msg[1] in finals:
-                number, frozen = msg[1], finals.pop(msg[1])
                 trial_id = trial_ids[number]
                 for key, value in frozen.user_attrs.items():
                     storage.set_trial_user_attr(trial_id, key, value)
                 for key, value in frozen.system_attrs.items():
                     storage.set_trial_system_attr(trial_id, key, value)
                 storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
-        done.put(len(batch))
+        while held:
+            number, (frozen, since) = next(iter(held.items()))
+            if number not in finals and not stop and now - since < WRITER_HOLD_S:
+                break  # later trials wait behind it: numbers must agree with the driver's
+            del held[number]
+            trial_ids[number] = storage.create_new_trial(study_id, template_trial=finals.pop(number, frozen))
+        if batch:
+            done.put(len(batch))
 
 
 class _Mirror:
-    def __init__(self, url: str, study_id: int):
+    def __init__(self, url: str, study_id: int | None = None):
         ctx = mp.get_context("spawn")
         self.inbox, self.done = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_writer_main, args=(url, study_id, self.inbox, self.done, os.getpid()),
-                                daemon=True)
+        self.proc = ctx.Process(target=_writer_main, args=(url, self.inbox, self.done, os.getpid()), daemon=True)
         self.proc.start()
+        if study_id is not None:
+            self.bind(study_id)
+
+    def bind(self, study_id: int) -> None:
+        """Name the study the writer mirrors into (once, before the first trial)."""
+        self.inbox.put(("study", study_id))
 
     def start(self, number: int, frozen) -> None:
         self.inbox.put(("start", number, frozen))
 
     def finish(self, number: int, frozen) -> None:
         self.inbox.put(("finish", number, frozen))
+
+    def abort(self) -> None:
+        """Stop a writer that was never bound to a study (the study was refused during set-up)."""
+        self.inbox.put(("stop",))
+        self.proc.join(10.0)
 
     def close(self, timeout: float = 300.0) -> None:
         self.inbox.put(("stop",))
@@ -270,6 +309,7 @@ class Driver:
             if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
             self.evaluator = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s)
+            self.recording = replay  # the local engine's evaluators share it: a recording loads in ~0.5 s
             self.logical_gpus: int | None = opts.gpus or 1  # a machine without GPUs: Ray gets logical ones
         else:
             from tuner.bench import gpu_evaluator
@@ -353,12 +393,54 @@ class Driver:
             again.append(dict(trial.params))
         return again
 
+    def _make_pool(self):
+        """The pool of `opts.engine` (see StudyOptions.engine), started; for the local engine the GPU workers
+        start in the background and the space's default config compiles meanwhile."""
+        opts = self.opts
+        engine = opts.engine or ("ray" if opts.ray_address else "local")
+        if engine not in ENGINES:
+            raise InputError(f"--engine {engine}: unknown (choose from {', '.join(ENGINES)})")
+        if engine == "local" and opts.ray_address:
+            raise InputError("--engine local runs on this machine alone; drop --ray-address or use --engine ray")
+        if engine == "ray":
+            from tuner.cluster import Pool
+
+            return Pool(self.space, self.problem, self.evaluator, gpus=opts.gpus, ray_address=opts.ray_address,
+                        timeout_s=opts.timeout, logical_gpus=self.logical_gpus)
+        from tuner import limits
+        from tuner.local import LocalPool, isolated_gpu_evaluator
+
+        if opts.replay:
+            factory = functools.partial(_replay_copy, self.recording, opts.replay_delay_s)
+            count = opts.gpus or 1
+        else:
+            factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout)
+            count = opts.gpus or limits.local_gpus() or 1
+        # A replay without delay answers at once: answered in the driver's thread, in order (reproducible).
+        pool = LocalPool(self.space, self.problem, factory, gpus=count,
+                         inline=bool(opts.replay) and not opts.replay_delay_s)
+        if not opts.replay and opts.sampler != "grid":
+            # The first config of a new study is the space's default: compile it while the GPU worker starts
+            # (for the usual arch; a GPU of another arch recompiles it).
+            from tuner.gpu import DEFAULT_ARCH
+
+            pool.prefetch(dict(self.space.default), DEFAULT_ARCH)
+        return pool
+
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Run the study; the study's lease (see tuner.lease) is held from before the first read of its trials
         to the end."""
+        self._setting_up = None
         try:
             return self._run()
+        except BaseException:
+            if self._setting_up is not None:  # refused during set-up: stop what was started for it
+                pool, mirror = self._setting_up
+                pool.close()
+                if mirror is not None:
+                    mirror.abort()
+            raise
         finally:
             if self.lease is not None:
                 self.lease.release()
@@ -367,6 +449,7 @@ class Driver:
         import optuna
         from optuna.trial import TrialState
 
+        mirror = None
         if self.opts.in_process:
             from tuner.replay import ReplayPool
 
@@ -375,24 +458,27 @@ class Driver:
             pool = ReplayPool(self.problem, self.opts.replay, self.opts.replay_study,
                               in_flight=self.opts.replay_in_flight)
         else:
-            from tuner.cluster import Pool
-
-            pool = Pool(self.space, self.problem, self.evaluator, gpus=self.opts.gpus,
-                        ray_address=self.opts.ray_address, timeout_s=self.opts.timeout,
-                        logical_gpus=self.logical_gpus)
-        gpu = pool.gpus[0]["gpu"]
-        from tuner.lease import acquire
-
+            pool = self._make_pool()
+            mirror = _Mirror(self.url)  # its start-up (a process importing Optuna) overlaps the GPU workers' too
+        self._setting_up = (pool, mirror)
+        t_storage = time.perf_counter()
         if self.url == ":memory:":
             self.storage = optuna.storages.InMemoryStorage()
         else:
             self.storage = open_storage(self.url)
+        storage_s = time.perf_counter() - t_storage
+        gpu = pool.gpus[0]["gpu"]  # waits for the GPU workers
+        from tuner.lease import acquire
+
+        t_storage = time.perf_counter()
+        if self.url != ":memory:":
             self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
         facts = pool.gpus[0].get("gpu_facts")
         if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
             self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
         durable = self._open_study(gpu, pool.arch, facts)
         again = self._recover(durable)
+        storage_s += time.perf_counter() - t_storage
         past = durable.get_trials(deepcopy=False)
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
 
@@ -440,7 +526,11 @@ class Driver:
                 target = min(target, counted + unexplored)
 
         study_id = self.storage.get_study_id_from_name(durable.study_name)
-        mirror = _InlineMirror(self.storage, study_id) if self.opts.in_process else _Mirror(self.url, study_id)
+        if mirror is None:
+            mirror = _InlineMirror(self.storage, study_id)
+        else:
+            mirror.bind(study_id)
+        self._setting_up = None
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
         running: dict[str, int] = {}  # params key → trial number in flight
@@ -449,6 +539,8 @@ class Driver:
         progress = _Progress(self.opts.progress, target, counted, stats, where=_where(durable.study_name, self.url))
         first_result_at = None
         submitted = counted  # counted plus configs in flight
+        # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
+        loop_started = time.perf_counter()
         try:
             with progress:
                 while counted < target:
@@ -489,6 +581,8 @@ class Driver:
                         trial = trials.pop(number)
                         if number in pool.ran_on:
                             trial.set_user_attr(TrialAttr.WORKER_GPU_INDEX, pool.ran_on.pop(number))
+                        if number in getattr(pool, "ran_by", {}):
+                            trial.set_user_attr(TrialAttr.WORKER, pool.ran_by.pop(number))
                         built = pool.built.pop(number, None)
                         if result.ok and built is not None and self.artifacts is not None:
                             self.artifacts.attach(trial, *built)
@@ -503,9 +597,13 @@ class Driver:
             busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
             finalists = self._retime_finalists(fast, pool, durable) if pool.measures else []
             wall = loop_end - self.t0
-            started = pool.started
+            started = loop_started
             gpus = pool.gpus
-            pool_startup = {**pool.startup, "process_start_to_driver_s": round(self.t_imports, 3)}
+            pool_startup = {"imports_s": round(self.t_imports, 3), "storage_s": round(storage_s, 3),
+                            **pool.startup, **_worker_startup(gpus),
+                            "study_ready_s": round(loop_started - self.t0 + self.t_imports, 3),
+                            "first_result_s": round(first_result_at - self.t0 + self.t_imports, 3)
+                            if first_result_at else None}
         finally:
             pool.close()
             flush_started = time.perf_counter()
@@ -763,6 +861,21 @@ class _Repair:
         return dict(self.configs[int(np.argmin(distance))])
 
 
+def _replay_copy(recording, delay_s: float, gpu_index: int):
+    """A replay evaluator for logical GPU `gpu_index` that shares `recording`'s loaded records (read-only)."""
+    import copy
+
+    evaluator = copy.copy(recording)
+    evaluator.delay_s, evaluator.gpu_index = delay_s, gpu_index
+    return evaluator
+
+
+def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first GPU worker's own start-up stages (context, CuPy warm-up, ceiling: measured or cached)."""
+    stages = gpus[0].get("startup") if gpus else None
+    return {"gpu_worker": stages} if stages else {}
+
+
 def _process_age() -> float:
     """Seconds since the command started (the first import of the tuner package)."""
     import tuner
@@ -814,8 +927,9 @@ def _where(study: str, url: str) -> str:
     return f"study {study}: trials go to {path if path is not None else url}"
 
 
-#: what each stage of `summary["startup"]` is, for people
-_STAGES = {"process_start_to_driver_s": "imports", "ray_init_s": "Ray", "gpu_workers_s": "workers"}
+#: the stages of `summary["startup"]` that run one after the other until the GPU workers are up, for people (the
+#: others overlap them, or are moments counted from the command's start)
+_STAGES = {"imports_s": "imports", "ray_init_s": "Ray", "gpu_workers_s": "workers"}
 
 
 def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
@@ -823,7 +937,8 @@ def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
     from tuner.console import human_seconds
 
     cold = summary.get("cold_start_s")
-    stages = {k: float(v) for k, v in (summary.get("startup") or {}).items() if isinstance(v, (int, float))}
+    stages = {k: float(v) for k, v in (summary.get("startup") or {}).items()
+              if k in _STAGES and isinstance(v, (int, float))}
     startup = sum(stages.values())
     order = sorted(stages, key=lambda k: (list(_STAGES).index(k) if k in _STAGES else len(_STAGES), k))
     parts = ", ".join(f"{_STAGES.get(k, k.removesuffix('_s').replace('_', ' '))} {human_seconds(stages[k])}"
@@ -909,3 +1024,9 @@ class _Progress:
 
 def run_study(opts: StudyOptions) -> dict[str, Any]:
     return Driver(opts).run()
+
+
+# `tuner.study(space, trials=...)` is the API call `tuner.api.study`; the module stays importable as ever.
+from tuner.api import callable_module as _callable_module  # noqa: E402
+
+_callable_module(__name__)

@@ -1,0 +1,85 @@
+"""The GPU worker's own kernels (`tuner.devicekernels`): they compile with NVRTC here; on a GPU, the random draws
+have the right moments and ranges, a seed reproduces them, and the one-pass check agrees with CuPy's element-wise
+comparison (`tuner.bench.check_output`) on exact, noisy, NaN and far-off outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner import devicekernels
+from tuner.compile import compile_source
+
+try:
+    import cupy
+
+    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
+except Exception:  # no CuPy, no driver or no device
+    HAVE_GPU = False
+
+
+def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    compiled = compile_source(devicekernels.source(), "sm_90")
+    assert compiled.ok, compiled
+    names = set(compiled.functions)
+    assert {"fill_normal_f32", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"} <= names
+    assert {f"check_{o}_{r}" for o in devicekernels.CHECK_DTYPES for r in ("float32", "float64")} <= names
+    assert all(f.spill_store_bytes == 0 for f in compiled.functions.values())
+    assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
+
+
+@pytest.fixture(scope="module")
+def device_kernels():
+    if not HAVE_GPU:
+        pytest.skip("needs a CUDA GPU")
+    arch = f"sm_{cupy.cuda.Device(0).compute_capability}"
+    stream = cupy.cuda.Stream(non_blocking=True)
+    return devicekernels.DeviceKernels(compile_source(devicekernels.source(), arch), stream)
+
+
+@pytest.mark.gpu
+def test_draws_have_their_moments_and_ranges_and_a_seed_repeats_them(device_kernels):
+    rng = device_kernels.rng(7)
+    x = cupy.asnumpy(rng.standard_normal((1024, 1024), dtype=np.float32))
+    assert x.dtype == np.float32 and x.shape == (1024, 1024)
+    assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01 and np.isfinite(x).all()
+    u = cupy.asnumpy(rng.random(1 << 20, dtype=np.float32))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+    w = cupy.asnumpy(rng.uniform(-2.0, 3.0, size=(100, 1000)))
+    assert w.dtype == np.float64 and w.min() >= -2 and w.max() < 3
+    k = cupy.asnumpy(rng.integers(0, 7, size=70000))
+    assert k.dtype == np.int64 and set(np.unique(k)) == set(range(7))
+    again = cupy.asnumpy(device_kernels.rng(7).standard_normal((1024, 1024), dtype=np.float32))
+    assert np.array_equal(x, again)
+    other = cupy.asnumpy(device_kernels.rng(8).standard_normal((1024, 1024), dtype=np.float32))
+    assert not np.array_equal(x, other)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["exact", "noise", "nan", "far", "int"])
+def test_one_pass_check_agrees_with_cupy(device_kernels, case):
+    from tuner.bench import check_output
+
+    ref = device_kernels.rng(3).standard_normal((512, 777), dtype=np.float32).astype(cupy.float64) * 10
+    out = ref.astype(cupy.float32)
+    if case == "noise":
+        out = out + device_kernels.rng(4).standard_normal(ref.shape, dtype=np.float32) * 1e-4
+    elif case == "nan":
+        out[5, 7] = cupy.nan
+        out[100, 0] = cupy.nan
+    elif case == "far":
+        out[3, 3] += 1.0
+    elif case == "int":
+        out = cupy.rint(ref).astype(cupy.int32)
+        ref = cupy.rint(ref)
+    mine = device_kernels.check(out, ref, 1e-4)
+    theirs = check_output(cupy, "y", out, ref, 1e-4)
+    assert mine is not None
+    assert mine[0] == theirs.mismatches and mine[1] == theirs.nan_count
+    assert mine[2] == pytest.approx(theirs.max_abs_error, rel=1e-12, abs=1e-300)
+    assert mine[3] == pytest.approx(theirs.max_rel_error, rel=1e-12, abs=1e-300)
+    if case in ("exact", "int"):
+        assert mine[0] == 0
+    if case == "nan":
+        assert mine[0] == 2 and mine[1] == 2

@@ -1,0 +1,141 @@
+"""The local engine (`tuner.local.LocalPool`) on CPUs: real NVRTC compiles in threads, real GPU-worker child
+processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
+suffer (killed, hung), handled as the Ray pool handles them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner import space as space_mod
+from tuner.local import LocalPool, host_cores
+from tuner.replay import ReplayEvaluator
+from tuner.worker import IsolatedEvaluator
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
+
+
+class _ReplayChild:
+    """What the child builds: a replay evaluator with GpuEvaluator's extra attributes (picklable by name)."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.inner = ReplayEvaluator(RECORDING, None, delay_s)
+        self.ceiling_tbps = None
+        self.poisoned = False
+
+    def start(self):
+        return self.inner.start()
+
+    def evaluate(self, *args):
+        return self.inner.evaluate(*args)
+
+
+def _child_factory(delay_s: float, timeout_s: float = 30.0):
+    def factory(gpu_index: int):
+        return IsolatedEvaluator(
+            gpu=gpu_index,
+            timeout_s=timeout_s,
+            start_timeout_s=120.0,
+            evaluator_factory=_ReplayChild,
+            evaluator_kwargs={"delay_s": delay_s},
+        )
+
+    return factory
+
+
+def _drain(pool: LocalPool, want: int, limit_s: float = 120.0) -> dict[int, object]:
+    results: dict[int, object] = {}
+    deadline = time.time() + limit_s
+    while len(results) < want and time.time() < deadline:
+        results.update(pool.poll(0.2))
+    assert len(results) == want, results
+    return results
+
+
+@pytest.fixture(scope="module")
+def space():
+    return space_mod.load(SPACE)
+
+
+def test_configs_compile_in_threads_and_run_in_worker_children(space, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    configs = list(space.enumerate())[:6]
+    pool = LocalPool(space, space.problem(), _child_factory(0.0), gpus=2, arch="sm_90")
+    try:
+        assert pool.compile_slots == host_cores() and pool.capacity == host_cores() + 2 * 3
+        pool.prefetch(configs[0], "sm_90")  # before the workers are up
+        for number, params in enumerate(configs):
+            pool.submit(number, params)
+        results = _drain(pool, len(configs))
+        assert all(r.ok for r in results.values()), results
+        assert set(pool.built) == set(range(len(configs)))  # each trial's source and cubin, for its artifacts
+        assert {g["gpu_index"] for g in pool.gpus} == {0, 1}
+        pids = {g["pid"] for g in pool.gpus}
+        assert os.getpid() not in pids and len(pids) == 2  # one child process per GPU
+        assert {w["pid"] for w in pool.ran_by.values()} <= {g.pid for g in (w.evaluator for w in pool._workers)}
+        assert pool.startup["engine"] == "local" and pool.startup["gpu_workers_s"] > 0
+    finally:
+        pool.close()
+
+
+def test_killed_worker_fails_its_trial_and_the_next_config_runs(space, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    configs = list(space.enumerate())[:2]
+    pool = LocalPool(space, space.problem(), _child_factory(3.0), gpus=1, arch="sm_90")
+    try:
+        child = pool._workers[0].evaluator
+        pool.wait_ready()
+        victim = child.pid
+        pool.submit(0, configs[0])
+        deadline = time.time() + 60
+        while not (0 in pool.built and pool.ready.empty()) and time.time() < deadline:
+            time.sleep(0.05)  # compiled, and taken by the GPU thread: it is in the child now (3 s per answer)
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        result = _drain(pool, 1)[0]
+        assert result.kind == "launch_failed" and "died" in result.reason
+        pool.submit(1, configs[1])
+        assert _drain(pool, 1)[1].ok
+        assert child.pid != victim and child.restarts == 1
+    finally:
+        pool.close()
+
+
+def test_hung_worker_times_out_and_is_replaced(space, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    configs = list(space.enumerate())[:2]
+    pool = LocalPool(space, space.problem(), _child_factory(30.0, timeout_s=2.0), gpus=1, arch="sm_90")
+    try:
+        pool.wait_ready()
+        started = time.time()
+        pool.submit(0, configs[0])
+        result = _drain(pool, 1)[0]
+        assert result.kind == "timed_out" and time.time() - started < 30
+        assert pool._workers[0].evaluator.alive() is False  # killed; the next config starts a fresh child
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_cannot_start_is_reported_by_wait_ready(space):
+    def broken(gpu_index: int):
+        return _Broken()
+
+    pool = LocalPool(space, space.problem(), broken, gpus=2)
+    with pytest.raises(RuntimeError, match="no such GPU"):
+        pool.wait_ready()
+
+
+class _Broken:
+    measures = True
+
+    def start(self):
+        raise RuntimeError("no such GPU")
+
+    def close(self):
+        pass

@@ -1,0 +1,233 @@
+"""The GPU worker's own kernels: random inputs and the output check, compiled through our NVRTC cache.
+
+CuPy builds its random generators and element-wise operations (``isnan``, ``abs``, comparisons, reductions)
+by JIT-compiling a kernel on first use and caching it under ``CUPY_CACHE_DIR``. On a fresh machine the check of
+the first config then pays for a dozen NVRTC compiles inside the GPU worker. The kernels here do the same work
+from one source compiled by `tuner.compile.compile_source` (content-addressed, under the tuner cache dir, so it
+is compiled once per machine and arch; before the GPU worker needs it, the driver's compile threads can build
+it) and loaded as a module with ``cupy.cuda.function.Module``, which compiles nothing.
+
+`DeviceRng` offers the four generator calls the kernel families use (``standard_normal``, ``random``,
+``uniform``, ``integers``), as counter-based draws (SplitMix64 of seed and element index: every element is
+independent of the launch geometry, and a seed reproduces its inputs). `check_on_device` compares one output
+with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
+`tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["CHECK_DTYPES", "DeviceKernels", "DeviceRng", "source"]
+
+#: output dtype (numpy name) → C type, for the check kernel; references are float32 or float64
+CHECK_DTYPES = {
+    "float32": "float",
+    "float64": "double",
+    "int32": "int",
+    "int64": "long long",
+    "int8": "signed char",
+    "uint8": "unsigned char",
+    "bool": "bool",
+}
+_REF_DTYPES = {"float32": "float", "float64": "double"}
+
+_PRELUDE = r"""
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 splitmix64(u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+// Uniform in [0, 1) with 53 random bits; `stream` separates the two draws a normal needs.
+__device__ __forceinline__ double uniform01(u64 seed, u64 i, u64 stream) {
+    return (double)(splitmix64(seed ^ splitmix64(2 * i + stream)) >> 11) * 0x1.0p-53;
+}
+
+extern "C" __global__ void fill_normal_f32(float* out, u64 n, u64 seed) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        double u1 = 1.0 - uniform01(seed, i, 0), u2 = uniform01(seed, i, 1);  // u1 in (0, 1]: log is finite
+        out[i] = (float)(sqrt(-2.0 * log(u1)) * cospi(2.0 * u2));
+    }
+}
+extern "C" __global__ void fill_uniform_f32(float* out, u64 n, u64 seed, double lo, double hi) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float v = (float)(lo + (hi - lo) * uniform01(seed, i, 0));
+        out[i] = v < (float)hi ? v : nextafterf((float)hi, (float)lo);  // rounding must not reach hi
+    }
+}
+extern "C" __global__ void fill_uniform_f64(double* out, u64 n, u64 seed, double lo, double hi) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = lo + (hi - lo) * uniform01(seed, i, 0);
+}
+extern "C" __global__ void fill_integers_i64(long long* out, u64 n, u64 seed, long long lo, u64 range) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = lo + (long long)(splitmix64(seed ^ splitmix64(2 * i)) % range);
+}
+
+// acc[0] mismatches, acc[1] NaN outputs, acc[2] max abs error, acc[3] max rel error (bits of a double >= 0,
+// which order like unsigned integers). NaN errors count as mismatches and are left out of the maxima.
+template <typename O, typename R>
+__device__ void check(const O* out, const R* ref, u64 n, double tol, u64* acc) {
+    u64 bad = 0, nans = 0;
+    double max_abs = 0.0, max_rel = 0.0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        double o = (double)out[i], r = (double)ref[i];
+        double diff = fabs(o - r), rel = diff / fmax(fabs(r), 1.0);
+        bad += !(rel <= tol);
+        nans += isnan(o);
+        if (!isnan(rel)) { max_abs = fmax(max_abs, diff); max_rel = fmax(max_rel, rel); }
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+        bad += __shfl_down_sync(0xffffffffu, bad, s);
+        nans += __shfl_down_sync(0xffffffffu, nans, s);
+        max_abs = fmax(max_abs, __shfl_down_sync(0xffffffffu, max_abs, s));
+        max_rel = fmax(max_rel, __shfl_down_sync(0xffffffffu, max_rel, s));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (bad) atomicAdd(&acc[0], bad);
+        if (nans) atomicAdd(&acc[1], nans);
+        atomicMax(&acc[2], (u64)__double_as_longlong(max_abs));
+        atomicMax(&acc[3], (u64)__double_as_longlong(max_rel));
+    }
+}
+"""
+
+_THREADS = 256
+
+
+def source():
+    """The module's `tuner.render.Source` (one text: its compile is cached like any config's)."""
+    from tuner.render import Source
+
+    lines = [_PRELUDE]
+    for o_name, o_type in CHECK_DTYPES.items():
+        for r_name, r_type in _REF_DTYPES.items():
+            lines.append(
+                f'extern "C" __global__ void check_{o_name}_{r_name}(const {o_type}* out, '
+                f"const {r_type}* ref, u64 n, double tol, u64* acc) {{ check(out, ref, n, tol, acc); }}"
+            )
+    return Source(
+        kernel="tuner_worker",
+        text="\n".join(lines) + "\n",
+        entry="fill_normal_f32",
+        uri="tuner_worker_kernels",
+        template="tuner/devicekernels.py",
+    )
+
+
+class DeviceKernels:
+    """The module loaded on the current device, from `compiled` (a `tuner.compile.Compiled` of `source()`)."""
+
+    def __init__(self, compiled, stream):
+        import cupy
+
+        self.stream = stream
+        self.module = cupy.cuda.function.Module()
+        self.module.load(compiled.cubin)
+        self._functions: dict[str, Any] = {}
+        self._sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def function(self, name: str):
+        if name not in self._functions:
+            self._functions[name] = self.module.get_function(name)
+        return self._functions[name]
+
+    def launch(self, name: str, n: int, args: tuple) -> None:
+        blocks = max(1, min(math.ceil(n / _THREADS), self._sm_count * 8))
+        self.function(name)((blocks,), (_THREADS,), args, stream=self.stream)
+
+    def rng(self, seed: int) -> DeviceRng:
+        return DeviceRng(self, seed)
+
+    def check(self, out, ref, tolerance: float) -> tuple[int, int, float, float] | None:
+        """(mismatches, NaN count, max abs error, max rel error) of `out` against `ref`, or None where the
+        dtypes are not covered (the caller then compares with CuPy)."""
+        import cupy
+        import numpy as np
+
+        o_name, r_name = np.dtype(out.dtype).name, np.dtype(ref.dtype).name
+        if o_name not in CHECK_DTYPES or r_name not in _REF_DTYPES or out.shape != ref.shape:
+            return None
+        if not (out.flags.c_contiguous and ref.flags.c_contiguous):
+            return None
+        acc = cupy.empty(4, dtype=cupy.uint64)
+        acc.data.memset_async(0, acc.nbytes, self.stream)
+        self.launch(f"check_{o_name}_{r_name}", out.size, (out, ref, np.uint64(out.size), np.float64(tolerance), acc))
+        host = np.empty(4, dtype=np.uint64)
+        acc.data.copy_to_host_async(host.ctypes.data, acc.nbytes, self.stream)
+        self.stream.synchronize()
+        maxima = host[2:].view(np.float64)
+        return int(host[0]), int(host[1]), float(maxima[0]), float(maxima[1])
+
+
+class DeviceRng:
+    """The generator calls the kernel families make (a subset of `numpy.random.Generator`'s signatures),
+    answered by `DeviceKernels`; each call draws from a fresh stream of the seed."""
+
+    def __init__(self, kernels: DeviceKernels, seed: int):
+        self.kernels = kernels
+        self.seed = seed & 0xFFFFFFFFFFFFFFFF
+        self.calls = 0
+
+    def _next_seed(self):
+        import numpy as np
+
+        self.calls += 1
+        return np.uint64((self.seed + 0x632BE59BD9B4E019 * self.calls) & 0xFFFFFFFFFFFFFFFF)
+
+    @staticmethod
+    def _shape(size) -> tuple[int, ...]:
+        if size is None:
+            return ()
+        return (int(size),) if isinstance(size, (int,)) or hasattr(size, "__index__") else tuple(size)
+
+    def _empty(self, size, dtype):
+        import cupy
+
+        return cupy.empty(self._shape(size), dtype=dtype)
+
+    def standard_normal(self, size=None, dtype=None):
+        import numpy as np
+
+        dtype = np.dtype(dtype or np.float64)
+        if dtype != np.float32:
+            raise TypeError(f"DeviceRng.standard_normal: dtype {dtype} (float32 only)")
+        out = self._empty(size, dtype)
+        self.kernels.launch("fill_normal_f32", out.size, (out, np.uint64(out.size), self._next_seed()))
+        return out
+
+    def random(self, size=None, dtype=None):
+        return self.uniform(0.0, 1.0, size, dtype)
+
+    def uniform(self, low=0.0, high=1.0, size=None, dtype=None):
+        import numpy as np
+
+        dtype = np.dtype(dtype or np.float64)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"DeviceRng.uniform: dtype {dtype} (float32 or float64)")
+        out = self._empty(size, dtype)
+        name = "fill_uniform_f32" if dtype == np.float32 else "fill_uniform_f64"
+        self.kernels.launch(
+            name, out.size, (out, np.uint64(out.size), self._next_seed(), np.float64(low), np.float64(high))
+        )
+        return out
+
+    def integers(self, low, high=None, size=None, dtype=None):
+        import numpy as np
+
+        if high is None:
+            low, high = 0, low
+        if int(high) <= int(low):
+            raise ValueError(f"DeviceRng.integers: high {high} must exceed low {low}")
+        dtype = np.dtype(dtype or np.int64)
+        out = self._empty(size, np.int64)
+        self.kernels.launch(
+            "fill_integers_i64",
+            out.size,
+            (out, np.uint64(out.size), self._next_seed(), np.int64(low), np.uint64(int(high) - int(low))),
+        )
+        return out if dtype == np.int64 else out.astype(dtype)

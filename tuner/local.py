@@ -1,0 +1,302 @@
+"""The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
+
+`LocalPool` offers the interface of `tuner.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
+``gpus``, ``arch``, ``ran_on``, ``built``, ``busy_seconds``, ``close``) so the study driver runs unchanged over
+either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
+
+* the evaluators come from the same `tuner.evaluator.EvaluatorFactory` a Ray actor would call. For real GPUs
+  that factory is `isolated_gpu_evaluator`: a `tuner.worker.IsolatedEvaluator` whose child process owns one GPU,
+  so a kernel that hangs or poisons its CUDA context costs that child, never the driver (the child is killed
+  and replaced, as a Ray actor would be). A replay evaluator answers in a thread of this process;
+* every evaluator starts in a background thread as soon as the pool is made, so the GPU workers' CUDA set-up
+  (context, flush buffer, ceiling) overlaps the driver's own start-up (storage, study, sampler); `wait_ready`
+  joins them;
+* compiles run in a thread pool sized to this host's cores (NVRTC and ptxas release the GIL), and `prefetch`
+  starts a config's compile before the GPU worker is up (the first config of a study: its default);
+* one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
+  waits for the driver's loop; results come back through a queue that `poll` drains.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tuner import kernels
+from tuner.evaluator import Evaluator, EvaluatorFactory
+from tuner.render import render
+from tuner.result import LaunchFailed, Result
+
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
+
+#: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
+QUEUE_DEPTH = 2
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
+    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.worker)."""
+    from tuner.worker import IsolatedEvaluator
+
+    return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
+
+
+@dataclass
+class _Job:
+    number: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    budget_ms: float
+    source: Any = None
+    compiled: Any = None
+
+
+class _Gpu:
+    """One evaluator and the thread that feeds it; `info` is set once its start() returned."""
+
+    def __init__(self, pool: LocalPool, index: int, evaluator: Evaluator):
+        self.pool, self.index, self.evaluator = pool, index, evaluator
+        self.info: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.started_s: float | None = None
+        self.busy_s = 0.0
+        self.up = threading.Event()  # set once start() returned or raised
+        self.thread = threading.Thread(target=self._main, name=f"tuner-gpu{index}", daemon=True)
+        if pool.inline:
+            self._start()
+        else:
+            self.thread.start()
+
+    def worker(self) -> dict[str, Any]:
+        """Who answers on this GPU now: host, pid (the child's, for a GPU worker) and node ("local")."""
+        return {"host": self.pool.host, "pid": getattr(self.evaluator, "pid", None) or os.getpid(), "node": "local"}
+
+    def _start(self) -> bool:
+        t0 = time.perf_counter()
+        try:
+            info = self.evaluator.start()
+            self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
+        except BaseException as exc:  # reported by wait_ready, in the driver's thread
+            self.error = exc
+            return False
+        finally:
+            self.started_s = time.perf_counter() - t0
+            self.up.set()
+        return True
+
+    def _main(self) -> None:
+        if not self._start():
+            return
+        while True:
+            job = self.pool.ready.get()
+            if job is None:
+                return
+            self.run(job)
+
+    def run(self, job: _Job) -> None:
+        """Evaluate one job and hand its result to the driver's queue."""
+        pool = self.pool
+        started = time.perf_counter()
+        pool.startup.setdefault("first_measure_start_s", _since_command(started))
+        try:
+            result = self.evaluator.evaluate(
+                job.compiled, pool.family, job.config, pool.problem.env, budget_ms=job.budget_ms
+            )
+        except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
+            result = LaunchFailed(
+                reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+        self.busy_s += time.perf_counter() - started
+        pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
+        pool.ran_on[job.number] = self.index
+        pool.ran_by[job.number] = self.worker()
+        pool.done.put((job.number, result))
+
+
+class LocalPool:
+    """Compile threads plus one evaluator per local GPU; see the module docstring."""
+
+    def __init__(
+        self,
+        space,
+        problem,
+        evaluator: EvaluatorFactory,
+        gpus: int = 1,
+        arch: str | None = None,
+        compile_slots: int | None = None,
+        inline: bool = False,
+    ):
+        """Starts `gpus` evaluators (``evaluator(i)`` for i in 0..gpus-1) in the background and returns at once.
+        `arch` (what to compile for) defaults to the first evaluator's; `compile_slots` to this host's cores.
+        `inline` (for evaluators that answer at once, such as a replay without delay): no threads; each `poll`
+        answers the oldest queued config in the caller's thread, the evaluators taking turns, so a seeded study
+        asks and tells in the same order on every run."""
+        self.inline = inline
+        self.space, self.problem = space, problem
+        self.family = kernels.get(space.kernel)
+        self._arch = arch
+        t0 = time.perf_counter()
+        self.compile_slots = compile_slots or host_cores()
+        self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
+        self.ready: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[tuple[int, Result]] = queue.SimpleQueue()
+        self._prefetched: dict[tuple[str, str], Future] = {}
+        self._queued = 0  # submitted and not yet finished
+        self.ran_on: dict[int, int] = {}
+        self.ran_by: dict[int, dict[str, Any]] = {}
+        self.host = socket.gethostname()
+        self.built: dict[int, tuple[Any, Any]] = {}
+        self.replaced = 0
+        self._turn = 0
+        self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
+        self.startup: dict[str, Any] = {"engine": "local", "pool_start_s": round(time.perf_counter() - t0, 3)}
+        self._t0 = t0
+        self._ready = False
+        self.started = time.perf_counter()
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+    def wait_ready(self) -> None:
+        """Block until every evaluator has started; raise the first start-up error (an InputError or the
+        worker's own) after stopping the others."""
+        if self._ready:
+            return
+        for worker in self._workers:
+            worker.up.wait()
+        failed = next((w.error for w in self._workers if w.error is not None), None)
+        if failed is not None:
+            self.close()
+            raise failed
+        self._ready = True
+        self.startup["gpu_workers_s"] = round(time.perf_counter() - self._t0, 3)
+        self.startup["gpu_worker_start_s"] = [round(w.started_s or 0.0, 3) for w in self._workers]
+        self.started = time.perf_counter()
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        self.wait_ready()
+        return [w.info for w in self._workers]
+
+    @property
+    def measures(self) -> bool:
+        return bool(self.gpus[0]["measures"])
+
+    @property
+    def arch(self) -> str:
+        return self._arch or str(self.gpus[0]["arch"])
+
+    # -- work -------------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Configs in flight that keep every compile thread and every GPU busy."""
+        return self.compile_slots + len(self._workers) * (QUEUE_DEPTH + 1)
+
+    @property
+    def in_flight(self) -> int:
+        return self._queued
+
+    def prefetch(self, params: dict[str, Any], arch: str) -> None:
+        """Start compiling `params` for `arch` now (before the GPU worker says what its arch is); a later
+        `submit` of the same source and arch takes this compile's result instead of starting another."""
+        config = self.space.resolve(params, self.problem)
+        source = render(self.family, params, config, self.problem.env)
+        key = (source.text, arch)
+        if key not in self._prefetched:
+            self._prefetched[key] = self._compiler.submit(_compile, source, arch)
+
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
+        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more)."""
+        config = self.space.resolve(params, self.problem)
+        job = _Job(number=number, params=params, config=config, budget_ms=budget_ms)
+        self._queued += 1
+        if not self.measures:  # it answers without running the kernel: nothing to compile
+            self.ready.put(job)
+            return
+        job.source = render(self.family, params, config, self.problem.env)
+        future = self._prefetched.pop((job.source.text, self.arch), None)
+        if future is None:
+            future = self._compiler.submit(_compile, job.source, self.arch)
+        future.add_done_callback(lambda f, job=job: self._compiled(job, f))
+
+    def _compiled(self, job: _Job, future: Future) -> None:
+        """In a compile thread: hand a compiled config to the GPU threads, or its failure to the driver."""
+        try:
+            result = future.result()
+        except Exception as exc:  # a bug in compiling, not a property of the config: surfaces in poll()
+            self.done.put((job.number, exc))
+            return
+        self.startup.setdefault("first_compile_done_s", _since_command(time.perf_counter()))
+        if result.ok:
+            job.compiled = result
+            if job.number >= 0:
+                self.built[job.number] = (job.source, result)
+            self.ready.put(job)
+        else:
+            self.done.put((job.number, result))
+
+    def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
+        """The configs finished since the last call; waits up to `timeout` for the first one."""
+        out = []
+        if self.inline:
+            try:
+                job = self.ready.get_nowait()
+            except queue.Empty:
+                return []
+            self._workers[self._turn % len(self._workers)].run(job)
+            self._turn += 1
+            out.append(self.done.get_nowait())
+            self._queued -= 1
+            return out
+        try:
+            out.append(self.done.get(timeout=timeout))
+            while True:
+                out.append(self.done.get_nowait())
+        except queue.Empty:
+            pass
+        for _, result in out:
+            if isinstance(result, BaseException):
+                raise result
+        self._queued -= len(out)
+        return out
+
+    def busy_seconds(self) -> float:
+        return sum(w.busy_s for w in self._workers)
+
+    def close(self) -> None:
+        """Stop the GPU threads and their evaluators (a GPU worker's child exits)."""
+        for _ in self._workers:
+            self.ready.put(None)
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers:
+            if worker.thread.is_alive():
+                worker.thread.join(timeout=5.0)
+            try:
+                worker.evaluator.close()
+            except Exception:  # closing a worker that never started
+                pass
+        self._workers = []
+
+
+def _since_command(t: float) -> float:
+    """Seconds from the command's start (the tuner package's import) to `t`, like the driver's stages."""
+    import tuner
+
+    return round(t - tuner.IMPORTED_AT, 3)
+
+
+def _compile(source, arch):
+    from tuner.compile import compile_source
+
+    return compile_source(source, arch)
