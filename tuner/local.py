@@ -19,6 +19,7 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import socket
@@ -152,7 +153,8 @@ class LocalPool:
         self.compile_slots = compile_slots or host_cores()
         self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
         self.ready: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.done: queue.SimpleQueue[tuple[int, Result]] = queue.SimpleQueue()
+        #: finished configs; an exception in place of a Result is a bug in compiling, raised by poll()
+        self.done: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
         self._prefetched: dict[tuple[str, str], Future] = {}
         self._queued = 0  # submitted and not yet finished
         self.ran_on: dict[int, int] = {}
@@ -187,7 +189,7 @@ class LocalPool:
     @property
     def gpus(self) -> list[dict[str, Any]]:
         self.wait_ready()
-        return [w.info for w in self._workers]
+        return [w.info for w in self._workers if w.info is not None]  # all of them, once wait_ready returned
 
     @property
     def measures(self) -> bool:
@@ -228,7 +230,7 @@ class LocalPool:
         future = self._prefetched.pop((job.source.text, self.arch), None)
         if future is None:
             future = self._compiler.submit(_compile, job.source, self.arch)
-        future.add_done_callback(lambda f, job=job: self._compiled(job, f))
+        future.add_done_callback(functools.partial(self._compiled, job))
 
     def _compiled(self, job: _Job, future: Future) -> None:
         """In a compile thread: hand a compiled config to the GPU threads, or its failure to the driver."""
@@ -248,27 +250,30 @@ class LocalPool:
 
     def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
         """The configs finished since the last call; waits up to `timeout` for the first one."""
-        out = []
+        got = []
         if self.inline:
             try:
                 job = self.ready.get_nowait()
             except queue.Empty:
                 return []
+            if job is None:  # close() ran
+                return []
             self._workers[self._turn % len(self._workers)].run(job)
             self._turn += 1
-            out.append(self.done.get_nowait())
-            self._queued -= 1
-            return out
-        try:
-            out.append(self.done.get(timeout=timeout))
-            while True:
-                out.append(self.done.get_nowait())
-        except queue.Empty:
-            pass
-        for _, result in out:
+            got.append(self.done.get_nowait())
+        else:
+            try:
+                got.append(self.done.get(timeout=timeout))
+                while True:
+                    got.append(self.done.get_nowait())
+            except queue.Empty:
+                pass
+        self._queued -= len(got)
+        out: list[tuple[int, Result]] = []
+        for number, result in got:
             if isinstance(result, BaseException):
                 raise result
-        self._queued -= len(out)
+            out.append((number, result))
         return out
 
     def busy_seconds(self) -> float:

@@ -431,7 +431,7 @@ class Driver:
     def run(self) -> dict[str, Any]:
         """Run the study; the study's lease (see tuner.lease) is held from before the first read of its trials
         to the end."""
-        self._setting_up = None
+        self._setting_up: tuple[Any, Any] | None = None
         try:
             return self._run()
         except BaseException:
@@ -449,7 +449,7 @@ class Driver:
         import optuna
         from optuna.trial import TrialState
 
-        mirror = None
+        mirror: Any = None  # _Mirror (a process), or _InlineMirror for an in-process study
         if self.opts.in_process:
             from tuner.replay import ReplayPool
 
@@ -581,8 +581,9 @@ class Driver:
                         trial = trials.pop(number)
                         if number in pool.ran_on:
                             trial.set_user_attr(TrialAttr.WORKER_GPU_INDEX, pool.ran_on.pop(number))
-                        if number in getattr(pool, "ran_by", {}):
-                            trial.set_user_attr(TrialAttr.WORKER, pool.ran_by.pop(number))
+                        ran_by = getattr(pool, "ran_by", {})  # an in-process replay has no workers
+                        if number in ran_by:
+                            trial.set_user_attr(TrialAttr.WORKER, ran_by.pop(number))
                         built = pool.built.pop(number, None)
                         if result.ok and built is not None and self.artifacts is not None:
                             self.artifacts.attach(trial, *built)
