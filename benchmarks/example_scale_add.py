@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.90
 
 
-def tuner(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def tuner(*args: str, cwd: Path, env: dict[str, str], ok: tuple[int, ...] = (0, 1)) -> subprocess.CompletedProcess:
+    """Run one tuner command; any exit code outside `ok` stops the script with the command's stderr."""
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in ok:
         sys.exit(f"tuner {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
 
@@ -60,7 +61,7 @@ def main() -> int:
     ]
     check = json.loads(tuner(*commands[0], cwd=work, env=env).stdout)
     print(f"check: {check['compiled']} compiled, {check['failed']} failed", flush=True)
-    study = json.loads(tuner(*commands[1], cwd=work, env=env).stdout)
+    study = json.loads(tuner(*commands[1], cwd=work, env=env, ok=(0,)).stdout)
     best = json.loads(tuner(*commands[2], cwd=work, env=env).stdout)
     tuner(*commands[3], cwd=work, env=env)
 

@@ -29,7 +29,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tuner import kernels
 from tuner.evaluator import Evaluator, EvaluatorFactory
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
@@ -113,8 +112,10 @@ class _Gpu:
         started = time.perf_counter()
         pool.startup.setdefault("first_measure_start_s", _since_command(started))
         try:
+            # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
+            family = pool.space.family_ref or pool.family
             result = self.evaluator.evaluate(
-                job.compiled, pool.family, job.config, pool.problem.env, budget_ms=job.budget_ms
+                job.compiled, family, job.config, pool.problem.env, budget_ms=job.budget_ms
             )
         except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
             result = LaunchFailed(
@@ -147,7 +148,7 @@ class LocalPool:
         asks and tells in the same order on every run."""
         self.inline = inline
         self.space, self.problem = space, problem
-        self.family = kernels.get(space.kernel)
+        self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
         self._arch = arch
         t0 = time.perf_counter()
         self.compile_slots = compile_slots or host_cores()
