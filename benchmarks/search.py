@@ -20,6 +20,10 @@ Writes ``search.json`` and one convergence plot per space under --out (default $
     python benchmarks/search.py benchmarks/data/*.db.gz --seeds 20 --jobs 16      # spaces from the manifest
     python benchmarks/search.py cache.json.gz --seeds 20                          # a Kernel Tuner cache
 
+The searched space is the recorded subset of the space (`tuner.replay.recorded_subspace`): for a recording that
+covers part of its space, a config it lacks is invalid to the search and never counted, and the optimum and the
+uniform baseline are the subset's; the report says per space whether the recording was complete.
+
 A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
 names, or a
 Kernel Tuner cache (its space is made with `tuner.kt.space_text`).
