@@ -68,7 +68,8 @@ class ReplayBench(lesson.Bench):
 
 
 def regen_lessons(capture: Path, out: Path) -> None:
-    runners = {"coalescing": lesson.coalescing, "bank-conflicts": lesson.bank_conflicts, "fusion": lesson.fusion}
+    runners = {"coalescing": lesson.coalescing, "bank-conflicts": lesson.bank_conflicts, "fusion": lesson.fusion,
+               "registers": lesson.registers}
     for name, run in runners.items():
         if not (capture / "lessons" / f"{name}.json").is_file():
             print(f"== {name}: not in the capture")
@@ -76,12 +77,13 @@ def regen_lessons(capture: Path, out: Path) -> None:
         bench = ReplayBench(capture, name)
         result = run(bench)
         result.gpu, result.ceiling_tbps = bench.info["gpu"], bench.info["ceiling_tbps"]
-        print(f"== {name}: {bench.recorded['command']} ({bench.recorded['date']})")
+        command, date = bench.recorded.get("command", "(command not recorded)"), bench.recorded.get("date", "?")
+        print(f"== {name}: {command} ({date})")
         lesson.print_table(result)
         (out / f"{name}.png").write_bytes(lesson.lesson_png(result))
         (out / f"{name}.json").write_text(
             json.dumps(
-                {**result.to_dict(), "command": bench.recorded["command"], "date": bench.recorded["date"]},
+                {**result.to_dict(), "command": command, "date": date},
                 indent=2,
                 default=str,
             )

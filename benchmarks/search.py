@@ -20,6 +20,10 @@ Writes ``search.json`` and one convergence plot per space under --out (default $
     python benchmarks/search.py benchmarks/data/*.db.gz --seeds 20 --jobs 16      # spaces from the manifest
     python benchmarks/search.py cache.json.gz --seeds 20                          # a Kernel Tuner cache
 
+The searched space is the recorded subset of the space (`tuner.replay.recorded_subspace`): for a recording that
+covers part of its space, a config it lacks is invalid to the search and never counted, and the optimum and the
+uniform baseline are the subset's; the report says per space whether the recording was complete.
+
 A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
 names, or a
 Kernel Tuner cache (its space is made with `tuner.kt.space_text`).
@@ -73,20 +77,29 @@ def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
 
 
 def ground_truth(record_path: str, space_path: str) -> dict[str, Any]:
-    """Times of the valid configs (inf for failures and configs the recording lacks), sorted."""
+    """Times of the configs searched (inf for failures), sorted. The searched space is the recorded subset of the
+    space (`tuner.replay.recorded_subspace`): for a partial recording, the configs it lacks are neither proposed
+    as valid nor counted, and the optimum and the uniform baseline are those of the recorded configs."""
     from tuner import space as space_mod
-    from tuner.replay import load_records, params_key
+    from tuner.replay import load_records, recorded_subspace
+    from tuner.space import params_key
 
     space = space_mod.load(space_path)
     records = load_records(record_path)
+    subspace = recorded_subspace(space, records, space.problem())
     times = []
-    for config in space.enumerate():
-        state, attrs = records.get(params_key(config), ("MISSING", {}))
+    for config in subspace.enumerate():
+        state, attrs = records[params_key(config)]
         times.append(float(attrs["median_ms"]) if state == "COMPLETE" else math.inf)
     times.sort()
     if not math.isfinite(times[0]):
         raise SystemExit(f"search.py: {record_path}: no valid config of {space_path} was measured")
+    space_valid = space.count_valid()
+    state, attrs = records[params_key(subspace.default)]
+    default_fraction = times[0] / float(attrs["median_ms"]) if state == "COMPLETE" else 0.0
     return {"kernel": space.kernel, "valid": len(times), "measured": sum(map(math.isfinite, times)),
+            "space_valid": space_valid, "complete": len(times) == space_valid,
+            "default_fraction": round(default_fraction, 4),
             "t_opt_ms": times[0], "times": times}
 
 
@@ -115,8 +128,8 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
 
     opts = StudyOptions(kernel=job["kernel"], space=job["space"], trials=job["trials"], storage=":memory:",
                         sampler=job["sampler"], seed=job["seed"], replay=job["recording"], in_process=True,
-                        replay_in_flight=job["in_flight"], progress=False, objectives=job["objectives"],
-                        ordered=job["ordered"])
+                        replay_in_flight=job["in_flight"], replay_recorded_only=True, progress=False,
+                        objectives=job["objectives"], ordered=job["ordered"])
     started = time.perf_counter()
     driver = Driver(opts)
     summary = driver.run()
@@ -223,11 +236,39 @@ def plot(space_name: str, truth: dict[str, Any], results: dict[str, Any], path: 
     ax.set_ylabel("mean fraction of optimum (t_opt / t_best)")
     ax.set_ylim(max(0.0, min(min(r["mean_curve_by_config"][:1] or [0]) for r in results.values()) - 0.05), 1.005)
     ax.axhline(0.98, color="grey", lw=0.5)
-    ax.set_title(f"{space_name}: {truth['valid']} valid configs")
+    ax.set_title(f"{space_name}: {truth['valid']} valid configs" if truth["complete"] else
+                 f"{space_name}: the {truth['valid']} recorded of {truth['space_valid']} valid configs")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables: per space, mean / 10th percentile fraction of optimum by evaluated configs
+    at each budget, proposals screened per evaluated config, evaluations to reach 0.98, sampler ms."""
+    lines = [f"# Search replayed over recorded spaces ({report['date']})", "", f"    {report['command']}", "",
+             "Cells: mean / 10th percentile of the fraction of optimum (t_opt / t_best) after that many evaluated "
+             "(unique, valid) configs. *Screened*: proposals answered without an evaluation (invalid, duplicate, "
+             "known failure) per evaluated config; they cost sampler time, not GPU time. *to .98*: evaluated "
+             "configs to reach 0.98 (mean over the runs that reached it; reached/runs).", ""]
+    for name, sp in report["spaces"].items():
+        budgets = list(sp["uniform_random_expected"])
+        lines += [f"## {name}", "", f"{sp['valid']} configs searched: {sp['searched']}. Optimum "
+                  f"{sp['t_opt_ms']:.4g} ms; the space's default (measured first) alone reaches "
+                  f"{sp['default_fraction']:.3f}.", "",
+                  "| sampler | " + " | ".join(map(str, budgets)) + " | screened | to .98 | ms/proposal |",
+                  "|---|" + "---|" * (len(budgets) + 3),
+                  "| uniform random (exact) | " + " | ".join(f"{v:.3f}" for v in sp["uniform_random_expected"].values())
+                  + " | | | |"]
+        for label, r in sp["results"].items():
+            cells = " | ".join(f"{r['by_config'][n]['mean']:.3f} / {r['by_config'][n]['p10']:.3f}"
+                               for n in r["by_config"])
+            reach = r["evaluations_to_reach"]["0.98"]
+            lines.append(f"| {label} ({r['runs']} runs) | {cells} | {r['bad_proposals_total_fraction']:.2f} | "
+                         f"{reach['mean']} ({reach['reached']}) | {r['sampler_ms_per_proposal']} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -243,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ordered", default="yes", help="yes, no, or yes,no (ordered vs categorical params)")
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--name", default="search", help="stem of the JSON, Markdown and plot files")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "search"))
     args = parser.parse_args(argv)
 
@@ -282,21 +324,29 @@ def main(argv: list[str] | None = None) -> int:
         uniform = {n: round(uniform_expectation(truth["times"], n), 4) for n in budgets}
         report["spaces"][space_name] = {
             "recording": recording, "space": space_path, "valid": truth["valid"], "measured": truth["measured"],
-            "t_opt_ms": truth["t_opt_ms"], "uniform_random_expected": uniform, "results": results,
+            "space_valid": truth["space_valid"], "complete": truth["complete"],
+            "searched": "the whole valid set" if truth["complete"] else
+            f"the recorded subset ({truth['valid']} of {truth['space_valid']} valid configs): a config the recording "
+            "lacks is invalid to the search and never counted; optimum and uniform baseline are the subset's",
+            "t_opt_ms": truth["t_opt_ms"], "default_fraction": truth["default_fraction"],
+            "uniform_random_expected": uniform, "results": results,
             "seconds": round(time.perf_counter() - started, 1)}
-        plot(space_name, truth, results, out / f"search_{space_name}.png")
-        print(f"\n{space_name}: {truth['valid']} valid, optimum {truth['t_opt_ms']:.4g} ms "
+        plot(space_name, truth, results, out / f"{args.name}_{space_name}.png")
+        of = "" if truth["complete"] else f" (recorded subset of {truth['space_valid']})"
+        print(f"\n{space_name}: {truth['valid']} valid{of}, optimum {truth['t_opt_ms']:.4g} ms "
               f"({time.perf_counter() - started:.0f} s)")
         head = "".join(f"{n:>13}" for n in budgets)
         print(f"{'':24}{head}   bad/eval (early)  ms/prop  to .98")
+        print(f"{'default alone':24}{truth['default_fraction']:>13.3f}")
         print(f"{'uniform (exact)':24}" + "".join(f"{uniform[n]:>13.3f}" for n in budgets))
         for label, r in results.items():
             cells = "".join(f"{r['by_config'][n]['mean']:>7.3f}/{r['by_config'][n]['p10']:.2f}" for n in budgets)
             print(f"{label:24}{cells}   {r['bad_proposals_total_fraction']:>7.3f} "
                   f"({r['bad_proposals_early']['per_evaluated']:.3f})  {r['sampler_ms_per_proposal']!s:>7}"
                   f"  {r['evaluations_to_reach']['0.98']['mean']}")
-    (out / "search.json").write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {out / 'search.json'}")
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{args.name}.md").write_text(markdown(report))
+    print(f"\nwrote {out / args.name}.json and .md")
     return 0
 
 

@@ -10,6 +10,9 @@ arithmetic intensity, then the bound, named by the rules below, and findings in 
 
 The bound (first rule that holds):
 
+- **local memory (spills)**: the FMA pipe is not the busiest unit at >= `UNIT_BOUND`, and the local-memory
+  (spill) traffic is at least `SPILL_BOUND` of the DRAM traffic: the memory units are busy with spills, whatever
+  unit the counters show near its peak (a GEMM spilling at 32 registers/thread keeps the L2 busy);
 - **HBM bandwidth**: DRAM throughput >= `HBM_BOUND` of the measured copy ceiling;
 - **compute (FP32)**, **L2 bandwidth**, **L1 / shared memory**: the busiest of the FMA pipe, the L2 and L1TEX
   is >= `UNIT_BOUND` of its peak (ncu's speed-of-light percentages);
@@ -38,6 +41,9 @@ from tuner.ncu import Profile
 HBM_BOUND = 0.70
 #: A unit at or above this fraction of its peak (ncu speed of light) bounds the kernel.
 UNIT_BOUND = 0.60
+#: Local-memory (spill) bytes at or above this fraction of the DRAM bytes make the spills the bound (unless
+#: the FMA pipe is the bound: a compute-bound GEMM may spill a little and stay compute-bound).
+SPILL_BOUND = 0.5
 #: Below this share of each fetched sector used, loads (stores) are called uncoalesced.
 COALESCED_EFFICIENCY = 0.80
 #: DRAM bytes read per requested global-load sector above this many sectors' worth is over-fetch.
@@ -187,11 +193,15 @@ def _ok(value: float | None) -> bool:
 
 def bound(e: Explanation) -> str:
     """The unit that limits the config, by the rules in the module docstring."""
-    if _ok(e.of_ceiling) and e.of_ceiling >= HBM_BOUND:
-        return "HBM bandwidth"
     fp32 = e.fma_pct / 100 if _ok(e.fma_pct) else _div(e.tflops, e.peak_tflops or math.nan)
     units = [("compute (FP32)", fp32), ("L2 bandwidth", e.lts_pct / 100), ("L1 / shared memory", e.l1tex_pct / 100)]
     units = [(name, u) for name, u in units if _ok(u)]
+    compute_bound = bool(units) and max(units, key=lambda nu: nu[1]) == ("compute (FP32)", fp32) \
+        and fp32 >= UNIT_BOUND
+    if not compute_bound and e.local_bytes > 0 and e.local_bytes >= SPILL_BOUND * _nz(e.dram_bytes):
+        return "local memory (spills)"
+    if _ok(e.of_ceiling) and e.of_ceiling >= HBM_BOUND:
+        return "HBM bandwidth"
     if units:
         name, busiest = max(units, key=lambda nu: nu[1])
         if busiest >= UNIT_BOUND:
@@ -230,7 +240,9 @@ def findings(e: Explanation) -> list[str]:
             f"uncoalesced loads: {e.ld_sectors_per_request:.1f} sectors per request (ideal "
             f"{e.ideal_sectors_per_request:g}), {_pct(e.ld_efficiency_pct)} of each 32-byte sector used"
         )
-    if _ok(e.dram_read_per_ld_sector) and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES:
+    # Spill misses reach DRAM as well: while spills are the bound, DRAM bytes per load sector are not over-fetch.
+    if _ok(e.dram_read_per_ld_sector) and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES \
+            and e.bound != "local memory (spills)":
         out.append(
             f"DRAM over-fetch: {e.dram_read_per_ld_sector:.0f} bytes read from DRAM per 32-byte sector the loads "
             "asked for (the L2 fetches more than the sector when each one sits alone)"

@@ -8,7 +8,10 @@ nothing), and its info names the recording as the GPU and the recorded study's a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from tuner.errors import InputError
 from tuner.gpu import DEFAULT_ARCH, GpuFacts
 from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
-from tuner.space import params_key
+from tuner.space import Problem, SearchSpace, params_key
 
 _MEASUREMENT_FIELDS = set(Measurement.__dataclass_fields__)
 
@@ -73,11 +76,77 @@ class ReplayEvaluator:
         pass
 
 
+@dataclasses.dataclass
+class RecordedSubspace(SearchSpace):
+    """A space cut down to the configs a recording holds (see `recorded_subspace`): any other config is invalid,
+    with a reason saying so, and enumeration yields only recorded configs."""
+
+    recorded: frozenset[str] = frozenset()
+
+    def validate(self, config: dict[str, Any], problem: Problem | None = None) -> str | None:
+        reason = super().validate(config, problem)
+        if reason is None and params_key(config) not in self.recorded:
+            return "config not in the replay recording (the searched space is the recorded subset)"
+        return reason
+
+    def enumerate(self, problem: Problem | None = None, budget: int | None = None,
+                  errors: list[str] | None = None) -> Iterator[dict[str, Any]]:
+        for config in super().enumerate(problem, budget, errors):
+            if params_key(config) in self.recorded:
+                yield config
+
+
+def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None
+                      ) -> RecordedSubspace:
+    """The part of `space` that a recording (params key → record, as `load_records` returns) holds: the valid
+    configs it recorded (measured or failed), each param's values cut to those they use (in declared order), and
+    as default the space's default when recorded, else the recorded config nearest to it (fewest steps along
+    each param's values; the first in enumeration order among equals). A search replayed over a partial
+    recording is a search over this subset: a config the recording lacks is neither proposed as valid nor
+    counted. InputError when the recording holds none of the space's valid configs."""
+    configs = [c for c in (json.loads(k) for k in records)
+               if set(c) == set(space.params) and space.validate(c, problem) is None]
+    if not configs:
+        raise InputError("replay file holds none of the space's configs", str(space.path))
+    keys = frozenset(params_key(c) for c in configs)
+    params = {n: tuple(v for v in values if any(c[n] == v for c in configs)) for n, values in space.params.items()}
+    index = {n: {v: i for i, v in enumerate(values)} for n, values in space.params.items()}
+    default = dict(space.default)
+    if params_key(default) not in keys:
+        order = {params_key(c): i for i, c in enumerate(space.enumerate(problem)) if params_key(c) in keys}
+        default = min(configs, key=lambda c: (sum(abs(index[n][c[n]] - index[n][default[n]]) for n in index),
+                                              order.get(params_key(c), 0)))
+    fields = {f.name: getattr(space, f.name) for f in dataclasses.fields(space)}
+    return RecordedSubspace(**{**fields, "params": params, "default": dict(default),
+                               "description": f"{space.description} [replayed: the {len(keys)} recorded configs]"},
+                            recorded=keys)
+
+
+#: recordings read in this process, by (path, study name, size, mtime): a replayed study reads its recording
+#: twice (checks, then the pool) and a benchmark replays one recording hundreds of times
+_LOADED: dict[tuple[Any, ...], tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]] = {}
+
+
 def load_recording(path: str, study_name: str | None = None
                    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names) of a
     recording: a study database (a SQLite file, ``.db.gz`` for a gzipped one, or a SQLAlchemy URL) or a Kernel
-    Tuner cache (``.json``, ``.json.gz``; see `tuner.kt`)."""
+    Tuner cache (``.json``, ``.json.gz``; see `tuner.kt`). A file read before in this process and unchanged since
+    is answered from memory, the same objects each time: callers must not modify them."""
+    try:
+        stat = Path(path).stat() if "://" not in path else None
+    except OSError:
+        stat = None
+    if stat is None:
+        return _load_recording(path, study_name)
+    key = (str(Path(path).resolve()), study_name, stat.st_size, stat.st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED[key] = _load_recording(path, study_name)
+    return _LOADED[key]
+
+
+def _load_recording(path: str, study_name: str | None = None
+                    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -138,7 +207,7 @@ def _load_gzipped_db(path: str, study_name: str | None):
     except (OSError, EOFError) as exc:
         raise InputError(f"cannot decompress: {exc}", path) from None
     try:
-        return load_recording(tmp, study_name)
+        return _load_recording(tmp, study_name)
     finally:
         Path(tmp).unlink(missing_ok=True)
 

@@ -71,6 +71,9 @@ class StudyOptions:
     #: answer replayed configs in this process (no Ray, no writer process): `replay_in_flight` configs in flight
     in_process: bool = False
     replay_in_flight: int = 1
+    #: search only the configs the replay recording holds (`tuner.replay.recorded_subspace`): for a recording
+    #: that covers part of the space, where a config it lacks has no answer
+    replay_recorded_only: bool = False
     #: how many of the fastest configs to re-time with `final_budget_ms` at the end (not in replay)
     finalists: int = 5
     final_budget_ms: float = 300.0
@@ -310,6 +313,10 @@ class Driver:
                 raise InputError("replay file holds none of the space's configs", opts.replay)
             self.evaluator = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s)
             self.recording = replay  # the local engine's evaluators share it: a recording loads in ~0.5 s
+            if opts.replay_recorded_only:
+                from tuner.replay import recorded_subspace
+
+                self.space = recorded_subspace(self.space, replay.records, self.problem)
             self.logical_gpus: int | None = opts.gpus or 1  # a machine without GPUs: Ray gets logical ones
         else:
             from tuner.bench import gpu_evaluator
