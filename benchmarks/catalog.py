@@ -95,40 +95,87 @@ def main() -> int:
         family = kernels.get(kernel)
         url = f"sqlite:///{out}/catalog-{date}.db"
         t0 = time.time()
-        summary = run_study(StudyOptions(kernel=kernel, space=str(space.path), trials=args.trials, storage=url,
-                                         problem=problem_name, progress=False, finalists=3, seed=0))
+        summary = run_study(
+            StudyOptions(
+                kernel=kernel,
+                space=str(space.path),
+                trials=args.trials,
+                storage=url,
+                problem=problem_name,
+                progress=False,
+                finalists=3,
+                seed=0,
+            )
+        )
         best = summary["best"]
         ceiling = summary["gpus"][0]["ceiling_tbps"]
         gpu = summary["gpus"][0]["gpu"]
         shape = f"{problem_name} " + "x".join(str(v) for k, v in problem.sizes.items() if k not in ("op",))
-        base = {"kernel": kernel, "shape": shape, "ceiling_TBps": round(ceiling, 4), "gpu": gpu, "date": date,
-                "command": command}
+        base = {
+            "kernel": kernel,
+            "shape": shape,
+            "ceiling_TBps": round(ceiling, 4),
+            "gpu": gpu,
+            "date": date,
+            "command": command,
+        }
         frac = best["tbps"] / ceiling
-        records.append({**base, "impl": "tuner", "TBps": round(best["tbps"], 4), "TFLOPs": round(best["tflops"], 3),
-                        "fraction_of_ceiling": round(frac, 4), "target_fraction": target, "met": frac >= target,
-                        "config": best["params"], "uri": best["uri"], "registers": best["registers"],
-                        "smem_bytes": best["smem_bytes"], "median_ms": best.get("median_ms"),
-                        "study": summary["study"], "trials": summary["trials"],
-                        "measured": summary["measured_this_run"], "failures": summary["failures_this_run"],
-                        "study_wall_s": round(time.time() - t0, 1)})
-        print(f"{kernel:12s} {problem_name:24s} tuner          {best['tbps']:.3f} TB/s {frac:.3f}x "
-              f"(target {target}) {best['uri']}", flush=True)
+        records.append(
+            {
+                **base,
+                "impl": "tuner",
+                "TBps": round(best["tbps"], 4),
+                "TFLOPs": round(best["tflops"], 3),
+                "fraction_of_ceiling": round(frac, 4),
+                "target_fraction": target,
+                "met": frac >= target,
+                "config": best["params"],
+                "uri": best["uri"],
+                "registers": best["registers"],
+                "smem_bytes": best["smem_bytes"],
+                "median_ms": best.get("median_ms"),
+                "study": summary["study"],
+                "trials": summary["trials"],
+                "measured": summary["measured_this_run"],
+                "failures": summary["failures_this_run"],
+                "study_wall_s": round(time.time() - t0, 1),
+            }
+        )
+        print(
+            f"{kernel:12s} {problem_name:24s} tuner          {best['tbps']:.3f} TB/s {frac:.3f}x "
+            f"(target {target}) {best['uri']}",
+            flush=True,
+        )
 
         study = optuna.load_study(study_name=summary["study"], storage=url)
         trials = [t for t in study.trials if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
         best_trial = max(trials, key=lambda t: t.user_attrs["tbps"])
         ua = best_trial.user_attrs
-        records[-1].update({"blocks_per_sm": ua.get("blocks_per_sm"), "warps_per_sm": ua.get("warps_per_sm"),
-                            "spill_bytes": ua.get("spill_bytes"), "bytes_moved": ua.get("bytes_moved")})
+        records[-1].update(
+            {
+                "blocks_per_sm": ua.get("blocks_per_sm"),
+                "warps_per_sm": ua.get("warps_per_sm"),
+                "spill_bytes": ua.get("spill_bytes"),
+                "bytes_moved": ua.get("bytes_moved"),
+            }
+        )
         if kernel == "elementwise":
             for depth in (1, 2, 3):
                 at = [t for t in trials if t.params.get("fusion") == depth]
                 if at:
                     t = max(at, key=lambda t: t.user_attrs["tbps"])
-                    records.append({**base, "impl": f"tuner fusion depth {depth}",
-                                    "TBps": round(t.user_attrs["tbps"], 4), "TFLOPs": None,
-                                    "median_ms": t.user_attrs["median_ms"], "config": dict(t.params),
-                                    "kernels": -(-3 // depth), "configs_at_depth": len(at)})
+                    records.append(
+                        {
+                            **base,
+                            "impl": f"tuner fusion depth {depth}",
+                            "TBps": round(t.user_attrs["tbps"], 4),
+                            "TFLOPs": None,
+                            "median_ms": t.user_attrs["median_ms"],
+                            "config": dict(t.params),
+                            "kernels": -(-3 // depth),
+                            "configs_at_depth": len(at),
+                        }
+                    )
 
         if ev is None:
             ev = GpuEvaluator()
@@ -136,26 +183,42 @@ def main() -> int:
         torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
         nbytes = family.bytes_moved(problem.env)
         for impl, fn in peers(kernel, problem, torch):
+
             def run(fn=fn, torch_stream=torch_stream):
                 with torch.cuda.stream(torch_stream):
                     fn()
 
             ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush).median_ms
             tbps = nbytes / ms / 1e9
-            records.append({**base, "impl": impl, "TBps": round(tbps, 4), "TFLOPs": None,
-                            "fraction_of_ceiling": round(tbps / ceiling, 4), "median_ms": ms})
+            records.append(
+                {
+                    **base,
+                    "impl": impl,
+                    "TBps": round(tbps, 4),
+                    "TFLOPs": None,
+                    "fraction_of_ceiling": round(tbps / ceiling, 4),
+                    "median_ms": ms,
+                }
+            )
             print(f"{kernel:12s} {problem_name:24s} {impl:14s} {tbps:.3f} TB/s {tbps / ceiling:.3f}x", flush=True)
         torch.cuda.empty_cache()
         (out / f"catalog-{date}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
 
-    lines = [f"# Memory-bound catalog on {records[0]['gpu'] if records else '?'}, {date}", "",
-             f"Command: `{command}`. TB/s count each family's minimal bytes; ceiling = cudaMemcpy D2D measured "
-             "by the same worker.", "", "| kernel | problem | impl | TB/s | × ceiling | target | config |",
-             "|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"# Memory-bound catalog on {records[0]['gpu'] if records else '?'}, {date}",
+        "",
+        f"Command: `{command}`. TB/s count each family's minimal bytes; ceiling = cudaMemcpy D2D measured "
+        "by the same worker.",
+        "",
+        "| kernel | problem | impl | TB/s | × ceiling | target | config |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for r in records:
         frac = r.get("fraction_of_ceiling", r["TBps"] / r["ceiling_TBps"])
-        lines.append(f"| {r['kernel']} | {r['shape']} | {r['impl']} | {r['TBps']:.3f} | {frac:.3f} | "
-                     f"{r.get('target_fraction', '')} | {r.get('uri', '')} |")
+        lines.append(
+            f"| {r['kernel']} | {r['shape']} | {r['impl']} | {r['TBps']:.3f} | {frac:.3f} | "
+            f"{r.get('target_fraction', '')} | {r.get('uri', '')} |"
+        )
     (out / f"catalog-{date}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"total {time.time() - started:.0f} s")

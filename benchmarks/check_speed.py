@@ -35,16 +35,32 @@ def main() -> int:
     for label in ("cold", "warm"):
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "tuner", "check", args.space, "--sample", str(args.sample),
-                               "--json"], cwd=ROOT, env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner", "check", args.space, "--sample", str(args.sample), "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - t0
         report = json.loads(proc.stdout)
-        runs[label] = {"configs": report["compiled"] + report["failed"], "failed": report["failed"],
-                       "seconds": report["seconds"], "configs_per_s": report["configs_per_s"],
-                       "process_wall_s": round(wall, 2), "load_average_1min_before": round(load, 2)}
+        runs[label] = {
+            "configs": report["compiled"] + report["failed"],
+            "failed": report["failed"],
+            "seconds": report["seconds"],
+            "configs_per_s": report["configs_per_s"],
+            "process_wall_s": round(wall, 2),
+            "load_average_1min_before": round(load, 2),
+        }
         print(f"{label}: {runs[label]}")
-    record = {"command": command, "date": dt.date.today().isoformat(), "cpus": os.cpu_count(), "space": args.space,
-              "sample": args.sample, **runs}
+    record = {
+        "command": command,
+        "date": dt.date.today().isoformat(),
+        "cpus": os.cpu_count(),
+        "space": args.space,
+        "sample": args.sample,
+        **runs,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"check_speed-{record['date']}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -68,8 +68,12 @@ class ReplayBench(lesson.Bench):
 
 
 def regen_lessons(capture: Path, out: Path) -> None:
-    runners = {"coalescing": lesson.coalescing, "bank-conflicts": lesson.bank_conflicts, "fusion": lesson.fusion,
-               "registers": lesson.registers}
+    runners = {
+        "coalescing": lesson.coalescing,
+        "bank-conflicts": lesson.bank_conflicts,
+        "fusion": lesson.fusion,
+        "registers": lesson.registers,
+    }
     for name, run in runners.items():
         if not (capture / "lessons" / f"{name}.json").is_file():
             print(f"== {name}: not in the capture")

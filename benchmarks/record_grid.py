@@ -91,14 +91,32 @@ def main() -> int:
         db = out / f"{name}.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "tuner", "study", kernel, "--space", space, "--sampler", "grid",
-               "--trials", "1000000", "--storage", f"sqlite:///{db}", "--study-name", f"grid-{name}",
-               "--gpus", str(args.gpus), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tuner",
+            "study",
+            kernel,
+            "--space",
+            space,
+            "--sampler",
+            "grid",
+            "--trials",
+            "1000000",
+            "--storage",
+            f"sqlite:///{db}",
+            "--study-name",
+            f"grid-{name}",
+            "--gpus",
+            str(args.gpus),
+            "--json",
+        ]
         if problem:
             cmd += ["--problem", problem]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
             stdout, stderr = proc.communicate(timeout=max(share, 30.0))
             cut = False
@@ -125,13 +143,23 @@ def main() -> int:
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         complete = not cut and done >= counts[name]
         manifest[f"{name}.db.gz"] = {
-            "kernel": kernel, "space": space, "problem": problem, "valid": counts[name], "recorded": done,
-            "states": states, "complete": complete, "seconds": round(seconds, 1), "gpus": args.gpus,
-            "gpu": (summary.get("gpus") or [{}])[0].get("gpu"), "date": time.strftime("%Y-%m-%d"),
+            "kernel": kernel,
+            "space": space,
+            "problem": problem,
+            "valid": counts[name],
+            "recorded": done,
+            "states": states,
+            "complete": complete,
+            "seconds": round(seconds, 1),
+            "gpus": args.gpus,
+            "gpu": (summary.get("gpus") or [{}])[0].get("gpu"),
+            "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(cmd[1:]),
         }
-        print(f"{name:10} {counts[name]:>6} {done:>8} {states.get('FAIL', 0):>6} {seconds:>7.0f} "
-              f"{done / seconds:>6.1f} {size / 1e6:>5.1f}  {'yes' if complete else 'NO (cut by the budget)'}")
+        print(
+            f"{name:10} {counts[name]:>6} {done:>8} {states.get('FAIL', 0):>6} {seconds:>7.0f} "
+            f"{done / seconds:>6.1f} {size / 1e6:>5.1f}  {'yes' if complete else 'NO (cut by the budget)'}"
+        )
         manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"wrote {manifest_path} ({total} valid configs in {len(names)} spaces)")
     return 0

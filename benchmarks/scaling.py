@@ -41,15 +41,34 @@ JOBS = {
 
 def fresh_env(work: Path) -> dict[str, str]:
     """The environment of one isolated run: compile caches of its own, so nothing is warm from another run."""
-    return {**os.environ, "TUNER_CACHE_DIR": str(work / "tuner-cache"), "CUPY_CACHE_DIR": str(work / "cupy-cache"),
-            "RAY_AUTH_MODE": "disabled"}
+    return {
+        **os.environ,
+        "TUNER_CACHE_DIR": str(work / "tuner-cache"),
+        "CUPY_CACHE_DIR": str(work / "cupy-cache"),
+        "RAY_AUTH_MODE": "disabled",
+    }
 
 
-def run_study(job: str, gpus: int, trials: int, seed: int, replay: str | None, delay: float,
-              engine: str | None = None) -> dict:
+def run_study(
+    job: str, gpus: int, trials: int, seed: int, replay: str | None, delay: float, engine: str | None = None
+) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"scaling-{job}{gpus}_"))
-    cmd = [sys.executable, "-m", "tuner", "study", *JOBS[job], "--trials", str(trials), "--seed", str(seed),
-           "--gpus", str(gpus), "--storage", f"sqlite:///{work}/s.db", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "study",
+        *JOBS[job],
+        "--trials",
+        str(trials),
+        "--seed",
+        str(seed),
+        "--gpus",
+        str(gpus),
+        "--storage",
+        f"sqlite:///{work}/s.db",
+        "--json",
+    ]
     if replay:
         cmd += ["--replay", replay, "--replay-delay", str(delay)]
     if engine:
@@ -61,14 +80,26 @@ def run_study(job: str, gpus: int, trials: int, seed: int, replay: str | None, d
         raise SystemExit(f"{job} gpus={gpus}: {proc.stderr[-3000:]}")
     s = json.loads(proc.stdout)
     evaluated = round(s["evaluated_per_s"] * s["after_start_s"])
-    return {"job": job, "gpus": gpus, "process_wall_s": round(wall, 3), "wall_s": s["wall_s"],
-            "after_start_s": s["after_start_s"], "cold_start_s": s["cold_start_s"], "startup": s["startup"],
-            "evaluated": evaluated, "evaluated_per_s": s["evaluated_per_s"],
-            "evaluated_per_wall_s": round(evaluated / wall, 3), "trials": s["trials"],
-            "gpu_busy_fraction": s["gpu_busy_fraction"], "measured": s["measured_this_run"],
-            "workers": [{"gpu": g["gpu"], "gpu_index": g.get("gpu_index"), "ceiling_tbps": g["ceiling_tbps"]}
-                        for g in s["gpus"]],
-            "best": s["best"], "command": " ".join(cmd[1:]).replace(str(work), "$TMP")}
+    return {
+        "job": job,
+        "gpus": gpus,
+        "process_wall_s": round(wall, 3),
+        "wall_s": s["wall_s"],
+        "after_start_s": s["after_start_s"],
+        "cold_start_s": s["cold_start_s"],
+        "startup": s["startup"],
+        "evaluated": evaluated,
+        "evaluated_per_s": s["evaluated_per_s"],
+        "evaluated_per_wall_s": round(evaluated / wall, 3),
+        "trials": s["trials"],
+        "gpu_busy_fraction": s["gpu_busy_fraction"],
+        "measured": s["measured_this_run"],
+        "workers": [
+            {"gpu": g["gpu"], "gpu_index": g.get("gpu_index"), "ceiling_tbps": g["ceiling_tbps"]} for g in s["gpus"]
+        ],
+        "best": s["best"],
+        "command": " ".join(cmd[1:]).replace(str(work), "$TMP"),
+    }
 
 
 def retime_on_each_gpu(job: str, params: dict, gpus: int) -> list[dict]:
@@ -83,9 +114,18 @@ def retime_on_each_gpu(job: str, params: dict, gpus: int) -> list[dict]:
             out.append({"gpu_index": i, "error": proc.stderr.strip().splitlines()[-1:]})
             continue
         r = json.loads(proc.stdout)
-        out.append({"gpu_index": i, "gpu": r.get("gpu"), "tbps": r.get("tbps"), "tflops": r.get("tflops"),
-                    "median_ms": r.get("median_ms"), "p20_ms": r.get("p20_ms"), "p80_ms": r.get("p80_ms"),
-                    "ceiling_tbps": r.get("ceiling_tbps")})
+        out.append(
+            {
+                "gpu_index": i,
+                "gpu": r.get("gpu"),
+                "tbps": r.get("tbps"),
+                "tflops": r.get("tflops"),
+                "median_ms": r.get("median_ms"),
+                "p20_ms": r.get("p20_ms"),
+                "p80_ms": r.get("p80_ms"),
+                "ceiling_tbps": r.get("ceiling_tbps"),
+            }
+        )
     times = [r["median_ms"] for r in out if r.get("median_ms")]
     if len(times) > 1:
         for r in out:
@@ -114,9 +154,11 @@ def main() -> int:
         for n in args.gpus:
             r = run_study(job, n, trials, args.seed, args.replay, args.delay, args.engine)
             runs.append(r)
-            print(f"{job} N={n}: {r['evaluated_per_s']:.2f} configs/s after start-up, process wall "
-                  f"{r['process_wall_s']:.1f} s, first result {r['cold_start_s']} s, busy {r['gpu_busy_fraction']}",
-                  flush=True)
+            print(
+                f"{job} N={n}: {r['evaluated_per_s']:.2f} configs/s after start-up, process wall "
+                f"{r['process_wall_s']:.1f} s, first result {r['cold_start_s']} s, busy {r['gpu_busy_fraction']}",
+                flush=True,
+            )
     for job in args.jobs:
         mine = [r for r in runs if r["job"] == job]
         one = next((r for r in mine if r["gpus"] == 1), None)
@@ -129,21 +171,33 @@ def main() -> int:
     real = [r for r in runs if not args.replay and r["gpus"] > 1]
     if real:
         top = max(real, key=lambda r: (r["gpus"], r["job"] == "main"))
-        agreement = {"job": top["job"], "params": top["best"]["params"],
-                     "per_gpu": retime_on_each_gpu(top["job"], top["best"]["params"], top["gpus"])}
+        agreement = {
+            "job": top["job"],
+            "params": top["best"]["params"],
+            "per_gpu": retime_on_each_gpu(top["job"], top["best"]["params"], top["gpus"]),
+        }
     mode = "replay" if args.replay else "gpu"
-    result = {"command": command, "date": date, "mode": mode, "delay_s": args.delay if args.replay else None,
-              "engine": args.engine or "default",
-              "cpus": os.cpu_count(), "runs": runs, "same_config_on_each_gpu": agreement}
+    result = {
+        "command": command,
+        "date": date,
+        "mode": mode,
+        "delay_s": args.delay if args.replay else None,
+        "engine": args.engine or "default",
+        "cpus": os.cpu_count(),
+        "runs": runs,
+        "same_config_on_each_gpu": agreement,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"scaling-{mode}-{date}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"\n{'job':5} {'N':>2} {'wall s':>7} {'after s':>8} {'cfg/s':>7} {'×after':>7} {'×wall':>7} {'best×1':>7}")
     for r in runs:
-        print(f"{r['job']:5} {r['gpus']:>2} {r['process_wall_s']:>7.1f} {r['after_start_s']:>8.1f} "
-              f"{r['evaluated_per_s']:>7.2f} {r.get('speedup_after_startup', 0):>7.2f} "
-              f"{r.get('speedup_whole_wall', 0):>7.2f} {r.get('best_vs_one_gpu') or 0:>7.3f}")
+        print(
+            f"{r['job']:5} {r['gpus']:>2} {r['process_wall_s']:>7.1f} {r['after_start_s']:>8.1f} "
+            f"{r['evaluated_per_s']:>7.2f} {r.get('speedup_after_startup', 0):>7.2f} "
+            f"{r.get('speedup_whole_wall', 0):>7.2f} {r.get('best_vs_one_gpu') or 0:>7.3f}"
+        )
     if agreement:
         for g in agreement["per_gpu"]:
             print(f"GPU {g['gpu_index']}: {g.get('median_ms')} ms (spread {g.get('spread_of_medians')})")

@@ -97,10 +97,16 @@ def ground_truth(record_path: str, space_path: str) -> dict[str, Any]:
     space_valid = space.count_valid()
     state, attrs = records[params_key(subspace.default)]
     default_fraction = times[0] / float(attrs["median_ms"]) if state == "COMPLETE" else 0.0
-    return {"kernel": space.kernel, "valid": len(times), "measured": sum(map(math.isfinite, times)),
-            "space_valid": space_valid, "complete": len(times) == space_valid,
-            "default_fraction": round(default_fraction, 4),
-            "t_opt_ms": times[0], "times": times}
+    return {
+        "kernel": space.kernel,
+        "valid": len(times),
+        "measured": sum(map(math.isfinite, times)),
+        "space_valid": space_valid,
+        "complete": len(times) == space_valid,
+        "default_fraction": round(default_fraction, 4),
+        "t_opt_ms": times[0],
+        "times": times,
+    }
 
 
 def uniform_expectation(times: list[float], n: int) -> float:
@@ -126,10 +132,21 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
 
     from tuner.study import Driver, StudyOptions
 
-    opts = StudyOptions(kernel=job["kernel"], space=job["space"], trials=job["trials"], storage=":memory:",
-                        sampler=job["sampler"], seed=job["seed"], replay=job["recording"], in_process=True,
-                        replay_in_flight=job["in_flight"], replay_recorded_only=True, progress=False,
-                        objectives=job["objectives"], ordered=job["ordered"])
+    opts = StudyOptions(
+        kernel=job["kernel"],
+        space=job["space"],
+        trials=job["trials"],
+        storage=":memory:",
+        sampler=job["sampler"],
+        seed=job["seed"],
+        replay=job["recording"],
+        in_process=True,
+        replay_in_flight=job["in_flight"],
+        replay_recorded_only=True,
+        progress=False,
+        objectives=job["objectives"],
+        ordered=job["ordered"],
+    )
     started = time.perf_counter()
     driver = Driver(opts)
     summary = driver.run()
@@ -143,9 +160,12 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
             sequence.append(("measured", float(attrs["median_ms"])))
         else:
             sequence.append(("failed", None))
-    return {**{k: job[k] for k in ("space_name", "sampler", "seed", "in_flight", "objectives", "ordered")},
-            "sequence": sequence, "sampler_ms": summary["sampler_ms_per_proposal"],
-            "wall_s": round(time.perf_counter() - started, 2)}
+    return {
+        **{k: job[k] for k in ("space_name", "sampler", "seed", "in_flight", "objectives", "ordered")},
+        "sequence": sequence,
+        "sampler_ms": summary["sampler_ms_per_proposal"],
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,15 +227,19 @@ def summarize(runs: list[dict[str, Any]], truth: dict[str, Any], budgets: list[i
             out[label][n] = {"mean": round(sum(values) / len(values), 4), "p10": round(percentile(values, 10), 4)}
     out["bad_proposals_per_evaluated"] = {k: round(v / max(evaluated, 1), 4) for k, v in bad.items()}
     out["bad_proposals_total_fraction"] = round(sum(bad.values()) / max(evaluated, 1), 4)
-    out["bad_proposals_early"] = {"first_evaluated": early,
-                                  "per_evaluated": round(early_bad / max(early_evaluated, 1), 4)}
+    out["bad_proposals_early"] = {
+        "first_evaluated": early,
+        "per_evaluated": round(early_bad / max(early_evaluated, 1), 4),
+    }
     out["evaluations_to_reach"] = {
         str(th): {"mean": round(sum(v) / len(v), 1) if v else None, "reached": f"{len(v)}/{len(runs)}"}
-        for th, v in reach.items()}
+        for th, v in reach.items()
+    }
     ms = [r["sampler_ms"] for r in runs if r["sampler_ms"] is not None]
     out["sampler_ms_per_proposal"] = round(sum(ms) / len(ms), 3) if ms else None
-    out["mean_curve_by_config"] = [round(sum(at(c, n) for c in per_config) / len(per_config), 4)
-                                   for n in range(1, max(budgets) + 1)]
+    out["mean_curve_by_config"] = [
+        round(sum(at(c, n) for c in per_config) / len(per_config), 4) for n in range(1, max(budgets) + 1)
+    ]
     return out
 
 
@@ -236,8 +260,11 @@ def plot(space_name: str, truth: dict[str, Any], results: dict[str, Any], path: 
     ax.set_ylabel("mean fraction of optimum (t_opt / t_best)")
     ax.set_ylim(max(0.0, min(min(r["mean_curve_by_config"][:1] or [0]) for r in results.values()) - 0.05), 1.005)
     ax.axhline(0.98, color="grey", lw=0.5)
-    ax.set_title(f"{space_name}: {truth['valid']} valid configs" if truth["complete"] else
-                 f"{space_name}: the {truth['valid']} recorded of {truth['space_valid']} valid configs")
+    ax.set_title(
+        f"{space_name}: {truth['valid']} valid configs"
+        if truth["complete"]
+        else f"{space_name}: the {truth['valid']} recorded of {truth['space_valid']} valid configs"
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -247,26 +274,41 @@ def plot(space_name: str, truth: dict[str, Any], results: dict[str, Any], path: 
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables: per space, mean / 10th percentile fraction of optimum by evaluated configs
     at each budget, proposals screened per evaluated config, evaluations to reach 0.98, sampler ms."""
-    lines = [f"# Search replayed over recorded spaces ({report['date']})", "", f"    {report['command']}", "",
-             "Cells: mean / 10th percentile of the fraction of optimum (t_opt / t_best) after that many evaluated "
-             "(unique, valid) configs. *Screened*: proposals answered without an evaluation (invalid, duplicate, "
-             "known failure) per evaluated config; they cost sampler time, not GPU time. *to .98*: evaluated "
-             "configs to reach 0.98 (mean over the runs that reached it; reached/runs).", ""]
+    lines = [
+        f"# Search replayed over recorded spaces ({report['date']})",
+        "",
+        f"    {report['command']}",
+        "",
+        "Cells: mean / 10th percentile of the fraction of optimum (t_opt / t_best) after that many evaluated "
+        "(unique, valid) configs. *Screened*: proposals answered without an evaluation (invalid, duplicate, "
+        "known failure) per evaluated config; they cost sampler time, not GPU time. *to .98*: evaluated "
+        "configs to reach 0.98 (mean over the runs that reached it; reached/runs).",
+        "",
+    ]
     for name, sp in report["spaces"].items():
         budgets = list(sp["uniform_random_expected"])
-        lines += [f"## {name}", "", f"{sp['valid']} configs searched: {sp['searched']}. Optimum "
-                  f"{sp['t_opt_ms']:.4g} ms; the space's default (measured first) alone reaches "
-                  f"{sp['default_fraction']:.3f}.", "",
-                  "| sampler | " + " | ".join(map(str, budgets)) + " | screened | to .98 | ms/proposal |",
-                  "|---|" + "---|" * (len(budgets) + 3),
-                  "| uniform random (exact) | " + " | ".join(f"{v:.3f}" for v in sp["uniform_random_expected"].values())
-                  + " | | | |"]
+        lines += [
+            f"## {name}",
+            "",
+            f"{sp['valid']} configs searched: {sp['searched']}. Optimum "
+            f"{sp['t_opt_ms']:.4g} ms; the space's default (measured first) alone reaches "
+            f"{sp['default_fraction']:.3f}.",
+            "",
+            "| sampler | " + " | ".join(map(str, budgets)) + " | screened | to .98 | ms/proposal |",
+            "|---|" + "---|" * (len(budgets) + 3),
+            "| uniform random (exact) | "
+            + " | ".join(f"{v:.3f}" for v in sp["uniform_random_expected"].values())
+            + " | | | |",
+        ]
         for label, r in sp["results"].items():
-            cells = " | ".join(f"{r['by_config'][n]['mean']:.3f} / {r['by_config'][n]['p10']:.3f}"
-                               for n in r["by_config"])
+            cells = " | ".join(
+                f"{r['by_config'][n]['mean']:.3f} / {r['by_config'][n]['p10']:.3f}" for n in r["by_config"]
+            )
             reach = r["evaluations_to_reach"]["0.98"]
-            lines.append(f"| {label} ({r['runs']} runs) | {cells} | {r['bad_proposals_total_fraction']:.2f} | "
-                         f"{reach['mean']} ({reach['reached']}) | {r['sampler_ms_per_proposal']} |")
+            lines.append(
+                f"| {label} ({r['runs']} runs) | {cells} | {r['bad_proposals_total_fraction']:.2f} | "
+                f"{reach['mean']} ({reach['reached']}) | {r['sampler_ms_per_proposal']} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -306,44 +348,73 @@ def main(argv: list[str] | None = None) -> int:
         space_name, recording, space_path = resolve(item, tmp)
         truth = ground_truth(recording, space_path)
         budgets = sorted({min(int(b), truth["valid"]) for b in args.budgets.split(",")})
-        jobs = [{"space_name": space_name, "kernel": truth["kernel"], "space": space_path, "recording": recording,
-                 "trials": budgets[-1], "sampler": s, "seed": seed, "in_flight": int(k), "objectives": o,
-                 "ordered": ordered == "yes"}
-                for s in usable for seed in range(args.seeds) for k in args.in_flight.split(",")
-                for o in (args.objectives.split(",") if args.objectives != "both" else ["first", "all"])
-                for ordered in args.ordered.split(",")]
+        jobs = [
+            {
+                "space_name": space_name,
+                "kernel": truth["kernel"],
+                "space": space_path,
+                "recording": recording,
+                "trials": budgets[-1],
+                "sampler": s,
+                "seed": seed,
+                "in_flight": int(k),
+                "objectives": o,
+                "ordered": ordered == "yes",
+            }
+            for s in usable
+            for seed in range(args.seeds)
+            for k in args.in_flight.split(",")
+            for o in (args.objectives.split(",") if args.objectives != "both" else ["first", "all"])
+            for ordered in args.ordered.split(",")
+        ]
         started = time.perf_counter()
         with ProcessPoolExecutor(max_workers=args.jobs) as ex:
             runs = list(ex.map(one_run, jobs))
         groups: dict[str, list[dict[str, Any]]] = {}
         for run in runs:
-            label = f"{run['sampler']} k={run['in_flight']}" + ("" if run["objectives"] == "first" else " multi") \
+            label = (
+                f"{run['sampler']} k={run['in_flight']}"
+                + ("" if run["objectives"] == "first" else " multi")
                 + ("" if run["ordered"] else " categorical")
+            )
             groups.setdefault(label, []).append(run)
         results = {label: summarize(rs, truth, budgets) for label, rs in groups.items()}
         uniform = {n: round(uniform_expectation(truth["times"], n), 4) for n in budgets}
         report["spaces"][space_name] = {
-            "recording": recording, "space": space_path, "valid": truth["valid"], "measured": truth["measured"],
-            "space_valid": truth["space_valid"], "complete": truth["complete"],
-            "searched": "the whole valid set" if truth["complete"] else
-            f"the recorded subset ({truth['valid']} of {truth['space_valid']} valid configs): a config the recording "
-            "lacks is invalid to the search and never counted; optimum and uniform baseline are the subset's",
-            "t_opt_ms": truth["t_opt_ms"], "default_fraction": truth["default_fraction"],
-            "uniform_random_expected": uniform, "results": results,
-            "seconds": round(time.perf_counter() - started, 1)}
+            "recording": recording,
+            "space": space_path,
+            "valid": truth["valid"],
+            "measured": truth["measured"],
+            "space_valid": truth["space_valid"],
+            "complete": truth["complete"],
+            "searched": "the whole valid set"
+            if truth["complete"]
+            else f"the recorded subset ({truth['valid']} of {truth['space_valid']} valid configs): "
+            "a config the recording lacks is invalid to the search and never counted; "
+            "optimum and uniform baseline are the subset's",
+            "t_opt_ms": truth["t_opt_ms"],
+            "default_fraction": truth["default_fraction"],
+            "uniform_random_expected": uniform,
+            "results": results,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         plot(space_name, truth, results, out / f"{args.name}_{space_name}.png")
         of = "" if truth["complete"] else f" (recorded subset of {truth['space_valid']})"
-        print(f"\n{space_name}: {truth['valid']} valid{of}, optimum {truth['t_opt_ms']:.4g} ms "
-              f"({time.perf_counter() - started:.0f} s)")
+        print(
+            f"\n{space_name}: {truth['valid']} valid{of}, optimum {truth['t_opt_ms']:.4g} ms "
+            f"({time.perf_counter() - started:.0f} s)"
+        )
         head = "".join(f"{n:>13}" for n in budgets)
         print(f"{'':24}{head}   bad/eval (early)  ms/prop  to .98")
         print(f"{'default alone':24}{truth['default_fraction']:>13.3f}")
         print(f"{'uniform (exact)':24}" + "".join(f"{uniform[n]:>13.3f}" for n in budgets))
         for label, r in results.items():
             cells = "".join(f"{r['by_config'][n]['mean']:>7.3f}/{r['by_config'][n]['p10']:.2f}" for n in budgets)
-            print(f"{label:24}{cells}   {r['bad_proposals_total_fraction']:>7.3f} "
-                  f"({r['bad_proposals_early']['per_evaluated']:.3f})  {r['sampler_ms_per_proposal']!s:>7}"
-                  f"  {r['evaluations_to_reach']['0.98']['mean']}")
+            print(
+                f"{label:24}{cells}   {r['bad_proposals_total_fraction']:>7.3f} "
+                f"({r['bad_proposals_early']['per_evaluated']:.3f})  {r['sampler_ms_per_proposal']!s:>7}"
+                f"  {r['evaluations_to_reach']['0.98']['mean']}"
+            )
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
     (out / f"{args.name}.md").write_text(markdown(report))
     print(f"\nwrote {out / args.name}.json and .md")

@@ -36,20 +36,40 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--caches", choices=("fresh", "warm"), default="fresh",
-                        help="fresh: empty compile/ceiling and CuPy caches; warm: run twice, report the second")
+    parser.add_argument(
+        "--caches",
+        choices=("fresh", "warm"),
+        default="fresh",
+        help="fresh: empty compile/ceiling and CuPy caches; warm: run twice, report the second",
+    )
     parser.add_argument("--engine", choices=("local", "ray"), help="the study's engine (default: the study's)")
     parser.add_argument("--study-only", action="store_true", help="time the study alone (no re-time, no cuBLAS)")
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
     work = Path(tempfile.mkdtemp(prefix="study_gemm_"))
-    env = {**os.environ, "TUNER_CACHE_DIR": str(work / "cache"), "CUPY_CACHE_DIR": str(work / "cupy-cache"),
-           "RAY_AUTH_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "TUNER_CACHE_DIR": str(work / "cache"),
+        "CUPY_CACHE_DIR": str(work / "cupy-cache"),
+        "RAY_AUTH_MODE": "disabled",
+    }
     runs = []
     for attempt in range(2 if args.caches == "warm" else 1):
         url = f"sqlite:///{work}/gemm{attempt}.db"
-        study_cmd = [sys.executable, "-m", "tuner", "study", "gemm", "--space", "search_spaces/gemm.yaml",
-                     "--trials", str(args.trials), "--storage", url, "--json"]
+        study_cmd = [
+            sys.executable,
+            "-m",
+            "tuner",
+            "study",
+            "gemm",
+            "--space",
+            "search_spaces/gemm.yaml",
+            "--trials",
+            str(args.trials),
+            "--storage",
+            url,
+            "--json",
+        ]
         if args.engine:
             study_cmd += ["--engine", args.engine]
         started = time.perf_counter()
@@ -59,14 +79,25 @@ def main() -> int:
             print(proc.stderr[-4000:])
             return 1
         summary = json.loads(proc.stdout)
-        runs.append({"caches": "fresh" if attempt == 0 else "warm", "process_wall_s": round(wall, 3),
-                     "driver_wall_s": summary["wall_s"], "cold_start_s": summary["cold_start_s"],
-                     "startup": summary["startup"], "after_start_s": summary["after_start_s"],
-                     "evaluated_per_s": summary["evaluated_per_s"], "gpu_busy_fraction": summary["gpu_busy_fraction"],
-                     "writer_flush_s": summary.get("writer_flush_s")})
-        print(f"study ({runs[-1]['caches']} caches): {summary['trials']} trials in {wall:.1f} s (driver wall "
-              f"{summary['wall_s']} s, first result after {summary['cold_start_s']} s, GPU busy "
-              f"{summary['gpu_busy_fraction']})", flush=True)
+        runs.append(
+            {
+                "caches": "fresh" if attempt == 0 else "warm",
+                "process_wall_s": round(wall, 3),
+                "driver_wall_s": summary["wall_s"],
+                "cold_start_s": summary["cold_start_s"],
+                "startup": summary["startup"],
+                "after_start_s": summary["after_start_s"],
+                "evaluated_per_s": summary["evaluated_per_s"],
+                "gpu_busy_fraction": summary["gpu_busy_fraction"],
+                "writer_flush_s": summary.get("writer_flush_s"),
+            }
+        )
+        print(
+            f"study ({runs[-1]['caches']} caches): {summary['trials']} trials in {wall:.1f} s (driver wall "
+            f"{summary['wall_s']} s, first result after {summary['cold_start_s']} s, GPU busy "
+            f"{summary['gpu_busy_fraction']})",
+            flush=True,
+        )
         print("  start-up: " + ", ".join(f"{k} {v}" for k, v in _flat(summary["startup"]).items()), flush=True)
     if args.study_only:
         out = Path(args.out)
@@ -114,37 +145,75 @@ def main() -> int:
     cublas_tflops = flops / cublas_ms / 1e9
     date = dt.date.today().isoformat()
     shape = f"{m}x{n}x{k} fp32"
-    base = {"kernel": "gemm", "shape": shape, "ceiling_TBps": round(info["ceiling_tbps"], 4), "gpu": info["gpu"],
-            "date": date, "command": command}
+    base = {
+        "kernel": "gemm",
+        "shape": shape,
+        "ceiling_TBps": round(info["ceiling_tbps"], 4),
+        "gpu": info["gpu"],
+        "date": date,
+        "command": command,
+    }
     counts = {s: sum(1 for t in study.trials if t.state.name == s) for s in ("COMPLETE", "PRUNED", "FAIL")}
     records = [
-        {**base, "impl": "tuner", "TBps": round(final.tbps, 4), "TFLOPs": round(final.tflops, 3),
-         "config": params, "uri": final.uri, "registers": final.registers, "spill_bytes": final.spill_bytes,
-         "median_ms": final.median_ms, "p20_ms": final.p20_ms, "p80_ms": final.p80_ms,
-         "ratio_vs_cublas": round(final.tflops / cublas_tflops, 4),
-         "study_tflops_screening": round(best["tflops"], 3),
-         "note": "C = gelu(A·B + bias) + R with the epilogue fused; TFLOP/s count 2MNK; re-timed with a 500 ms "
-                 "budget after the study"},
-        {**base, "impl": "cublas", "TBps": round((m * k + k * n + m * n) * 4 / cublas_ms / 1e9, 4),
-         "TFLOPs": round(cublas_tflops, 3), "median_ms": cublas_ms,
-         "note": "cuBLAS SGEMM via torch.mm, TF32 off, GEMM alone"},
-        {**base, "impl": "tuner study (main job)", "trials": summary["trials"], "wall_s": round(wall, 2),
-         "caches": args.caches, "startup": summary["startup"], "runs": runs,
-         "driver_wall_s": summary["wall_s"], "cold_start_s": summary["cold_start_s"],
-         "gpu_busy_fraction": summary["gpu_busy_fraction"], "measured": summary["measured_this_run"],
-         "duplicates": summary["duplicates_this_run"], "failures": summary["failures_this_run"],
-         "trial_states": counts, "study_command": " ".join(study_cmd[1:]).replace(str(work), "$TMP")},
+        {
+            **base,
+            "impl": "tuner",
+            "TBps": round(final.tbps, 4),
+            "TFLOPs": round(final.tflops, 3),
+            "config": params,
+            "uri": final.uri,
+            "registers": final.registers,
+            "spill_bytes": final.spill_bytes,
+            "median_ms": final.median_ms,
+            "p20_ms": final.p20_ms,
+            "p80_ms": final.p80_ms,
+            "ratio_vs_cublas": round(final.tflops / cublas_tflops, 4),
+            "study_tflops_screening": round(best["tflops"], 3),
+            "note": "C = gelu(A·B + bias) + R with the epilogue fused; TFLOP/s count 2MNK; re-timed with a 500 ms "
+            "budget after the study",
+        },
+        {
+            **base,
+            "impl": "cublas",
+            "TBps": round((m * k + k * n + m * n) * 4 / cublas_ms / 1e9, 4),
+            "TFLOPs": round(cublas_tflops, 3),
+            "median_ms": cublas_ms,
+            "note": "cuBLAS SGEMM via torch.mm, TF32 off, GEMM alone",
+        },
+        {
+            **base,
+            "impl": "tuner study (main job)",
+            "trials": summary["trials"],
+            "wall_s": round(wall, 2),
+            "caches": args.caches,
+            "startup": summary["startup"],
+            "runs": runs,
+            "driver_wall_s": summary["wall_s"],
+            "cold_start_s": summary["cold_start_s"],
+            "gpu_busy_fraction": summary["gpu_busy_fraction"],
+            "measured": summary["measured_this_run"],
+            "duplicates": summary["duplicates_this_run"],
+            "failures": summary["failures_this_run"],
+            "trial_states": counts,
+            "study_command": " ".join(study_cmd[1:]).replace(str(work), "$TMP"),
+        },
     ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"study_gemm-{date}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-    lines = [f"# The main job on {info['gpu']}, {date}", "", f"Command: `{command}`", "",
-             f"`tuner study gemm --trials {args.trials}`: {summary['trials']} trials in {wall:.1f} s "
-             f"(first result after {summary['cold_start_s']} s; GPU busy {summary['gpu_busy_fraction']}).", "",
-             "| impl | TFLOP/s | × cuBLAS | median ms | config |", "|---|---:|---:|---:|---|",
-             f"| tuner | {final.tflops:.2f} | {final.tflops / cublas_tflops:.3f} | {final.median_ms:.3f} | "
-             f"`{final.uri}` |",
-             f"| cuBLAS SGEMM (TF32 off) | {cublas_tflops:.2f} | 1.000 | {cublas_ms:.3f} | |"]
+    lines = [
+        f"# The main job on {info['gpu']}, {date}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"`tuner study gemm --trials {args.trials}`: {summary['trials']} trials in {wall:.1f} s "
+        f"(first result after {summary['cold_start_s']} s; GPU busy {summary['gpu_busy_fraction']}).",
+        "",
+        "| impl | TFLOP/s | × cuBLAS | median ms | config |",
+        "|---|---:|---:|---:|---|",
+        f"| tuner | {final.tflops:.2f} | {final.tflops / cublas_tflops:.3f} | {final.median_ms:.3f} | `{final.uri}` |",
+        f"| cuBLAS SGEMM (TF32 off) | {cublas_tflops:.2f} | 1.000 | {cublas_ms:.3f} | |",
+    ]
     (out / f"study_gemm-{date}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

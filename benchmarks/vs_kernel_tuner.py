@@ -219,13 +219,20 @@ def kt_space_check(space, problem, max_threads: int = 1024) -> dict[str, Any]:
     ss = Searchspace(tune_params, kt_restrictions(problem), max_threads)
     names = list(tune_params)
     theirs = [dict(zip(names, c, strict=True)) for c in ss.sorted_list()]
-    bad_block = [c for c in theirs
-                 if c["block_size_x"] != c["TILE"] // c["VEC"] or c["block_size_y"] != c["TILE"] // c["RPT"]]
+    bad_block = [
+        c for c in theirs if c["block_size_x"] != c["TILE"] // c["VEC"] or c["block_size_y"] != c["TILE"] // c["RPT"]
+    ]
     ours = {config_key(c) for c in space.enumerate(problem)}
     kt = {config_key(ours_of(c)) for c in theirs}
     same = kt == ours and ss.size == len(ours) and not bad_block
-    return {"kt_size": ss.size, "ours_size": len(ours), "same": same, "only_kt": sorted(kt - ours),
-            "only_ours": sorted(ours - kt), "bad_block_sizes": bad_block}
+    return {
+        "kt_size": ss.size,
+        "ours_size": len(ours),
+        "same": same,
+        "only_kt": sorted(kt - ours),
+        "only_ours": sorted(ours - kt),
+        "bad_block_sizes": bad_block,
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -287,8 +294,14 @@ def child_kt(mode: str, seed: int) -> dict[str, Any]:
     evaluated = {config_key(ours_of(r)) for r in results}
     ours = {config_key(c) for c in space.enumerate(problem)}
     n = len(results)
-    timings = ("total_compile_time", "total_verification_time", "total_benchmark_time",
-               "total_framework_time", "total_strategy_time", "overhead_time")
+    timings = (
+        "total_compile_time",
+        "total_verification_time",
+        "total_benchmark_time",
+        "total_framework_time",
+        "total_strategy_time",
+        "overhead_time",
+    )
     return {
         "mode": mode,
         "kernel_tuner": kernel_tuner.__version__,
@@ -305,9 +318,12 @@ def child_kt(mode: str, seed: int) -> dict[str, Any]:
         "trials_per_gpu_minute": round(n / (wall / 60), 2) if n else None,
         "configs_match_ours": evaluated == ours and n == len(ours),
         # Kernel Tuner's own split of its time, ms → s
-        "kt_timings_s": {k.removeprefix("total_").removesuffix("_time"): round(float(env[k]) / 1000, 3)
-                         for k in timings if k in env},
-        "best": None if best is None else {
+        "kt_timings_s": {
+            k.removeprefix("total_").removesuffix("_time"): round(float(env[k]) / 1000, 3) for k in timings if k in env
+        },
+        "best": None
+        if best is None
+        else {
             "config": ours_of(best),
             "kt_params": {k: int(best[k]) for k in tune_params},
             "time_ms": float(best["time"]),
@@ -322,8 +338,12 @@ def child_preflight() -> dict[str, Any]:
     import kernel_tuner
 
     space, problem = load_space()
-    return {"kernel_tuner": kernel_tuner.__version__, "cupy": cupy.__version__,
-            "ours_valid": space.count_valid(problem), **kt_space_check(space, problem)}
+    return {
+        "kernel_tuner": kernel_tuner.__version__,
+        "cupy": cupy.__version__,
+        "ours_valid": space.count_valid(problem),
+        **kt_space_check(space, problem),
+    }
 
 
 def child_main(mode: str, seed: int) -> int:
@@ -356,7 +376,7 @@ def _tail(text: str | bytes | None, n: int = 3000) -> str:
 
 def _marked(stdout: str) -> dict[str, Any] | None:
     lines = [ln for ln in stdout.splitlines() if ln.startswith(MARKER)]
-    return json.loads(lines[-1][len(MARKER):]) if lines else None
+    return json.loads(lines[-1][len(MARKER) :]) if lines else None
 
 
 def _last_json_object(text: str) -> dict[str, Any] | None:
@@ -364,7 +384,7 @@ def _last_json_object(text: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     for match in reversed(list(re.finditer(r"(?m)^\{", text))):
         try:
-            obj, _ = decoder.raw_decode(text[match.start():])
+            obj, _ = decoder.raw_decode(text[match.start() :])
         except json.JSONDecodeError:
             continue
         if isinstance(obj, dict):
@@ -382,16 +402,26 @@ def run_child(args, mode: str, tmp: Path, timeout: float) -> tuple[dict[str, Any
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return ({"mode": mode, "error": f"timed out after {timeout:.0f} s", "stdout_tail": _tail(exc.stdout),
-                 "stderr_tail": _tail(exc.stderr)}, time.perf_counter() - t0)
+        return (
+            {
+                "mode": mode,
+                "error": f"timed out after {timeout:.0f} s",
+                "stdout_tail": _tail(exc.stdout),
+                "stderr_tail": _tail(exc.stderr),
+            },
+            time.perf_counter() - t0,
+        )
     wall = time.perf_counter() - t0
     try:
         payload = _marked(proc.stdout)
     except json.JSONDecodeError:
         payload = None
     if payload is None:
-        payload = {"mode": mode, "error": f"exit code {proc.returncode}, no result line",
-                   "stdout_tail": _tail(proc.stdout)}
+        payload = {
+            "mode": mode,
+            "error": f"exit code {proc.returncode}, no result line",
+            "stdout_tail": _tail(proc.stdout),
+        }
     elif proc.returncode != 0 and "error" not in payload:
         payload["error"] = f"exit code {proc.returncode}"
     if "error" in payload:
@@ -403,23 +433,52 @@ def run_ours(args, tmp: Path, timeout: float) -> tuple[dict[str, Any], float, li
     """`python -m tuner study ... --json` with fresh tuner and CuPy caches; returns its summary, its wall time
     and the command."""
     db = tmp / "kt_ours.db"
-    cmd = [sys.executable, "-m", "tuner", "study", "transpose", "--space", str(SPACE.relative_to(ROOT)),
-           "--sampler", "grid", "--trials", str(EXPECTED_CONFIGS), "--storage", f"sqlite:///{db}", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "study",
+        "transpose",
+        "--space",
+        str(SPACE.relative_to(ROOT)),
+        "--sampler",
+        "grid",
+        "--trials",
+        str(EXPECTED_CONFIGS),
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+    ]
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = _env({"TUNER_CACHE_DIR": str(tmp / "tuner_cache_ours"),
-                "CUPY_CACHE_DIR": str(tmp / "cupy_cache_ours"),
-                "RAY_AUTH_MODE": "disabled", "PYTHONPATH": pythonpath})
+    env = _env(
+        {
+            "TUNER_CACHE_DIR": str(tmp / "tuner_cache_ours"),
+            "CUPY_CACHE_DIR": str(tmp / "cupy_cache_ours"),
+            "RAY_AUTH_MODE": "disabled",
+            "PYTHONPATH": pythonpath,
+        }
+    )
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return ({"error": f"timed out after {timeout:.0f} s", "stdout_tail": _tail(exc.stdout),
-                 "stderr_tail": _tail(exc.stderr)}, time.perf_counter() - t0, cmd)
+        return (
+            {
+                "error": f"timed out after {timeout:.0f} s",
+                "stdout_tail": _tail(exc.stdout),
+                "stderr_tail": _tail(exc.stderr),
+            },
+            time.perf_counter() - t0,
+            cmd,
+        )
     wall = time.perf_counter() - t0
     summary = _last_json_object(proc.stdout)
     if proc.returncode != 0 or summary is None or "wall_s" not in summary:
-        summary = {"error": f"exit code {proc.returncode}" + ("" if summary else ", no JSON summary"),
-                   "stdout_tail": _tail(proc.stdout), "stderr_tail": _tail(proc.stderr)}
+        summary = {
+            "error": f"exit code {proc.returncode}" + ("" if summary else ", no JSON summary"),
+            "stdout_tail": _tail(proc.stdout),
+            "stderr_tail": _tail(proc.stderr),
+        }
     return summary, wall, cmd
 
 
@@ -440,20 +499,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Run from the repository root on a machine with one GPU, with kernel_tuner, optuna and ray "
-               "importable (e.g. on PYTHONPATH).")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
-                        help="where the JSON and MD go (default benchmarks/results)")
+        "importable (e.g. on PYTHONPATH).",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "benchmarks" / "results"),
+        help="where the JSON and MD go (default benchmarks/results)",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="contenders to leave out")
     parser.add_argument("--seed", type=int, default=0, help="seed of Kernel Tuner's input matrix")
-    parser.add_argument("--timeout", type=float, default=420.0,
-                        help="seconds per contender before giving up (default 420)")
-    parser.add_argument("--no-preflight", action="store_true",
-                        help="skip the preflight subprocess (imports; Kernel Tuner's search space == ours)")
-    parser.add_argument("--keep-tmp", action="store_true",
-                        help="keep the temporary caches and study database")
-    parser.add_argument("--check", action="store_true",
-                        help="no GPU needed: space size, Kernel Tuner's search space, and its kernel against "
-                             "ours (registers, SMEM, spills, PTX) for every config; then exit")
+    parser.add_argument(
+        "--timeout", type=float, default=420.0, help="seconds per contender before giving up (default 420)"
+    )
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the preflight subprocess (imports; Kernel Tuner's search space == ours)",
+    )
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary caches and study database")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="no GPU needed: space size, Kernel Tuner's search space, and its kernel against "
+        "ours (registers, SMEM, spills, PTX) for every config; then exit",
+    )
     parser.add_argument("--arch", default="sm_90", help="--check: the arch to compile for")
     parser.add_argument("--kt-mode", choices=["answer", "none", "preflight"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -482,12 +551,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_preflight and not {"answer", "none"} <= set(args.skip):
             pre, pre_wall = run_child(args, "preflight", tmp, timeout=300)
             if "error" in pre or not pre.get("same"):
-                print("preflight failed (Kernel Tuner or CuPy not importable, or Kernel Tuner's search space "
-                      "is not ours):", file=sys.stderr)
+                print(
+                    "preflight failed (Kernel Tuner or CuPy not importable, or Kernel Tuner's search space "
+                    "is not ours):",
+                    file=sys.stderr,
+                )
                 print(json.dumps(pre, indent=1, default=str), file=sys.stderr)
                 return 2
-            print(f"preflight ok in {pre_wall:.1f} s: Kernel Tuner {pre['kernel_tuner']}, CuPy "
-                  f"{pre['cupy']}, its search space is our {pre['ours_size']} configs", flush=True)
+            print(
+                f"preflight ok in {pre_wall:.1f} s: Kernel Tuner {pre['kernel_tuner']}, CuPy "
+                f"{pre['cupy']}, its search space is our {pre['ours_size']} configs",
+                flush=True,
+            )
 
         for key, impl in IMPLS.items():
             if key in args.skip:
@@ -519,8 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or bad else 0
 
 
-def build_records(outcomes: dict[str, dict[str, Any]], shape: str, date: str,
-                  command: str) -> tuple[list[dict[str, Any]], str | None, float | None, bool]:
+def build_records(
+    outcomes: dict[str, dict[str, Any]], shape: str, date: str, command: str
+) -> tuple[list[dict[str, Any]], str | None, float | None, bool]:
     """The records (list format of benchmarks/results) from the contenders' outcomes; also the GPU, the copy
     ceiling, and whether a Kernel Tuner run evaluated other configs than ours or had failures."""
     ours = outcomes.get("tuner", {})
@@ -535,10 +611,21 @@ def build_records(outcomes: dict[str, dict[str, Any]], shape: str, date: str,
     bad = False
 
     def record(impl: str, tbps: float | None, **extra) -> None:
-        records.append({"kernel": "transpose", "shape": shape, "impl": impl, "TBps": _r(tbps, 4),
-                        "TFLOPs": None, "ceiling_TBps": _r(ceiling, 4),
-                        "fraction_of_ceiling": _r(tbps / ceiling, 4) if tbps and ceiling else None,
-                        "gpu": gpu, "date": date, "command": command, **extra})
+        records.append(
+            {
+                "kernel": "transpose",
+                "shape": shape,
+                "impl": impl,
+                "TBps": _r(tbps, 4),
+                "TFLOPs": None,
+                "ceiling_TBps": _r(ceiling, 4),
+                "fraction_of_ceiling": _r(tbps / ceiling, 4) if tbps and ceiling else None,
+                "gpu": gpu,
+                "date": date,
+                "command": command,
+                **extra,
+            }
+        )
 
     rates: dict[str, float | None] = {}
     full_wall_rate = None
@@ -550,84 +637,112 @@ def build_records(outcomes: dict[str, dict[str, Any]], shape: str, date: str,
         best = ours.get("best") or {}
         rates["tuner"] = _per_min(measured, after)
         full_wall_rate = _per_min(measured, wall)
-        record("tuner", best.get("tbps"),
-               trials=ours.get("trials"), measured=measured, failures=ours.get("failures_this_run"),
-               wall_s=wall, cold_start_s=cold, wall_after_startup_s=_r(after),
-               subprocess_wall_s=ours["subprocess_wall_s"],
-               seconds_per_config=_r(after / measured, 4) if measured else None,
-               seconds_per_config_full_wall=_r(wall / measured, 4) if measured else None,
-               trials_per_gpu_minute=rates["tuner"],
-               trials_per_gpu_minute_full_wall=full_wall_rate,
-               trials_per_gpu_minute_subprocess_wall=_per_min(measured, ours["subprocess_wall_s"]),
-               trials_per_gpu_minute_after_startup_excluding_first=_per_min(measured - 1, after),
-               gpu_busy_fraction=ours.get("gpu_busy_fraction"),
-               best_config=best.get("params"), uri=best.get("uri"), registers=best.get("registers"),
-               timing="median over a time budget of launches, L2 flushed between launches",
-               verification="every config on the GPU, bit-exact against a CuPy reference",
-               definition="trials_per_gpu_minute = measured / ((wall_s - cold_start_s) / 60), after "
-                          "start-up; cold_start_s = driver start to first result (Ray start-up, GPU actor "
-                          "set-up, first compile and measurement); full-wall and subprocess-wall figures "
-                          "alongside",
-               study_command=ours.get("cmd"))
+        record(
+            "tuner",
+            best.get("tbps"),
+            trials=ours.get("trials"),
+            measured=measured,
+            failures=ours.get("failures_this_run"),
+            wall_s=wall,
+            cold_start_s=cold,
+            wall_after_startup_s=_r(after),
+            subprocess_wall_s=ours["subprocess_wall_s"],
+            seconds_per_config=_r(after / measured, 4) if measured else None,
+            seconds_per_config_full_wall=_r(wall / measured, 4) if measured else None,
+            trials_per_gpu_minute=rates["tuner"],
+            trials_per_gpu_minute_full_wall=full_wall_rate,
+            trials_per_gpu_minute_subprocess_wall=_per_min(measured, ours["subprocess_wall_s"]),
+            trials_per_gpu_minute_after_startup_excluding_first=_per_min(measured - 1, after),
+            gpu_busy_fraction=ours.get("gpu_busy_fraction"),
+            best_config=best.get("params"),
+            uri=best.get("uri"),
+            registers=best.get("registers"),
+            timing="median over a time budget of launches, L2 flushed between launches",
+            verification="every config on the GPU, bit-exact against a CuPy reference",
+            definition="trials_per_gpu_minute = measured / ((wall_s - cold_start_s) / 60), after "
+            "start-up; cold_start_s = driver start to first result (Ray start-up, GPU actor "
+            "set-up, first compile and measurement); full-wall and subprocess-wall figures "
+            "alongside",
+            study_command=ours.get("cmd"),
+        )
     elif "tuner" in outcomes:
-        record("tuner", None, error=ours.get("error"), detail=_detail(ours),
-               subprocess_wall_s=ours.get("subprocess_wall_s"))
+        record(
+            "tuner",
+            None,
+            error=ours.get("error"),
+            detail=_detail(ours),
+            subprocess_wall_s=ours.get("subprocess_wall_s"),
+        )
     for key in ("answer", "none"):
         if key not in outcomes:
             continue
         kt = outcomes[key]
         if "error" in kt:
-            record(IMPLS[key], None, error=kt["error"], detail=_detail(kt),
-                   subprocess_wall_s=kt.get("subprocess_wall_s"))
+            record(
+                IMPLS[key], None, error=kt["error"], detail=_detail(kt), subprocess_wall_s=kt.get("subprocess_wall_s")
+            )
             continue
         n = kt["configs_evaluated"]
         rates[key] = kt["trials_per_gpu_minute"]
         best = kt.get("best") or {}
         if not kt["configs_match_ours"] or kt["configs_failed"]:
             bad = True
-        record(IMPLS[key], best.get("TBps"),
-               configs_evaluated=n, configs_failed=kt["configs_failed"], failures=kt["failures"],
-               configs_match_ours=kt["configs_match_ours"],
-               wall_s=kt["tune_kernel_wall_s"], subprocess_wall_s=kt["subprocess_wall_s"],
-               seconds_per_config=kt["seconds_per_config"],
-               trials_per_gpu_minute=kt["trials_per_gpu_minute"],
-               trials_per_gpu_minute_subprocess_wall=_per_min(n, kt["subprocess_wall_s"]),
-               best_config=best.get("config"), best_kt_params=best.get("kt_params"),
-               best_time_ms=best.get("time_ms"), best_times_ms=best.get("times_ms"),
-               kt_timings_s=kt["kt_timings_s"], import_s=kt["import_s"], set_up_s=kt["set_up_s"],
-               kernel_tuner=kt["kernel_tuner"], cupy=kt["cupy"], iterations=KT_ITERATIONS,
-               verification=("answer=[None, src.T, None, None]: numpy.allclose on the host" if key == "answer"
-                             else "none"),
-               timing=f"mean of {KT_ITERATIONS} CUDA-event-timed launches, no L2 flush (Kernel Tuner's way)",
-               definition="trials_per_gpu_minute = configs / (tune_kernel wall / 60); wall_s is "
-                          "tune_kernel's, call to return (device set-up, search space, warm-up config "
-                          "included)")
+        record(
+            IMPLS[key],
+            best.get("TBps"),
+            configs_evaluated=n,
+            configs_failed=kt["configs_failed"],
+            failures=kt["failures"],
+            configs_match_ours=kt["configs_match_ours"],
+            wall_s=kt["tune_kernel_wall_s"],
+            subprocess_wall_s=kt["subprocess_wall_s"],
+            seconds_per_config=kt["seconds_per_config"],
+            trials_per_gpu_minute=kt["trials_per_gpu_minute"],
+            trials_per_gpu_minute_subprocess_wall=_per_min(n, kt["subprocess_wall_s"]),
+            best_config=best.get("config"),
+            best_kt_params=best.get("kt_params"),
+            best_time_ms=best.get("time_ms"),
+            best_times_ms=best.get("times_ms"),
+            kt_timings_s=kt["kt_timings_s"],
+            import_s=kt["import_s"],
+            set_up_s=kt["set_up_s"],
+            kernel_tuner=kt["kernel_tuner"],
+            cupy=kt["cupy"],
+            iterations=KT_ITERATIONS,
+            verification=(
+                "answer=[None, src.T, None, None]: numpy.allclose on the host" if key == "answer" else "none"
+            ),
+            timing=f"mean of {KT_ITERATIONS} CUDA-event-timed launches, no L2 flush (Kernel Tuner's way)",
+            definition="trials_per_gpu_minute = configs / (tune_kernel wall / 60); wall_s is "
+            "tune_kernel's, call to return (device set-up, search space, warm-up config "
+            "included)",
+        )
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return _r(a / b, 3) if a and b else None
 
     by_impl = {r["impl"]: r for r in records}
     kt_best = [by_impl[IMPLS[k]]["TBps"] for k in ("answer", "none") if by_impl.get(IMPLS[k], {}).get("TBps")]
-    record("comparison", None,
-           trials_per_gpu_minute_ratio_vs_kernel_tuner=ratio(rates.get("tuner"), rates.get("answer")),
-           trials_per_gpu_minute_ratio_vs_kernel_tuner_unverified=ratio(rates.get("tuner"),
-                                                                       rates.get("none")),
-           trials_per_gpu_minute_ratio_vs_kernel_tuner_full_wall=ratio(full_wall_rate, rates.get("answer")),
-           trials_per_gpu_minute_ratio_vs_kernel_tuner_unverified_full_wall=ratio(full_wall_rate,
-                                                                                 rates.get("none")),
-           gpu_busy_fraction=ours.get("gpu_busy_fraction") if ours_ok else None,
-           best_tbps_ours=by_impl.get("tuner", {}).get("TBps"),
-           best_tbps_kernel_tuner=max(kt_best) if kt_best else None,
-           note="ratios are ours / Kernel Tuner's trials per GPU-minute: ours after start-up "
-                "(wall_s - cold_start_s), the _full_wall ones over our whole wall_s; Kernel Tuner's over "
-                "tune_kernel's wall. Ours verifies every config on the GPU; 'answer' verifies on the host; "
-                "'unverified' does not verify.")
+    record(
+        "comparison",
+        None,
+        trials_per_gpu_minute_ratio_vs_kernel_tuner=ratio(rates.get("tuner"), rates.get("answer")),
+        trials_per_gpu_minute_ratio_vs_kernel_tuner_unverified=ratio(rates.get("tuner"), rates.get("none")),
+        trials_per_gpu_minute_ratio_vs_kernel_tuner_full_wall=ratio(full_wall_rate, rates.get("answer")),
+        trials_per_gpu_minute_ratio_vs_kernel_tuner_unverified_full_wall=ratio(full_wall_rate, rates.get("none")),
+        gpu_busy_fraction=ours.get("gpu_busy_fraction") if ours_ok else None,
+        best_tbps_ours=by_impl.get("tuner", {}).get("TBps"),
+        best_tbps_kernel_tuner=max(kt_best) if kt_best else None,
+        note="ratios are ours / Kernel Tuner's trials per GPU-minute: ours after start-up "
+        "(wall_s - cold_start_s), the _full_wall ones over our whole wall_s; Kernel Tuner's over "
+        "tune_kernel's wall. Ours verifies every config on the GPU; 'answer' verifies on the host; "
+        "'unverified' does not verify.",
+    )
 
     return records, gpu, ceiling, bad
 
 
-def write_results(out_dir: str, outcomes, shape: str, date: str, command: str, nbytes: int,
-                  final: bool) -> bool:
+def write_results(out_dir: str, outcomes, shape: str, date: str, command: str, nbytes: int, final: bool) -> bool:
     """Write (or rewrite: it runs after every contender, so a run cut short keeps what it measured) the JSON
     and the markdown; print the table when `final`. Returns whether a Kernel Tuner run looked wrong."""
     records, gpu, ceiling, bad = build_records(outcomes, shape, date, command)
@@ -652,8 +767,10 @@ def _cfg(c: dict | None) -> str:
 
 
 def _table(records: list[dict[str, Any]]) -> list[str]:
-    lines = ["| impl | configs | wall s | s/config | trials/GPU-min | best config | best TB/s | x ceiling |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "| impl | configs | wall s | s/config | trials/GPU-min | best config | best TB/s | x ceiling |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in records:
         if r["impl"] == "comparison":
             continue
@@ -662,25 +779,32 @@ def _table(records: list[dict[str, Any]]) -> list[str]:
             continue
         if r["impl"] == "tuner":
             n = r["measured"]
-            wall = (f"{_fmt(r['wall_s'], '.1f')} ({_fmt(r['wall_after_startup_s'], '.1f')} after start-up, "
-                    f"{_fmt(r['subprocess_wall_s'], '.1f')} process)")
-            rate = (f"{_fmt(r['trials_per_gpu_minute'], '.0f')} after start-up, "
-                    f"{_fmt(r['trials_per_gpu_minute_full_wall'], '.0f')} full wall")
+            wall = (
+                f"{_fmt(r['wall_s'], '.1f')} ({_fmt(r['wall_after_startup_s'], '.1f')} after start-up, "
+                f"{_fmt(r['subprocess_wall_s'], '.1f')} process)"
+            )
+            rate = (
+                f"{_fmt(r['trials_per_gpu_minute'], '.0f')} after start-up, "
+                f"{_fmt(r['trials_per_gpu_minute_full_wall'], '.0f')} full wall"
+            )
         else:
             n = r["configs_evaluated"]
             wall = f"{_fmt(r['wall_s'], '.1f')} ({_fmt(r['subprocess_wall_s'], '.1f')} process)"
             rate = _fmt(r["trials_per_gpu_minute"], ".0f")
-        lines.append(f"| {r['impl']} | {n} | {wall} | {_fmt(r.get('seconds_per_config'), '.3f')} | {rate} | "
-                     f"{_cfg(r.get('best_config'))} | {_fmt(r['TBps'], '.3f')} | "
-                     f"{_fmt(r.get('fraction_of_ceiling'), '.3f')} |")
+        lines.append(
+            f"| {r['impl']} | {n} | {wall} | {_fmt(r.get('seconds_per_config'), '.3f')} | {rate} | "
+            f"{_cfg(r.get('best_config'))} | {_fmt(r['TBps'], '.3f')} | "
+            f"{_fmt(r.get('fraction_of_ceiling'), '.3f')} |"
+        )
     comp = next((r for r in records if r["impl"] == "comparison"), None)
     key = "trials_per_gpu_minute_ratio_vs_kernel_tuner"
     parts = []
     for label, suffix in (("with answer", ""), ("unverified", "_unverified")):
         after, full = comp.get(key + suffix), comp.get(key + suffix + "_full_wall")
         if after is not None:
-            parts.append(f"ours / Kernel Tuner {label}: {after:.2f}x after our start-up, "
-                         f"{_fmt(full, '.2f')}x over our full wall")
+            parts.append(
+                f"ours / Kernel Tuner {label}: {after:.2f}x after our start-up, {_fmt(full, '.2f')}x over our full wall"
+            )
     if comp.get("gpu_busy_fraction") is not None:
         parts.append(f"our GPU busy fraction {comp['gpu_busy_fraction']:.2f}")
     if parts:
@@ -690,10 +814,12 @@ def _table(records: list[dict[str, Any]]) -> list[str]:
 
 def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
     head = [
-        f"# Tuning throughput vs Kernel Tuner on {gpu}, {date}", "",
+        f"# Tuning throughput vs Kernel Tuner on {gpu}, {date}",
+        "",
         f"Command: `{command}`. FP32 transpose 8192x8192, the 45 configs of "
         "`benchmarks/spaces/transpose_8192_45.yaml`, each contender in its own process with a cold compile "
-        f"cache. Copy ceiling {_fmt(ceiling, '.3f')} TB/s; TB/s count {nbytes} bytes per transpose.", "",
+        f"cache. Copy ceiling {_fmt(ceiling, '.3f')} TB/s; TB/s count {nbytes} bytes per transpose.",
+        "",
         "- tuner: `tuner study --sampler grid` (Ray; compiles on CPUs while the GPU measures; every config "
         "verified on the GPU). Trials/GPU-min after start-up = measured / ((wall_s - cold_start_s) / 60), "
         "over the full wall_s alongside; wall_s starts in the driver, the process wall includes imports.",
@@ -701,7 +827,9 @@ def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
         "checks every config against numpy on the host, 'unverified' checks nothing. Trials/GPU-min = "
         "configs / (tune_kernel wall / 60).",
         "- best TB/s are not measured alike: ours is a median with L2 flushed, Kernel Tuner's the mean of 7 "
-        "launches without a flush.", ""]
+        "launches without a flush.",
+        "",
+    ]
     return "\n".join(head + table) + "\n"
 
 
@@ -741,8 +869,10 @@ def check(arch: str) -> int:
     ok = True
     space, problem = load_space()
     n = space.count_valid(problem)
-    print(f"[{'ok' if n == EXPECTED_CONFIGS else 'FAIL'}] {SPACE.relative_to(ROOT)}: {n} valid configs "
-          f"(expected {EXPECTED_CONFIGS})")
+    print(
+        f"[{'ok' if n == EXPECTED_CONFIGS else 'FAIL'}] {SPACE.relative_to(ROOT)}: {n} valid configs "
+        f"(expected {EXPECTED_CONFIGS})"
+    )
     ok &= n == EXPECTED_CONFIGS
 
     try:
@@ -753,10 +883,15 @@ def check(arch: str) -> int:
         print(f"[FAIL] cannot import kernel_tuner ({exc}); put it on PYTHONPATH")
         return 1
     sc = kt_space_check(space, problem)
-    detail = "" if sc["same"] else (f" (only KT: {sc['only_kt']}, only ours: {sc['only_ours']}, "
-                                    f"bad block sizes: {sc['bad_block_sizes']})")
-    print(f"[{'ok' if sc['same'] else 'FAIL'}] Kernel Tuner {kernel_tuner.__version__} search space: "
-          f"{sc['kt_size']} configs, the same as ours: {sc['same']}{detail}")
+    detail = (
+        ""
+        if sc["same"]
+        else (f" (only KT: {sc['only_kt']}, only ours: {sc['only_ours']}, bad block sizes: {sc['bad_block_sizes']})")
+    )
+    print(
+        f"[{'ok' if sc['same'] else 'FAIL'}] Kernel Tuner {kernel_tuner.__version__} search space: "
+        f"{sc['kt_size']} configs, the same as ours: {sc['same']}{detail}"
+    )
     ok &= sc["same"]
 
     family = kernels.get(space.kernel)
@@ -770,24 +905,25 @@ def check(arch: str) -> int:
         kt_params["block_size_x"] = cfg["tile"] // cfg["vec"]
         kt_params["block_size_y"] = cfg["tile"] // cfg["rows_per_thread"]
         # what tune_kernel does per config: block and grid from the params, then its #define prefix
-        threads, grid = kt_util.setup_block_and_grid((cols, rows), (["TILE"], ["TILE"], None), kt_params,
-                                                     block_size_names)
-        name, kt_text, _ = source.prepare_list_of_files(KERNEL_NAME, kt_params, grid, threads,
-                                                        block_size_names)
+        threads, grid = kt_util.setup_block_and_grid(
+            (cols, rows), (["TILE"], ["TILE"], None), kt_params, block_size_names
+        )
+        name, kt_text, _ = source.prepare_list_of_files(KERNEL_NAME, kt_params, grid, threads, block_size_names)
         ours_src = render(family, cfg, space.resolve(cfg, problem), problem.env)
         (launch,) = family.launches(ours_src.entry, cfg, problem.env)
         if tuple(threads) != tuple(launch.block) or tuple(grid) != tuple(launch.grid):
             geometry_bad.append((cfg, threads, grid, launch.block, launch.grid))
         jobs.append((cfg, name, kt_text, ours_src))
-    print(f"[{'ok' if not geometry_bad else 'FAIL'}] Kernel Tuner's block and grid are our launches' for all "
-          f"{len(configs)} configs" + (f": {geometry_bad}" if geometry_bad else ""))
+    print(
+        f"[{'ok' if not geometry_bad else 'FAIL'}] Kernel Tuner's block and grid are our launches' for all "
+        f"{len(configs)} configs" + (f": {geometry_bad}" if geometry_bad else "")
+    )
     ok &= not geometry_bad
 
     # Kernel Tuner's CuPy backend: cupy.RawModule(options=KT_COMPILER_OPTIONS), to which CuPy adds -ftz=true,
     # -arch=sm_XX and --device-as-default-execution-space (and an -I of its headers); ours: BASE_OPTIONS.
     # -Xptxas=-v only adds the resource report, -lineinfo only line tables.
-    kt_opts = [*KT_COMPILER_OPTIONS, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space",
-               "-Xptxas=-v"]
+    kt_opts = [*KT_COMPILER_OPTIONS, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space", "-Xptxas=-v"]
     our_opts = [*BASE_OPTIONS, f"--gpu-architecture={arch}"]
 
     def one(job):
@@ -812,10 +948,12 @@ def check(arch: str) -> int:
     for cfg, rk, ro, same_ptx, same in compared:
         if not same:
             print(f"[FAIL] {_cfg(cfg)}: Kernel Tuner's {rk} vs ours {ro}, same PTX: {same_ptx}")
-    print(f"[{'ok' if mismatches == 0 else 'FAIL'}] Kernel Tuner's source (with its #define prefix, CuPy's "
-          f"options) compiles on {arch} to our rendered kernels' registers, SMEM and spills, from the same "
-          f"PTX (entry name, comments and line info aside; same PTX and ptxas options, same SASS): "
-          f"{len(jobs) - mismatches}/{len(jobs)} configs")
+    print(
+        f"[{'ok' if mismatches == 0 else 'FAIL'}] Kernel Tuner's source (with its #define prefix, CuPy's "
+        f"options) compiles on {arch} to our rendered kernels' registers, SMEM and spills, from the same "
+        f"PTX (entry name, comments and line info aside; same PTX and ptxas options, same SASS): "
+        f"{len(jobs) - mismatches}/{len(jobs)} configs"
+    )
     regs = sorted({rk.registers for _, rk, _, _, _ in compared if rk})
     print(f"      registers over the space: {regs}")
     ok &= mismatches == 0

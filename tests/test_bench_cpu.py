@@ -46,10 +46,16 @@ def test_other_statuses_are_not_ours(status):
 def test_status_numbers_match_the_cuda_runtime_names():
     """Guards the tables against a typo: the runtime names each code itself (no driver needed for that)."""
     expected = {
-        700: "cudaErrorIllegalAddress", 714: "cudaErrorHardwareStackError",
-        715: "cudaErrorIllegalInstruction", 716: "cudaErrorMisalignedAddress", 718: "cudaErrorInvalidPc",
-        719: "cudaErrorLaunchFailure", 1: "cudaErrorInvalidValue", 200: "cudaErrorInvalidKernelImage",
-        209: "cudaErrorNoKernelImageForDevice", 701: "cudaErrorLaunchOutOfResources",
+        700: "cudaErrorIllegalAddress",
+        714: "cudaErrorHardwareStackError",
+        715: "cudaErrorIllegalInstruction",
+        716: "cudaErrorMisalignedAddress",
+        718: "cudaErrorInvalidPc",
+        719: "cudaErrorLaunchFailure",
+        1: "cudaErrorInvalidValue",
+        200: "cudaErrorInvalidKernelImage",
+        209: "cudaErrorNoKernelImageForDevice",
+        701: "cudaErrorLaunchOutOfResources",
         600: "cudaErrorNotReady",
     }
     for status, name in expected.items():
@@ -82,8 +88,15 @@ def test_unexpected_status_is_left_to_propagate():
 
 @pytest.mark.parametrize(
     ("estimate_ms", "budget_ms", "expected"),
-    [(0.1, 25.0, 250), (1.0, 25.0, 25), (5.0, 25.0, 10), (1e-5, 25.0, 10_000), (0.0, 25.0, 10_000),
-     (float("nan"), 25.0, 10), (0.07, 25.0, 357)],
+    [
+        (0.1, 25.0, 250),
+        (1.0, 25.0, 25),
+        (5.0, 25.0, 10),
+        (1e-5, 25.0, 10_000),
+        (0.0, 25.0, 10_000),
+        (float("nan"), 25.0, 10),
+        (0.07, 25.0, 357),
+    ],
 )
 def test_repetitions_fill_the_budget_within_bounds(estimate_ms, budget_ms, expected):
     assert bench.repetitions(estimate_ms, budget_ms, min_reps=10, max_reps=10_000) == expected
@@ -239,10 +252,11 @@ def test_evaluate_config_returns_the_compile_failure(toy_space):
 def test_evaluate_config_hands_the_compiled_config_to_the_evaluator(toy_space):
     space, env = toy_space
     evaluator = RecordingEvaluator()
-    result = evaluate_config(space, {"block": 128, "broken": False}, evaluator=evaluator, env=env, seed=5,
-                             budget_ms=50.0)
+    result = evaluate_config(
+        space, {"block": 128, "broken": False}, evaluator=evaluator, env=env, seed=5, budget_ms=50.0
+    )
     assert result == "measured"
-    (compiled, family, config, problem, kwargs), = evaluator.calls
+    ((compiled, family, config, problem, kwargs),) = evaluator.calls
     assert compiled.ok and compiled.arch == "sm_90" and compiled.entry == "toy_block128_brokenFalse"
     assert family is FAMILY
     assert config == {"block": 128, "broken": False, "grid": 32}
@@ -255,9 +269,23 @@ def test_evaluate_config_hands_the_compiled_config_to_the_evaluator(toy_space):
 
 
 def _measurement(uri: str) -> Measurement:
-    return Measurement(median_ms=1.0, p20_ms=0.9, p80_ms=1.1, repetitions=10, bytes_moved=1, flops=0,
-                       tbps=1.0, tflops=0.0, ceiling_tbps=4.0, fraction_of_ceiling=0.25, registers=1,
-                       smem_static_bytes=0, smem_dynamic_bytes=0, spill_bytes=0, uri=uri)
+    return Measurement(
+        median_ms=1.0,
+        p20_ms=0.9,
+        p80_ms=1.1,
+        repetitions=10,
+        bytes_moved=1,
+        flops=0,
+        tbps=1.0,
+        tflops=0.0,
+        ceiling_tbps=4.0,
+        fraction_of_ceiling=0.25,
+        registers=1,
+        smem_static_bytes=0,
+        smem_dynamic_bytes=0,
+        spill_bytes=0,
+        uri=uri,
+    )
 
 
 class FakeEvaluator:
@@ -280,8 +308,9 @@ class FakeEvaluator:
             os._exit(7)
         if mode == "sticky":
             self.poisoned = True
-            return LaunchFailed(reason="launch: CUDA error 700 (illegal address)",
-                                details={"status": 700, "sticky": True})
+            return LaunchFailed(
+                reason="launch: CUDA error 700 (illegal address)", details={"status": 700, "sticky": True}
+            )
         if mode == "bug":
             raise ZeroDivisionError("a bug in the evaluator")
         family_seen = family if isinstance(family, str) else type(family).__name__

@@ -73,12 +73,18 @@ class Probe(Family):
     def launches(self, entry, config, problem):
         n = problem["n"]
         smem = PROBE_SMEM if config["mode"] == "smem" else 0
-        return [Launch(entry=entry, grid=((n + 255) // 256, 1, 1), block=(256, 1, 1),
-                       args=("x", "y", "flag", "n"), smem_dynamic=smem)]
+        return [
+            Launch(
+                entry=entry,
+                grid=((n + 255) // 256, 1, 1),
+                block=(256, 1, 1),
+                args=("x", "y", "flag", "n"),
+                smem_dynamic=smem,
+            )
+        ]
 
     def inputs(self, xp, problem, rng):
-        return {"x": rng.standard_normal((problem["n"],), dtype=xp.float32),
-                "flag": xp.zeros(1, dtype=xp.int32)}
+        return {"x": rng.standard_normal((problem["n"],), dtype=xp.float32), "flag": xp.zeros(1, dtype=xp.int32)}
 
     def outputs(self, problem, config):
         return {"y": ((problem["n"],), "float32")}

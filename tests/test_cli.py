@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def tuner(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_bad_input(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -44,17 +50,26 @@ def test_spaces_json_lists_every_shipped_space():
 def test_render_prints_source_with_overrides():
     proc = tuner("render", "transpose", "--set", "pad=1")
     assert proc.returncode == 0, proc.stderr
-    assert '__global__' in proc.stdout and "pad1" in proc.stdout
+    assert "__global__" in proc.stdout and "pad1" in proc.stdout
 
 
 def test_check_json_sample(tmp_path):
-    proc = tuner("check", "search_spaces/copy.yaml", "--sample", "5", "--seed", "2", "--json",
-                 env={"TUNER_CACHE_DIR": str(tmp_path)})
+    proc = tuner(
+        "check",
+        "search_spaces/copy.yaml",
+        "--sample",
+        "5",
+        "--seed",
+        "2",
+        "--json",
+        env={"TUNER_CACHE_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["compiled"] == 5 and report["failed"] == 0
-    assert all(c["registers"] > 0 and "params" in c and "smem_bytes" in c and "spill_bytes" in c
-               for c in report["configs"])
+    assert all(
+        c["registers"] > 0 and "params" in c and "smem_bytes" in c and "spill_bytes" in c for c in report["configs"]
+    )
 
 
 def test_check_exits_1_when_a_valid_config_fails_to_compile(tmp_path):
@@ -62,8 +77,14 @@ def test_check_exits_1_when_a_valid_config_fails_to_compile(tmp_path):
     templates.mkdir()
     text = (ROOT / "tuner" / "templates" / "copy.cu.j2").read_text()
     (templates / "copy.cu.j2").write_text(text + "\n{% if vec == 2 %}this is not C++;{% endif %}\n")
-    proc = tuner("check", "copy", "--sample", "20", "--json",
-                 env={"TUNER_CACHE_DIR": str(tmp_path / "cache"), "TUNER_TEMPLATES": str(templates)})
+    proc = tuner(
+        "check",
+        "copy",
+        "--sample",
+        "20",
+        "--json",
+        env={"TUNER_CACHE_DIR": str(tmp_path / "cache"), "TUNER_TEMPLATES": str(templates)},
+    )
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert report["failed"] > 0 and all(c["params"]["vec"] == 2 for c in report["configs"] if "failure" in c)
@@ -104,5 +125,6 @@ def test_template_syntax_error_is_one_line(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
     (templates / "copy.cu.j2").write_text("// copy\n\n{% if %}\n")
-    assert_bad_input(tuner("check", "copy", "--sample", "1", env={"TUNER_TEMPLATES": str(templates)}),
-                     "copy.cu.j2:3", "syntax error")
+    assert_bad_input(
+        tuner("check", "copy", "--sample", "1", env={"TUNER_TEMPLATES": str(templates)}), "copy.cu.j2:3", "syntax error"
+    )

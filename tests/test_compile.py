@@ -36,8 +36,10 @@ def _source(text: str, name: str = "k") -> Source:
 
 
 def test_compile_reports_resources_and_caches(tmp_path):
-    src = _source('extern "C" __global__ void k(float* x) { __shared__ float s[256]; '
-                  's[threadIdx.x] = x[threadIdx.x]; __syncthreads(); x[threadIdx.x] = s[255 - threadIdx.x]; }')
+    src = _source(
+        'extern "C" __global__ void k(float* x) { __shared__ float s[256]; '
+        "s[threadIdx.x] = x[threadIdx.x]; __syncthreads(); x[threadIdx.x] = s[255 - threadIdx.x]; }"
+    )
     first = compile_mod.compile_source(src)
     assert first.ok and not first.cached and first.cubin[:4] == b"\x7fELF"
     assert first.registers > 0 and first.smem_static_bytes == 1024 and first.spill_bytes == 0

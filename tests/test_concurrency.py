@@ -46,8 +46,9 @@ def start(args: list[str]) -> subprocess.Popen:
 
 
 def check_invariants(study: optuna.Study, trials: int) -> None:
-    counted = [t for t in study.trials
-               if t.user_attrs.get("failure") != "interrupted" and "screened" not in t.user_attrs]
+    counted = [
+        t for t in study.trials if t.user_attrs.get("failure") != "interrupted" and "screened" not in t.user_attrs
+    ]
     assert len(counted) == trials
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
     measured = [

@@ -67,8 +67,17 @@ def test_api_shows_metrics_user_attrs_and_artifacts(served):
     assert len(detail["trials"]) == len(study.trials)
     assert {t["state"] for t in detail["trials"]} == {"Complete", "Fail", "Pruned"}
     union = {a["key"] for a in detail["union_user_attrs"]}
-    assert {"tbps", "fraction_of_ceiling", "registers", "smem_bytes", "uri", "artifacts", "constraint",
-            "failure", "duplicate_of"} <= union
+    assert {
+        "tbps",
+        "fraction_of_ceiling",
+        "registers",
+        "smem_bytes",
+        "uri",
+        "artifacts",
+        "constraint",
+        "failure",
+        "duplicate_of",
+    } <= union
 
     best = export.best_trial(study)
     trial = next(t for t in detail["trials"] if t["number"] == best.number)
@@ -79,12 +88,14 @@ def test_api_shows_metrics_user_attrs_and_artifacts(served):
     by_name = {a["filename"]: a for a in trial["artifacts"]}
     assert set(by_name) == {f"{best.user_attrs['uri']}.cu", f"{best.user_attrs['uri']}.ptx"}
 
-    status, headers, body = get(f"{served.url}/artifacts/{sid}/{trial['trial_id']}/"
-                                f"{by_name[best.user_attrs['uri'] + '.cu']['artifact_id']}")
+    status, headers, body = get(
+        f"{served.url}/artifacts/{sid}/{trial['trial_id']}/{by_name[best.user_attrs['uri'] + '.cu']['artifact_id']}"
+    )
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     assert f"{best.user_attrs['uri']}(" in body.decode()
-    status, _, body = get(f"{served.url}/artifacts/{sid}/{trial['trial_id']}/"
-                          f"{by_name[best.user_attrs['uri'] + '.ptx']['artifact_id']}")
+    status, _, body = get(
+        f"{served.url}/artifacts/{sid}/{trial['trial_id']}/{by_name[best.user_attrs['uri'] + '.ptx']['artifact_id']}"
+    )
     assert b".target sm_90" in body
 
     pruned = next(t for t in detail["trials"] if t["state"] == "Pruned")
@@ -109,10 +120,14 @@ def test_cli_dashboard_serves_until_stopped(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli") / "studies"
     shutil.copytree(db.parent, folder)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", MAIN_STUDY,
-                             "--port", str(port)], cwd=folder.parent,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "dashboard", MAIN_STUDY, "--port", str(port)],
+        cwd=folder.parent,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -132,19 +147,35 @@ def test_cli_dashboard_serves_until_stopped(tmp_path_factory):
     assert f"optuna-dashboard: http://127.0.0.1:{port}/dashboard/" in out
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason=f"{CHROMIUM} is missing (CI installs it with apt-get install chromium)")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (CI installs it with apt-get install chromium)"
+)
 def test_chromium_screenshot_shows_the_study(served, tmp_path):
     from PIL import Image, ImageStat
 
     sid = study_id(served)
     png = tmp_path / "dashboard.png"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1400,900",
-         "--virtual-time-budget=8000", f"{served.url}/dashboard/studies/{sid}"],
-        capture_output=True, text=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={png}",
+            "--window-size=1400,900",
+            "--virtual-time-budget=8000",
+            f"{served.url}/dashboard/studies/{sid}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert png.exists(), proc.stderr[-2000:]
     assert png.stat().st_size > 10_000
     keep = os.environ.get("TUNER_KEEP_SCREENSHOT")  # a folder: keep the picture to look at it

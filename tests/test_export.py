@@ -62,8 +62,15 @@ def _objectives(space: space_mod.SearchSpace) -> list[tuple[str, str]]:
     return [(o.name, o.direction) for o in space.objectives]
 
 
-def build_study(url: str, space: space_mod.SearchSpace, problem: space_mod.Problem, n_valid: int, seed: int,
-                duplicate: bool = True, failures: bool = True) -> optuna.Study:
+def build_study(
+    url: str,
+    space: space_mod.SearchSpace,
+    problem: space_mod.Problem,
+    n_valid: int,
+    seed: int,
+    duplicate: bool = True,
+    failures: bool = True,
+) -> optuna.Study:
     """Record a study in the layout `tuner study` (tuner/study.py) writes: n_valid measured configs, plus
     (optionally) two FAIL trials (compile_failed, wrong_result), two PRUNED constraint violations and one
     duplicate of the fastest config. Optuna constraints under the key "space" as study.py sets them; the
@@ -75,10 +82,14 @@ def build_study(url: str, space: space_mod.SearchSpace, problem: space_mod.Probl
     study = optuna.create_study(storage=url, study_name=name, directions=[d for _, d in objectives])
     study.set_metric_names([n for n, _ in objectives])
     attrs = {
-        "kernel": space.kernel, "space_path": SPACE_FILE, "space_hash": space.content_hash(),
+        "kernel": space.kernel,
+        "space_path": SPACE_FILE,
+        "space_hash": space.content_hash(),
         "templates_hash": hashlib.sha256((TEMPLATES_DIR / family.template).read_bytes()).hexdigest(),
         "problem": {"name": problem.name, "dtype": problem.dtype, "sizes": dict(problem.sizes)},
-        "gpu": GPU, "arch": ARCH, "versions": compile_mod.versions(),
+        "gpu": GPU,
+        "arch": ARCH,
+        "versions": compile_mod.versions(),
         "throughput_unit": family.throughput_unit,
         "objectives": [list(o) for o in objectives],
     }
@@ -93,9 +104,16 @@ def build_study(url: str, space: space_mod.SearchSpace, problem: space_mod.Probl
     trials: list[optuna.trial.FrozenTrial] = []  # added in one go: SQLite commits cost ~15 ms each here
 
     def record(params: dict, state: TrialState, user: dict, constraint: float, values=None) -> int:
-        trials.append(optuna.trial.create_trial(state=state, params=params, distributions=distributions,
-                                                values=values, user_attrs=user,
-                                                constraints={"space": constraint}))
+        trials.append(
+            optuna.trial.create_trial(
+                state=state,
+                params=params,
+                distributions=distributions,
+                values=values,
+                user_attrs=user,
+                constraints={"space": constraint},
+            )
+        )
         return len(trials) - 1
 
     measured: list[tuple[int, dict, tuple]] = []
@@ -108,18 +126,42 @@ def build_study(url: str, space: space_mod.SearchSpace, problem: space_mod.Probl
         nbytes = family.bytes_moved(problem.env)
         median_ms = nbytes / (tbps * 1e12) * 1e3
         threads = derived["threads"]
-        blocks = max(1, min(32, 2048 // threads, 65536 // (max(result.registers, 1) * threads),
-                            (228 * 1024) // (result.smem_static_bytes + 1024)))
+        blocks = max(
+            1,
+            min(
+                32,
+                2048 // threads,
+                65536 // (max(result.registers, 1) * threads),
+                (228 * 1024) // (result.smem_static_bytes + 1024),
+            ),
+        )
         user = {
-            "median_ms": median_ms, "p20_ms": median_ms * 0.99, "p80_ms": median_ms * 1.015,
+            "median_ms": median_ms,
+            "p20_ms": median_ms * 0.99,
+            "p80_ms": median_ms * 1.015,
             "repetitions": 40,
-            "bytes_moved": nbytes, "flops": 0, "tbps": tbps, "tflops": 0.0, "ceiling_tbps": CEILING_TBPS,
-            "fraction_of_ceiling": fraction, "registers": result.registers,
-            "smem_static_bytes": result.smem_static_bytes, "smem_dynamic_bytes": 0,
-            "smem_bytes": result.smem_static_bytes, "spill_bytes": result.spill_bytes, "local_bytes": 0,
-            "blocks_per_sm": blocks, "warps_per_sm": blocks * threads // 32, "max_abs_error": 0.0,
-            "max_rel_error": 0.0, "gpu": GPU, "gpu_index": 0, "clocks": {"sm_mhz": 1980, "mem_mhz": 3201},
-            "versions": attrs["versions"], "uri": source.uri, "derived": derived,
+            "bytes_moved": nbytes,
+            "flops": 0,
+            "tbps": tbps,
+            "tflops": 0.0,
+            "ceiling_tbps": CEILING_TBPS,
+            "fraction_of_ceiling": fraction,
+            "registers": result.registers,
+            "smem_static_bytes": result.smem_static_bytes,
+            "smem_dynamic_bytes": 0,
+            "smem_bytes": result.smem_static_bytes,
+            "spill_bytes": result.spill_bytes,
+            "local_bytes": 0,
+            "blocks_per_sm": blocks,
+            "warps_per_sm": blocks * threads // 32,
+            "max_abs_error": 0.0,
+            "max_rel_error": 0.0,
+            "gpu": GPU,
+            "gpu_index": 0,
+            "clocks": {"sm_mhz": 1980, "mem_mhz": 3201},
+            "versions": attrs["versions"],
+            "uri": source.uri,
+            "derived": derived,
         }
         values = (tbps, result.registers, result.smem_static_bytes)
         measured.append((record(config, TrialState.COMPLETE, user, 0.0, values), user, values))
@@ -130,15 +172,16 @@ def build_study(url: str, space: space_mod.SearchSpace, problem: space_mod.Probl
             (configs[1], "wrong_result", "max abs error 1.0 > 0 (synthetic)"),
         ):
             record(config, TrialState.FAIL, {"failure": kind, "reason": reason}, 0.0)
-        for bad in ({"tile": 16, "rows_per_thread": 32, "pad": 0, "vec": 1},
-                    {"tile": 64, "rows_per_thread": 1, "pad": 4, "vec": 1}):
+        for bad in (
+            {"tile": 16, "rows_per_thread": 32, "pad": 0, "vec": 1},
+            {"tile": 64, "rows_per_thread": 1, "pad": 4, "vec": 1},
+        ):
             reason = space.validate(bad, problem)
             assert reason is not None
             record(bad, TrialState.PRUNED, {"failure": "invalid", "reason": reason}, 1.0)
     if duplicate:
         number, user, values = max(measured, key=lambda m: m[2][0])
-        record(dict(trials[number].params), TrialState.COMPLETE, {**user, "duplicate_of": number}, 0.0,
-               values)
+        record(dict(trials[number].params), TrialState.COMPLETE, {**user, "duplicate_of": number}, 0.0, values)
     study.add_trials(trials)
     assert [t.number for t in study.trials] == list(range(len(trials)))
     return study
@@ -207,8 +250,13 @@ def cli(*argv: str, subprocess_run: bool = False) -> tuple[int, str, str]:
     """Run the results subcommands through the same main loop as `tuner` (in-process; in a subprocess, exactly
     as a user runs it, with `subprocess_run`). Returns (exit code, stdout, stderr)."""
     if subprocess_run:
-        proc = subprocess.run([sys.executable, "-m", "tuner", *argv], capture_output=True,
-                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         return proc.returncode, proc.stdout, proc.stderr
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -241,12 +289,15 @@ def test_open_by_kernel_study_name_and_path(in_tmp, db):
     assert export.open_study(MAIN_STUDY, f"sqlite:///{db}").study_name == MAIN_STUDY
 
 
-@pytest.mark.parametrize("study, storage, fragment", [
-    ("gemm", None, "unknown study 'gemm'"),
-    ("transpose-nope", None, "unknown study 'transpose-nope'"),
-    ("missing.db", None, "no such database"),
-    (None, "sqlite:///elsewhere/none.db", "no such database"),
-])
+@pytest.mark.parametrize(
+    "study, storage, fragment",
+    [
+        ("gemm", None, "unknown study 'gemm'"),
+        ("transpose-nope", None, "unknown study 'transpose-nope'"),
+        ("missing.db", None, "no such database"),
+        (None, "sqlite:///elsewhere/none.db", "no such database"),
+    ],
+)
 def test_open_errors_create_nothing(in_tmp, study, storage, fragment):
     before = sorted(p.relative_to(in_tmp) for p in in_tmp.rglob("*"))
     with pytest.raises(InputError, match=re.escape(fragment)):
@@ -315,8 +366,20 @@ def test_pareto_is_optunas_front_minus_duplicates_and_failures(db):
     assert best.number == dup.user_attrs["duplicate_of"] and best.number == numbers[0]
     frame = export.pareto_frame(study)
     assert list(frame["number"]) == numbers
-    for col in ("uri", "tile", "rows_per_thread", "pad", "vec", "throughput", "tbps", "fraction_of_ceiling",
-                "registers", "smem_bytes", "spill_bytes", "blocks_per_sm"):
+    for col in (
+        "uri",
+        "tile",
+        "rows_per_thread",
+        "pad",
+        "vec",
+        "throughput",
+        "tbps",
+        "fraction_of_ceiling",
+        "registers",
+        "smem_bytes",
+        "spill_bytes",
+        "blocks_per_sm",
+    ):
         assert col in frame.columns, col
 
 
@@ -336,8 +399,9 @@ def test_pareto_cli_writes_csv_json_png_html(in_tmp):
     image = mpimg.imread(in_tmp / "front.png")
     assert image.shape[0] > 400 and image.shape[1] > 1000 and image.std() > 0.05
 
-    rc, out, err = cli("pareto", "transpose", "--storage", "studies/transpose.db", "--out", "front.json",
-                       "--plot", "front.html")
+    rc, out, err = cli(
+        "pareto", "transpose", "--storage", "studies/transpose.db", "--out", "front.json", "--plot", "front.html"
+    )
     assert rc == 0, err
     doc = json.loads((in_tmp / "front.json").read_text())
     assert doc["study"] == SMALL_STUDY and doc["throughput_unit"] == "TB/s" and doc["gpu"] == GPU
@@ -352,10 +416,8 @@ def test_pareto_cli_writes_csv_json_png_html(in_tmp):
 
 def test_bad_outputs_write_nothing(in_tmp):
     before = only_files(in_tmp)
-    assert_bad_input(*cli("pareto", MAIN_STUDY, "--out", "front.txt", subprocess_run=True),
-                     "expected a .csv or .json")
-    assert_bad_input(*cli("pareto", MAIN_STUDY, "--out", "ok.csv", "--plot", "nodir/p.png"),
-                     "no such directory")
+    assert_bad_input(*cli("pareto", MAIN_STUDY, "--out", "front.txt", subprocess_run=True), "expected a .csv or .json")
+    assert_bad_input(*cli("pareto", MAIN_STUDY, "--out", "ok.csv", "--plot", "nodir/p.png"), "no such directory")
     assert_bad_input(*cli("trials", MAIN_STUDY, "--out", "studies"), "expected a .csv or .parquet")
     assert_bad_input(*cli("pareto", "nosuchkernel"), "unknown study 'nosuchkernel'")
     assert only_files(in_tmp) == before  # ok.csv was not written either: outputs are checked first
@@ -367,9 +429,21 @@ def test_trials_table_flattens_user_attrs(in_tmp):
     study = export.open_study(MAIN_STUDY)
     frame = export.trials_frame(study)
     assert len(frame) == len(study.trials)
-    for col in ("number", "state", "params_tile", "values_throughput", "median_ms", "derived.threads",
-                "derived.tile_bytes", "clocks.sm_mhz", "versions.cupy", "failure", "duplicate_of",
-                "constraint", "feasible"):
+    for col in (
+        "number",
+        "state",
+        "params_tile",
+        "values_throughput",
+        "median_ms",
+        "derived.threads",
+        "derived.tile_bytes",
+        "clocks.sm_mhz",
+        "versions.cupy",
+        "failure",
+        "duplicate_of",
+        "constraint",
+        "feasible",
+    ):
         assert col in frame.columns, col
     pruned = frame[frame["state"] == "PRUNED"]
     assert (pruned["constraint"] == 1.0).all() and not pruned["feasible"].any()
@@ -398,8 +472,9 @@ def test_best_cli(in_tmp):
     assert doc["render_command"].startswith("tuner render transpose --problem n16384 --set ")
     # the printed command renders exactly the measured config
     words = doc["render_command"].split()[2:]
-    proc = subprocess.run([sys.executable, "-m", "tuner", "render", *words], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "render", *words], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"{best.user_attrs['uri']}(" in proc.stdout
     rc, out, err = cli("best", MAIN_STUDY)
@@ -469,9 +544,12 @@ def _expected(db: Path) -> dict[str, dict]:
     for name in (MAIN_STUDY, SMALL_STUDY):
         study = export.open_study(name, str(db))
         best = export.best_trial(study)
-        out[name] = {"uri": best.user_attrs["uri"], "params": best.params,
-                     "derived": best.user_attrs["derived"],
-                     "front": [t.user_attrs["uri"] for t in export.pareto_trials(study)]}
+        out[name] = {
+            "uri": best.user_attrs["uri"],
+            "params": best.params,
+            "derived": best.user_attrs["derived"],
+            "front": [t.user_attrs["uri"] for t in export.pareto_trials(study)],
+        }
     assert out[MAIN_STUDY]["uri"] != out[SMALL_STUDY]["uri"]  # the synthetic speeds make the two differ
     return out
 
@@ -503,8 +581,12 @@ def _compile_host(tmp_path: Path, header: Path, namespace: str, count: int, tile
     main = tmp_path / "main.cpp"
     main.write_text(HOST_PROGRAM % {"ns": namespace, "count": count, "tile": tile})
     exe = tmp_path / "main"
-    proc = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(tmp_path), str(main),
-                           "-o", str(exe)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", str(tmp_path), str(main), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return exe
 
@@ -523,10 +605,14 @@ def test_header_selects_by_shape_and_compiles(in_tmp, db, tmp_path):
         assert f"// study {name}: {GPU} ({ARCH})" in text
     assert re.search(r"//   transpose_\w+: \d\.\d{3} TB/s = 0\.\d{3} of the 4\.30 TB/s ceiling, median", text)
     assert "ceil(cols / " in text and "ceil_div(p.rows, " in text  # grid formulas over the sizes
-    assert "source" in text and "R\"cuda(" not in text
+    assert "source" in text and 'R"cuda(' not in text
 
-    proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-x", "c++",
-                           str(header)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-x", "c++", str(header)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     tile = expected[MAIN_STUDY]["params"]["tile"]
     exe = _compile_host(tmp_path, header, "prod::kernels", 2, tile)
@@ -536,9 +622,11 @@ def test_header_selects_by_shape_and_compiles(in_tmp, db, tmp_path):
     assert lines[2] == expected[MAIN_STUDY]["uri"]
     # grid for another shape, from launches(): (cols / tile, rows / tile, 1)
     assert lines[3] == f"{4096 // tile} {32768 // tile} 1"
-    assert lines[4].split() == [str(expected[MAIN_STUDY]["derived"]["threads"]),
-                                str(export.best_trial(export.open_study(MAIN_STUDY)).user_attrs["registers"]),
-                                str(tile)]
+    assert lines[4].split() == [
+        str(expected[MAIN_STUDY]["derived"]["threads"]),
+        str(export.best_trial(export.open_study(MAIN_STUDY)).user_attrs["registers"]),
+        str(tile),
+    ]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -558,34 +646,43 @@ def test_header_with_source_pareto_compiles_and_sources_build(in_tmp, db, tmp_pa
     source = "\n".join(lines[5:])  # the embedded CUDA of the selected config: NVRTC must build it as is
     from tuner.render import Source
 
-    result = compile_mod.compile_source(Source("transpose", source, lines[0], lines[0], "transpose.cu.j2"),
-                                        arch=ARCH, use_cache=False)
+    result = compile_mod.compile_source(
+        Source("transpose", source, lines[0], lines[0], "transpose.cu.j2"), arch=ARCH, use_cache=False
+    )
     assert result.ok, getattr(result, "reason", "")
     assert result.registers == export.best_trial(export.open_study(MAIN_STUDY)).user_attrs["registers"]
 
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists()
-                                    else None)
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:
         return  # NVRTC above already built the embedded source; nvcc would add the CUDA host pass
     cu = tmp_path / "use.cu"
-    cu.write_text('#include "tuned.h"\n'
-                  "__global__ void noop() {}\n"
-                  "dim3 grid_of(long long r, long long c) {\n"
-                  "    return tuned::transpose::select(r, c)->grid(r, c);\n"
-                  "}\n"
-                  "static_assert(tuned::transpose::select(8192, 8192) != nullptr, \"select\");\n")
-    proc = subprocess.run([nvcc, "-std=c++17", "-c", str(cu), "-o", str(tmp_path / "use.o"),
-                           "-I", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    cu.write_text(
+        '#include "tuned.h"\n'
+        "__global__ void noop() {}\n"
+        "dim3 grid_of(long long r, long long c) {\n"
+        "    return tuned::transpose::select(r, c)->grid(r, c);\n"
+        "}\n"
+        'static_assert(tuned::transpose::select(8192, 8192) != nullptr, "select");\n'
+    )
+    proc = subprocess.run(
+        [nvcc, "-std=c++17", "-c", str(cu), "-o", str(tmp_path / "use.o"), "-I", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--namespace", "my-ns"], "not a C++ identifier"),
-    (["--namespace", "class"], "not a C++ identifier"),
-    (["--header", "nodir/x.h"], "no such directory"),
-    (["--header", "studies"], "is a directory"),
-    (["--pick", "all"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--namespace", "my-ns"], "not a C++ identifier"),
+        (["--namespace", "class"], "not a C++ identifier"),
+        (["--header", "nodir/x.h"], "no such directory"),
+        (["--header", "studies"], "is a directory"),
+        (["--pick", "all"], "invalid choice"),
+    ],
+)
 def test_export_bad_input_writes_nothing(in_tmp, argv, fragment):
     before = sorted(p.relative_to(in_tmp) for p in in_tmp.rglob("*"))
     args = ["export", "transpose", "--header", "out.h", *argv]
@@ -594,8 +691,7 @@ def test_export_bad_input_writes_nothing(in_tmp, argv, fragment):
 
 
 def test_export_unknown_and_empty_studies(in_tmp, tmp_path):
-    assert_bad_input(*cli("export", "transpose-n4096_float32-NVIDIA_H200", "--header", "out.h"),
-                     "unknown study")
+    assert_bad_input(*cli("export", "transpose-n4096_float32-NVIDIA_H200", "--header", "out.h"), "unknown study")
     url = f"sqlite:///{in_tmp / 'studies' / 'transpose.db'}"
     optuna.create_study(storage=url, study_name="transpose-empty", directions=["maximize"])
     assert_bad_input(*cli("export", "transpose-empty", "--header", "out.h"), "is empty")

@@ -71,12 +71,12 @@ def test_spaces_load_with_sane_sizes(ew_space, red_space):
 
 def test_default_uris(ew_space, red_space):
     assert render.uri(kernels.get("elementwise"), ew_space.default) == (
-        "elementwise_fuse3_vec8_t256_it4_mb4_hintstream_mathtanh")
+        "elementwise_fuse3_vec8_t256_it4_mb4_hintstream_mathtanh"
+    )
     assert render.uri(kernels.get("reduce"), red_space.default) == "reduce_vec8_t256_rpb1_it4_mb0_hintstream"
 
 
-@pytest.mark.parametrize("kernel,dtype", [("elementwise", "float16"), ("reduce", "float16"),
-                                          ("elementwise", "int8")])
+@pytest.mark.parametrize("kernel,dtype", [("elementwise", "float16"), ("reduce", "float16"), ("elementwise", "int8")])
 def test_bad_dtype_is_rejected_at_load(tmp_path, kernel, dtype):
     text = space.resolve_path(kernel).read_text().replace("dtype: float32", f"dtype: {dtype}")
     path = tmp_path / f"{kernel}.yaml"
@@ -120,14 +120,17 @@ def test_every_launch_entry_exists(ew_space, fusion):
     assert all(f.registers > 0 for f in compiled.functions.values()) and compiled.spill_bytes == 0
 
 
-@pytest.mark.parametrize("kernel,problem,overrides", [
-    ("elementwise", "r32768_c8192_bf16", {"vec": 1, "fusion": 1, "hint": "none", "math": "sigmoid"}),
-    ("elementwise", "r32768_c8192_f32", {"vec": 4, "math": "sigmoid", "min_blocks": 0}),
-    ("elementwise", "r32768_c8192_f32", {"vec": 1, "fusion": 2, "hint": "none", "math": "sigmoid"}),
-    ("reduce", "summax_r32768_c8192_bf16", {"vec": 2, "threads": 1024, "rows_per_block": 4, "items": 2}),
-    ("reduce", "max_r32768_c8192_bf16", {"vec": 1, "rows_per_block": 8, "items": 8, "hint": "none"}),
-    ("reduce", "sum_r32768_c8192_f32", {"vec": 4, "min_blocks": 1}),
-])
+@pytest.mark.parametrize(
+    "kernel,problem,overrides",
+    [
+        ("elementwise", "r32768_c8192_bf16", {"vec": 1, "fusion": 1, "hint": "none", "math": "sigmoid"}),
+        ("elementwise", "r32768_c8192_f32", {"vec": 4, "math": "sigmoid", "min_blocks": 0}),
+        ("elementwise", "r32768_c8192_f32", {"vec": 1, "fusion": 2, "hint": "none", "math": "sigmoid"}),
+        ("reduce", "summax_r32768_c8192_bf16", {"vec": 2, "threads": 1024, "rows_per_block": 4, "items": 2}),
+        ("reduce", "max_r32768_c8192_bf16", {"vec": 1, "rows_per_block": 8, "items": 8, "hint": "none"}),
+        ("reduce", "sum_r32768_c8192_f32", {"vec": 4, "min_blocks": 1}),
+    ],
+)
 def test_other_shapes_compile(ew_space, red_space, kernel, problem, overrides):
     spc = ew_space if kernel == "elementwise" else red_space
     _, _, compiled = _compile(spc, spc.problem(problem), **overrides)
@@ -175,12 +178,21 @@ def test_reduce_launches_cover_the_rows(red_space):
             assert config["iters"] * params["items"] * tpr * params["vec"] == cols
 
 
-@pytest.mark.parametrize("fusion,expected", [
-    (1, [("e", ("x", "bias", "t1", "rows", "cols")), ("e_gelu", ("t1", "t2", "rows", "cols")),
-         ("e_scale", ("t2", "y", "rows", "cols"))]),
-    (2, [("e", ("x", "bias", "t1", "rows", "cols")), ("e_scale", ("t1", "y", "rows", "cols"))]),
-    (3, [("e", ("x", "bias", "y", "rows", "cols"))]),
-])
+@pytest.mark.parametrize(
+    "fusion,expected",
+    [
+        (
+            1,
+            [
+                ("e", ("x", "bias", "t1", "rows", "cols")),
+                ("e_gelu", ("t1", "t2", "rows", "cols")),
+                ("e_scale", ("t2", "y", "rows", "cols")),
+            ],
+        ),
+        (2, [("e", ("x", "bias", "t1", "rows", "cols")), ("e_scale", ("t1", "y", "rows", "cols"))]),
+        (3, [("e", ("x", "bias", "y", "rows", "cols"))]),
+    ],
+)
 def test_fusion_depth_sets_the_launches(ew_space, fusion, expected):
     family = kernels.get("elementwise")
     prob = ew_space.problem()
@@ -295,12 +307,15 @@ def _elementwise_elements(config: dict, launch) -> tuple[np.ndarray, np.ndarray,
     return first + j * threads * vec + k, j, first
 
 
-@pytest.mark.parametrize("params", [
-    {"fusion": 3, "vec": 8, "threads": 64, "items": 4},
-    {"fusion": 1, "vec": 2, "threads": 128, "items": 8},
-    {"fusion": 2, "vec": 4, "threads": 64, "items": 1},
-    {"fusion": 3, "vec": 1, "threads": 256, "items": 2},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"fusion": 3, "vec": 8, "threads": 64, "items": 4},
+        {"fusion": 1, "vec": 2, "threads": 128, "items": 8},
+        {"fusion": 2, "vec": 4, "threads": 64, "items": 1},
+        {"fusion": 3, "vec": 1, "threads": 256, "items": 2},
+    ],
+)
 @pytest.mark.parametrize("cols", [64, 96, 512])
 def test_elementwise_index_math_covers_each_element_once(params, cols):
     family = kernels.get("elementwise")
@@ -318,12 +333,15 @@ def test_elementwise_index_math_covers_each_element_once(params, cols):
         assert (column == elem % cols).all()  # the bias vector the template loads is the element's column
 
 
-@pytest.mark.parametrize("params", [
-    {"vec": 8, "threads": 256, "rows_per_block": 1, "items": 4},
-    {"vec": 1, "threads": 64, "rows_per_block": 2, "items": 8},
-    {"vec": 4, "threads": 1024, "rows_per_block": 8, "items": 2},
-    {"vec": 2, "threads": 512, "rows_per_block": 4, "items": 1},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"vec": 8, "threads": 256, "rows_per_block": 1, "items": 4},
+        {"vec": 1, "threads": 64, "rows_per_block": 2, "items": 8},
+        {"vec": 4, "threads": 1024, "rows_per_block": 8, "items": 2},
+        {"vec": 2, "threads": 512, "rows_per_block": 4, "items": 1},
+    ],
+)
 def test_reduce_index_math_covers_each_element_once(params):
     family = kernels.get("reduce")
     rows, cols = 32, 8192

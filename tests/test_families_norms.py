@@ -41,8 +41,7 @@ def _decode64(bits) -> np.ndarray:
 def test_shipped_problems_and_space_size(name):
     spc, family = _load(name)
     first = spc.problems[0]
-    assert (first.name, first.sizes, first.dtype) == (
-        "r32768_c8192_bf16", {"rows": 32768, "cols": 8192}, "bfloat16")
+    assert (first.name, first.sizes, first.dtype) == ("r32768_c8192_bf16", {"rows": 32768, "cols": 8192}, "bfloat16")
     assert family.dtypes == ("bfloat16",)
     for prob in spc.problems:
         assert 300 <= spc.count_valid(prob) <= 5000
@@ -67,12 +66,18 @@ def test_defaults_compile_without_spills(name):
 
 
 def test_default_uris():
-    assert render.uri(kernels.get("softmax"), space.load("softmax").default) == \
-        "softmax_online_vec8_t512_rpb1_reg_bf16_plain_mb4"
-    assert render.uri(kernels.get("rmsnorm"), space.load("rmsnorm").default) == \
-        "rmsnorm_vec8_t512_rpb1_reg_bf16_plain_we0_mb4"
-    assert render.uri(kernels.get("layernorm"), space.load("layernorm").default) == \
-        "layernorm_welford_vec8_t1024_rpb1_reg_bf16_plain_we0_mb2"
+    assert (
+        render.uri(kernels.get("softmax"), space.load("softmax").default)
+        == "softmax_online_vec8_t512_rpb1_reg_bf16_plain_mb4"
+    )
+    assert (
+        render.uri(kernels.get("rmsnorm"), space.load("rmsnorm").default)
+        == "rmsnorm_vec8_t512_rpb1_reg_bf16_plain_we0_mb4"
+    )
+    assert (
+        render.uri(kernels.get("layernorm"), space.load("layernorm").default)
+        == "layernorm_welford_vec8_t1024_rpb1_reg_bf16_plain_we0_mb2"
+    )
 
 
 def test_residual_changes_the_kernel_signature():
@@ -148,16 +153,18 @@ def _element_map(rows, cols, threads, rpb, vec):
     row = block * rpb + tid // tpr, column = ((j * tpr + tid % tpr) * vec + k)."""
     tpr = threads // rpb
     chunks = cols // (tpr * vec)
-    block, tid, j, k = np.meshgrid(np.arange(rows // rpb), np.arange(threads), np.arange(chunks),
-                                   np.arange(vec), indexing="ij")
+    block, tid, j, k = np.meshgrid(
+        np.arange(rows // rpb), np.arange(threads), np.arange(chunks), np.arange(vec), indexing="ij"
+    )
     row = block * rpb + tid // tpr
     col = (j * tpr + tid % tpr) * vec + k
     assert (col < cols).all() and (row < rows).all()
     return row * cols + col
 
 
-@pytest.mark.parametrize("sizes", [{"rows": 8, "cols": 8192}, {"rows": 16, "cols": 2048},
-                                   {"rows": 4, "cols": 256}, {"rows": 6, "cols": 96}])
+@pytest.mark.parametrize(
+    "sizes", [{"rows": 8, "cols": 8192}, {"rows": 16, "cols": 2048}, {"rows": 4, "cols": 256}, {"rows": 6, "cols": 96}]
+)
 def test_every_element_is_touched_exactly_once(sizes):
     """NumPy emulation of the index math, for every valid config of a tiny problem (the evaluator poisons
     outputs with NaN, so a gap would be a NaN; an overlap a read or write of the wrong element)."""
@@ -207,8 +214,19 @@ def test_softmax_reference_is_shift_invariant_and_finite_for_large_inputs():
     ref = family.reference(np, {"x": x}, problem)["y"]
     assert np.isfinite(ref).all() and np.allclose(ref.sum(axis=1), 1.0)
     assert np.allclose(ref[0], ref[1], rtol=1e-12)
-    assert ref[0, 3] == pytest.approx(1 / (1 + math.exp(-1) + math.exp(-2) + math.exp(-3) + math.exp(-13)
-                                           + math.exp(-23) + math.exp(-33) + math.exp(-43)))
+    assert ref[0, 3] == pytest.approx(
+        1
+        / (
+            1
+            + math.exp(-1)
+            + math.exp(-2)
+            + math.exp(-3)
+            + math.exp(-13)
+            + math.exp(-23)
+            + math.exp(-33)
+            + math.exp(-43)
+        )
+    )
 
 
 @pytest.mark.parametrize("residual", [0, 1])
@@ -293,8 +311,9 @@ def test_a_skipped_sum_term_fails_the_check(name):
         bad = x / np.sqrt((x[:, keep] ** 2).sum(axis=1, keepdims=True) / 8192 + 1e-6) * _decode64(inputs["weight"])
     else:
         d = x - x.mean(axis=1, keepdims=True)
-        bad = d / np.sqrt((d[:, keep] ** 2).sum(axis=1, keepdims=True) / 8192 + 1e-5) * \
-            _decode64(inputs["weight"]) + _decode64(inputs["bias"])
+        bad = d / np.sqrt((d[:, keep] ** 2).sum(axis=1, keepdims=True) / 8192 + 1e-5) * _decode64(
+            inputs["weight"]
+        ) + _decode64(inputs["bias"])
     rounded = bf16.decode(np, bf16.encode(np, ref.astype(np.float32)))
     assert check_output(np, "y", rounded, ref, family.tolerance(problem)).ok  # bf16 rounding alone passes
     bad = bf16.decode(np, bf16.encode(np, bad.astype(np.float32)))

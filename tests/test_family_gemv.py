@@ -110,8 +110,10 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                         m_frags = m_tile // 8
                         x_ok = [(m0 + 8 * j + g) < M for j in range(m_frags)]
                         # D[q][j]: 16×8 matrix of term lists (pairs of index arrays).
-                        acc = [[[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)]
-                               for _ in range(rpw // 16)]
+                        acc = [
+                            [[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)]
+                            for _ in range(rpw // 16)
+                        ]
                     else:
                         w_lane = (n0 + wn * rpw) * K + k0 + lane * vec
                         x_lane = m0 * K + k0 + lane * vec
@@ -181,8 +183,9 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                                     value = np.stack([xs[0], ws[0]], axis=1)  # lane 0 stores
                                     _store(red, written, (m, wn * rpw + r), value, w)
                     if w == 0:
-                        assert written == {(m, nl) for m in range(m_tile) for nl in range(rpb)}, \
+                        assert written == {(m, nl) for m in range(m_tile) for nl in range(rpb)}, (
                             "slice 0 must write every cell of red before anyone reads it"
+                        )
 
                 # The block's tile: consecutive threads on consecutive n.
                 for tid in range(threads):
@@ -224,9 +227,11 @@ def _mma(d, regs_a, regs_b, g, t):
     for lane_id in range(32):
         gg, tt = lane_id // 4, lane_id % 4
         for e in range(2):
+
             def half(reg, e=e, lane_id=lane_id):
                 lo = int(reg[lane_id])
                 return -1 if lo < 0 else lo + e
+
             A[gg, 2 * tt + e] = half(regs_a[0])
             A[gg + 8, 2 * tt + e] = half(regs_a[1])
             A[gg, 2 * tt + 8 + e] = half(regs_a[2])
@@ -266,25 +271,40 @@ def check_emulation(family, config, problem, skip_iteration=None):
             assert ok, f"y[{m}, {n}] sums the wrong terms"
 
 
-BASE = {"mma": 0, "split_k": 1, "threads": 128, "k_warps": 1, "rows_per_warp": 2, "m_tile": 16, "vec": 8,
-        "unroll": 1, "prefetch": 0, "w_cache": "na", "min_blocks": 1}
+BASE = {
+    "mma": 0,
+    "split_k": 1,
+    "threads": 128,
+    "k_warps": 1,
+    "rows_per_warp": 2,
+    "m_tile": 16,
+    "vec": 8,
+    "unroll": 1,
+    "prefetch": 0,
+    "w_cache": "na",
+    "min_blocks": 1,
+}
 
 EMULATED = [
     # (problem M, N, K), overrides of BASE
     ((2, 16, 256), {}),
-    ((2, 16, 512), {"unroll": 2, "prefetch": 1}),                 # 1 iteration of 2 steps; prefetch guards
-    ((2, 32, 2048), {"prefetch": 1, "vec": 4, "unroll": 2}),      # 4 iterations, double buffer
+    ((2, 16, 512), {"unroll": 2, "prefetch": 1}),  # 1 iteration of 2 steps; prefetch guards
+    ((2, 32, 2048), {"prefetch": 1, "vec": 4, "unroll": 2}),  # 4 iterations, double buffer
     ((3, 16, 1536), {"prefetch": 1, "vec": 2, "rows_per_warp": 4}),  # 3 iterations (odd)
     ((2, 16, 1024), {"split_k": 2, "k_warps": 2, "rows_per_warp": 4}),
     ((4, 8, 2048), {"split_k": 4, "k_warps": 4, "threads": 256, "rows_per_warp": 2, "vec": 2}),
     ((6, 16, 512), {"m_tile": 16, "rows_per_warp": 1, "threads": 256, "k_warps": 2, "vec": 2}),
     ((2, 32, 256), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "unroll": 2}),
-    ((3, 32, 512), {"mma": 1, "rows_per_warp": 32, "m_tile": 64, "k_warps": 4, "unroll": 1}),   # M tail
-    ((9, 16, 1024), {"mma": 1, "rows_per_warp": 16, "m_tile": 16, "k_warps": 4, "split_k": 2, "prefetch": 1,
-                     "unroll": 2}),                              # 2 M fragments, rows 9..15 zero
+    ((3, 32, 512), {"mma": 1, "rows_per_warp": 32, "m_tile": 64, "k_warps": 4, "unroll": 1}),  # M tail
+    (
+        (9, 16, 1024),
+        {"mma": 1, "rows_per_warp": 16, "m_tile": 16, "k_warps": 4, "split_k": 2, "prefetch": 1, "unroll": 2},
+    ),  # 2 M fragments, rows 9..15 zero
     ((16, 32, 512), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "split_k": 2, "unroll": 4}),
-    ((8, 64, 384), {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "threads": 128, "k_warps": 1, "unroll": 4,
-                    "prefetch": 1}),                             # 3 iterations, 4 warps on rows
+    (
+        (8, 64, 384),
+        {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "threads": 128, "k_warps": 1, "unroll": 4, "prefetch": 1},
+    ),  # 3 iterations, 4 warps on rows
 ]
 
 
@@ -367,8 +387,17 @@ def test_default_compiles_without_spills(family, gemv_space, problem_name):
 
 def test_split_k_and_mma_compile(family, gemv_space):
     problem = gemv_space.problem("m64")
-    params = {**gemv_space.default, "mma": 1, "split_k": 2, "threads": 256, "k_warps": 4, "rows_per_warp": 32,
-              "m_tile": 64, "unroll": 1, "w_cache": "na256"}
+    params = {
+        **gemv_space.default,
+        "mma": 1,
+        "split_k": 2,
+        "threads": 256,
+        "k_warps": 4,
+        "rows_per_warp": 32,
+        "m_tile": 64,
+        "unroll": 1,
+        "w_cache": "na256",
+    }
     assert gemv_space.validate(params, problem) is None
     source = render.render(family, params, gemv_space.resolve(params, problem), problem.env)
     result = tcompile.compile_source(source)

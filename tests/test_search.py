@@ -29,8 +29,16 @@ STUDY = "transpose-n16384_float32-NVIDIA_H200"
 
 
 def run(tmp_path, **kw):
-    opts = dict(kernel="transpose", space=str(SPACE), trials=60, storage=":memory:", seed=0,
-                replay=str(RECORDING), in_process=True, progress=False)
+    opts = dict(
+        kernel="transpose",
+        space=str(SPACE),
+        trials=60,
+        storage=":memory:",
+        seed=0,
+        replay=str(RECORDING),
+        in_process=True,
+        progress=False,
+    )
     opts.update(kw)
     driver = Driver(StudyOptions(**opts))
     summary = driver.run()
@@ -66,8 +74,9 @@ def test_numeric_params_are_ordered_strings_and_bools_categorical():
     real = {"tile": 64, "hint": "stream", "flag": False, "x": 1.5}
     assert codec.encode(real) == {"tile": 2, "hint": "stream", "flag": False, "x": 1}
     assert codec.decode(codec.encode(real)) == real
-    assert all(isinstance(d, CategoricalDistribution) for d in Codec({"tile": (1, 2)}, ordered=False)
-               .sampler_dists.values())
+    assert all(
+        isinstance(d, CategoricalDistribution) for d in Codec({"tile": (1, 2)}, ordered=False).sampler_dists.values()
+    )
 
 
 def test_storage_keeps_real_values_and_old_recordings_resume(tmp_path):
@@ -86,9 +95,20 @@ def test_storage_keeps_real_values_and_old_recordings_resume(tmp_path):
     before = optuna.load_study(study_name=name, storage=url)
     old_keys = {params_key(t.params) for t in before.trials if t.state.name == "COMPLETE"}
     n_before = len(before.trials)
-    driver = Driver(StudyOptions(kernel="transpose", space=str(SPACE), trials=n_before + 20, storage=url,
-                                 study_name=name, seed=0, replay=str(RECORDING), in_process=True, progress=False,
-                                 objectives="all"))
+    driver = Driver(
+        StudyOptions(
+            kernel="transpose",
+            space=str(SPACE),
+            trials=n_before + 20,
+            storage=url,
+            study_name=name,
+            seed=0,
+            replay=str(RECORDING),
+            in_process=True,
+            progress=False,
+            objectives="all",
+        )
+    )
     driver.run()
     after = optuna.load_study(study_name=name, storage=url)
     new = [t for t in after.trials[n_before:] if "screened" not in t.user_attrs]
@@ -117,8 +137,11 @@ def test_a_failed_config_is_never_evaluated_again(tmp_path):
     summary, study = run(tmp_path, trials=150, replay=str(cache), sampler="tpe")
     evaluated = Counter(params_key(t.params) for t in study.trials if "screened" not in t.user_attrs)
     assert max(evaluated.values()) == 1
-    failed = {params_key(t.params): t.number for t in study.trials
-              if t.state.name == "FAIL" and "screened" not in t.user_attrs}
+    failed = {
+        params_key(t.params): t.number
+        for t in study.trials
+        if t.state.name == "FAIL" and "screened" not in t.user_attrs
+    }
     assert len(failed) > 20
     repeats = [t for t in study.trials if t.user_attrs.get("screened") == "known_failure"]
     assert repeats, "TPE re-proposes failed configs on a space this small"
@@ -131,8 +154,18 @@ def test_a_failed_config_is_never_evaluated_again(tmp_path):
 
 def test_failures_are_told_to_the_sampler_as_infeasible_worst_values(tmp_path):
     cache = _cache_with_failures(tmp_path)
-    driver = Driver(StudyOptions(kernel="transpose", space=str(SPACE), trials=40, storage=":memory:", seed=0,
-                                 replay=str(cache), in_process=True, progress=False))
+    driver = Driver(
+        StudyOptions(
+            kernel="transpose",
+            space=str(SPACE),
+            trials=40,
+            storage=":memory:",
+            seed=0,
+            replay=str(cache),
+            in_process=True,
+            progress=False,
+        )
+    )
     driver.run()
     # What the sampler saw (its in-memory study) is rebuilt from storage exactly as a resumed study sees it.
     study = optuna.load_study(study_name=driver.storage.get_all_studies()[0].study_name, storage=driver.storage)
@@ -171,24 +204,52 @@ def test_kt_cache_round_trip_and_import(tmp_path, capsys):
     assert imported.kernel == "kt"
     assert {params_key(c) for c in imported.enumerate()} == set(ours)
     # and a study over it replays the cache
-    driver = Driver(StudyOptions(kernel="kt", space=str(space_file), trials=20, storage=":memory:", seed=0,
-                                 replay=str(out), in_process=True, progress=False))
+    driver = Driver(
+        StudyOptions(
+            kernel="kt",
+            space=str(space_file),
+            trials=20,
+            storage=":memory:",
+            seed=0,
+            replay=str(out),
+            in_process=True,
+            progress=False,
+        )
+    )
     assert driver.run()["trials"] == 20
 
 
 def test_kt_cache_as_kernel_tuner_writes_it(tmp_path):
     """Kernel Tuner appends entries as it tunes: an interrupted cache has no closing braces and ends in a comma;
     failures are strings in `time`; InvalidConfig configs are outside the valid set."""
-    header = {"device_name": "NVIDIA H200", "kernel_name": "vadd", "problem_size": [1 << 20],
-              "tune_params_keys": ["block_size_x", "tile"], "tune_params": {"block_size_x": [32, 64, 128],
-                                                                           "tile": [1, 2]},
-              "objective": "time", "cache": {}}
+    header = {
+        "device_name": "NVIDIA H200",
+        "kernel_name": "vadd",
+        "problem_size": [1 << 20],
+        "tune_params_keys": ["block_size_x", "tile"],
+        "tune_params": {"block_size_x": [32, 64, 128], "tile": [1, 2]},
+        "objective": "time",
+        "cache": {},
+    }
     text = json.dumps(header, indent="")[:-3]
-    entries = {(32, 1): 0.5, (32, 2): "CompilationFailedConfig", (64, 1): 0.25, (64, 2): 0.3,
-               (128, 1): "RuntimeFailedConfig", (128, 2): "InvalidConfig"}
+    entries = {
+        (32, 1): 0.5,
+        (32, 2): "CompilationFailedConfig",
+        (64, 1): 0.25,
+        (64, 2): 0.3,
+        (128, 1): "RuntimeFailedConfig",
+        (128, 2): "InvalidConfig",
+    }
     for (b, t), time_ms in entries.items():
-        entry = {"block_size_x": b, "tile": t, "time": time_ms, "times": [0.2, 0.25, 0.3] if b == 64 else [],
-                 "compile_time": 1.0, "verification_time": 0, "benchmark_time": 2.0}
+        entry = {
+            "block_size_x": b,
+            "tile": t,
+            "time": time_ms,
+            "times": [0.2, 0.25, 0.3] if b == 64 else [],
+            "compile_time": 1.0,
+            "verification_time": 0,
+            "benchmark_time": 2.0,
+        }
         text += "\n" + json.dumps({f"{b},{t}": entry})[1:-1] + ","
     path = tmp_path / "vadd.json"
     path.write_text(text)
@@ -202,8 +263,9 @@ def test_kt_cache_as_kernel_tuner_writes_it(tmp_path):
     assert valid == 5
     space_file = tmp_path / "vadd.yaml"
     space_file.write_text(text_yaml)
-    assert {(c["block_size_x"], c["tile"]) for c in space_mod.load(space_file).enumerate()} == \
-        {k for k in entries if k != (128, 2)}
+    assert {(c["block_size_x"], c["tile"]) for c in space_mod.load(space_file).enumerate()} == {
+        k for k in entries if k != (128, 2)
+    }
 
 
 def test_bad_kt_cache_is_one_line_exit_2(tmp_path, capsys):
@@ -242,13 +304,25 @@ def test_replay_over_a_partial_recording_searches_the_recorded_subset():
     records = load_records(str(GEMV_M64))
     times = {k: a["median_ms"] for k, (s, a) in records.items() if s == "COMPLETE"}
     assert len(records) == 250
-    driver = Driver(StudyOptions(kernel="gemv", space=str(GEMV_M64_SPACE), trials=100, storage=":memory:", seed=0,
-                                 replay=str(GEMV_M64), in_process=True, progress=False, replay_recorded_only=True))
+    driver = Driver(
+        StudyOptions(
+            kernel="gemv",
+            space=str(GEMV_M64_SPACE),
+            trials=100,
+            storage=":memory:",
+            seed=0,
+            replay=str(GEMV_M64),
+            in_process=True,
+            progress=False,
+            replay_recorded_only=True,
+        )
+    )
     summary = driver.run()
     study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
     assert summary["trials"] == 100
-    evaluated = [t for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-                 if "screened" not in t.user_attrs]
+    evaluated = [
+        t for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number) if "screened" not in t.user_attrs
+    ]
     assert all(params_key(t.params) in records for t in evaluated)  # nothing outside the recording was evaluated
     assert len({params_key(t.params) for t in evaluated}) == len(evaluated) == 100
 

@@ -77,8 +77,10 @@ def test_sample_is_seeded_and_distinct(tmp_path):
 
 
 def test_several_problems(tmp_path):
-    text = GOOD.replace("problem: {name: small, n: 4096, dtype: float32}",
-                        "problem:\n  - {name: small, n: 4096}\n  - {name: odd, n: 192}")
+    text = GOOD.replace(
+        "problem: {name: small, n: 4096, dtype: float32}",
+        "problem:\n  - {name: small, n: 4096}\n  - {name: odd, n: 192}",
+    )
     s = space_mod.load(write(tmp_path, text))
     assert [p.name for p in s.problems] == ["small", "odd"]
     assert s.count_valid(s.problem("odd")) < s.count_valid(s.problem("small"))

@@ -25,8 +25,9 @@ SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
 
 
 def tuner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def load(url: str) -> optuna.Study:
@@ -48,8 +49,25 @@ def test_recording_is_a_real_h200_grid_over_the_transpose_space():
 @pytest.mark.parametrize("engine", ["local", "ray"])
 def test_replay_study_over_two_logical_gpus(tmp_path, engine):
     url = f"sqlite:///{tmp_path}/t.db"
-    proc = tuner("study", "transpose", "--space", str(SPACE), "--trials", "200", "--replay", str(RECORDING),
-                 "--gpus", "2", "--storage", url, "--seed", "1", "--json", "--engine", engine)
+    proc = tuner(
+        "study",
+        "transpose",
+        "--space",
+        str(SPACE),
+        "--trials",
+        "200",
+        "--replay",
+        str(RECORDING),
+        "--gpus",
+        "2",
+        "--storage",
+        url,
+        "--seed",
+        "1",
+        "--json",
+        "--engine",
+        engine,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     study = load(url)
@@ -62,8 +80,11 @@ def test_replay_study_over_two_logical_gpus(tmp_path, engine):
     assert states["RUNNING"] == 0 and states["COMPLETE"] > 0
     assert {g["gpu_index"] for g in summary["gpus"]} == {0, 1}
     # Each answered trial names the worker that answered it; both workers answered.
-    workers = {(t.user_attrs["worker"]["node"], t.user_attrs["worker_gpu_index"]) for t in study.trials
-               if "worker" in t.user_attrs}
+    workers = {
+        (t.user_attrs["worker"]["node"], t.user_attrs["worker_gpu_index"])
+        for t in study.trials
+        if "worker" in t.user_attrs
+    }
     assert len(workers) == 2
     assert study.metric_names == ["throughput"]  # the default search; --objectives all searches all three
 
@@ -72,8 +93,9 @@ def test_replay_study_over_two_logical_gpus(tmp_path, engine):
         if t.state.name == "PRUNED":
             assert t.constraints == {"space": 1.0} and t.user_attrs["failure"] == "invalid"
     # Duplicates are answered from the first trial of that config and never measured again.
-    measured = [params_key(t.params) for t in study.trials
-                if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    measured = [
+        params_key(t.params) for t in study.trials if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs
+    ]
     assert len(measured) == len(set(measured))
     by_number = {t.number: t for t in study.trials}
     dups = [t for t in study.trials if "duplicate_of" in t.user_attrs]
@@ -92,8 +114,19 @@ def test_replay_study_over_two_logical_gpus(tmp_path, engine):
 
 def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
     url = f"sqlite:///{tmp_path}/g.db"
-    proc = tuner("study", "transpose", "--trials", "100000", "--sampler", "grid", "--replay", str(RECORDING),
-                 "--storage", url, "--json")
+    proc = tuner(
+        "study",
+        "transpose",
+        "--trials",
+        "100000",
+        "--sampler",
+        "grid",
+        "--replay",
+        str(RECORDING),
+        "--storage",
+        url,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url)
     from tuner import space as space_mod
@@ -105,8 +138,24 @@ def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
 
 def test_kill_9_and_resume(tmp_path):
     url = f"sqlite:///{tmp_path}/k.db"
-    args = [sys.executable, "-m", "tuner", "study", "transpose", "--trials", "60", "--replay", str(RECORDING),
-            "--storage", url, "--seed", "3", "--json", "--replay-delay", "0.3"]
+    args = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "study",
+        "transpose",
+        "--trials",
+        "60",
+        "--replay",
+        str(RECORDING),
+        "--storage",
+        url,
+        "--seed",
+        "3",
+        "--json",
+        "--replay-delay",
+        "0.3",
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     db = tmp_path / "k.db"
     deadline = time.time() + 300
@@ -133,11 +182,13 @@ def test_kill_9_and_resume(tmp_path):
         assert after.trials[number].state.name == "COMPLETE" and after.trials[number].values == t.values
     interrupted = [t for t in after.trials if t.user_attrs.get("failure") == "interrupted"]
     assert all(t.state.name == "FAIL" for t in interrupted)
-    counted = [t for t in after.trials
-               if t.user_attrs.get("failure") != "interrupted" and "screened" not in t.user_attrs]
+    counted = [
+        t for t in after.trials if t.user_attrs.get("failure") != "interrupted" and "screened" not in t.user_attrs
+    ]
     assert len(counted) == 60 and not [t for t in after.trials if t.state.name == "RUNNING"]
-    measured = [params_key(t.params) for t in after.trials
-                if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    measured = [
+        params_key(t.params) for t in after.trials if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs
+    ]
     assert len(measured) == len(set(measured)), "a config was benchmarked twice"
     interrupted_keys = {params_key(t.params) for t in interrupted}
     finished_keys = {params_key(t.params) for t in counted}
@@ -146,13 +197,27 @@ def test_kill_9_and_resume(tmp_path):
 
 def test_changed_space_is_refused_under_the_same_study_name(tmp_path):
     url = f"sqlite:///{tmp_path}/c.db"
-    assert tuner("study", "transpose", "--trials", "5", "--replay", str(RECORDING), "--storage", url,
-                 "--json").returncode == 0
+    assert (
+        tuner("study", "transpose", "--trials", "5", "--replay", str(RECORDING), "--storage", url, "--json").returncode
+        == 0
+    )
     changed = tmp_path / "transpose.yaml"
     changed.write_text(SPACE.read_text() + "\n# a comment changes the content hash\n")
     before = len(load(url).trials)  # 5 evaluated configs, and any proposals answered without evaluation
-    proc = tuner("study", "transpose", "--space", str(changed), "--trials", "10", "--replay", str(RECORDING),
-                 "--storage", url, "--study-name", load(url).study_name)
+    proc = tuner(
+        "study",
+        "transpose",
+        "--space",
+        str(changed),
+        "--trials",
+        "10",
+        "--replay",
+        str(RECORDING),
+        "--storage",
+        url,
+        "--study-name",
+        load(url).study_name,
+    )
     assert proc.returncode == 2 and "different space file" in proc.stderr
     assert len(load(url).trials) == before
 
@@ -195,8 +260,9 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
 
     space = space_mod.load(SPACE)
     configs = list(space.enumerate())[:3]
-    pool = Pool(space, space.problem(), functools.partial(ReplayEvaluator, RECORDING, None, 3.0), gpus=1,
-                logical_gpus=1)
+    pool = Pool(
+        space, space.problem(), functools.partial(ReplayEvaluator, RECORDING, None, 3.0), gpus=1, logical_gpus=1
+    )
     try:
         victim = pool.gpus[0]["pid"]
         pool.submit(0, configs[0])
@@ -225,8 +291,14 @@ def test_hung_worker_times_out_and_is_replaced(tmp_path):
     from tuner.cluster import Pool
 
     space = space_mod.load(SPACE)
-    pool = Pool(space, space.problem(), functools.partial(ReplayEvaluator, RECORDING, None, 30.0), gpus=1,
-                timeout_s=2.0, logical_gpus=1)
+    pool = Pool(
+        space,
+        space.problem(),
+        functools.partial(ReplayEvaluator, RECORDING, None, 30.0),
+        gpus=1,
+        timeout_s=2.0,
+        logical_gpus=1,
+    )
     try:
         pool.submit(0, next(space.enumerate()))
         started = time.time()

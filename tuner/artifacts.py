@@ -75,14 +75,17 @@ class _FinishedTrialAttrs:
         self.study_id = self.rdb.get_study_id_from_name(study_name)
         self.engine = sqlalchemy.create_engine(url)
         meta = sqlalchemy.MetaData()
-        self.tables = {kind: sqlalchemy.Table(f"trial_{kind}_attributes", meta, autoload_with=self.engine)
-                       for kind in ("user", "system")}
+        self.tables = {
+            kind: sqlalchemy.Table(f"trial_{kind}_attributes", meta, autoload_with=self.engine)
+            for kind in ("user", "system")
+        }
 
     def trial_id(self, number: int) -> int:
         return self.rdb.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
-    def set_attrs(self, trial_id: int, user: dict[str, Any] | None = None,
-                  system: dict[str, Any] | None = None) -> None:
+    def set_attrs(
+        self, trial_id: int, user: dict[str, Any] | None = None, system: dict[str, Any] | None = None
+    ) -> None:
         with self.engine.begin() as conn:
             for kind, attrs in (("user", user or {}), ("system", system or {})):
                 table = self.tables[kind]
@@ -97,8 +100,9 @@ class _FinishedTrialAttrs:
         self.engine.dispose()
 
 
-def attach_artifacts(study: optuna.Study, artifact_dir: str | Path | None = None,
-                     jobs: int | None = None) -> AttachReport:
+def attach_artifacts(
+    study: optuna.Study, artifact_dir: str | Path | None = None, jobs: int | None = None
+) -> AttachReport:
     """Give every measured, original trial that lacks them two artifacts: its rendered CUDA source
     (``<uri>.cu``) and its PTX for the study's virtual arch (``<uri>.ptx``, NVRTC ``compute_XX``, -std=c++17),
     uploaded with `optuna.artifacts.upload_artifact` into a `FileSystemArtifactStore` at `artifact_dir`
@@ -153,8 +157,7 @@ def attach_artifacts(study: optuna.Study, artifact_dir: str | Path | None = None
             return t, None, str(exc)
 
     store = FileSystemArtifactStore(artifact_dir)
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool, \
-            tempfile.TemporaryDirectory() as tmp:
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool, tempfile.TemporaryDirectory() as tmp:
         for t, source, ptx in pool.map(build, todo):  # NVRTC releases the GIL: compiles overlap
             if source is None:
                 report.skipped[t.number] = str(ptx)
@@ -163,10 +166,16 @@ def attach_artifacts(study: optuna.Study, artifact_dir: str | Path | None = None
             folder.mkdir()
             (folder / f"{source.uri}.cu").write_text(source.text)
             (folder / f"{source.uri}.ptx").write_bytes(ptx)
-            ids = {kind: upload_artifact(artifact_store=store, file_path=str(folder / f"{source.uri}.{ext}"),
-                                         study_or_trial=t, storage=writer, mimetype="text/plain")
-                   for kind, ext in (("source", "cu"), ("ptx", "ptx"))}
+            ids = {
+                kind: upload_artifact(
+                    artifact_store=store,
+                    file_path=str(folder / f"{source.uri}.{ext}"),
+                    study_or_trial=t,
+                    storage=writer,
+                    mimetype="text/plain",
+                )
+                for kind, ext in (("source", "cu"), ("ptx", "ptx"))
+            }
             writer.set_attrs(writer.trial_id(t.number), user={TrialAttr.ARTIFACTS: ids})
             report.attached.append(t.number)
     return report
-

@@ -142,8 +142,9 @@ def cuda_failure(exc: BaseException, phase: str) -> LaunchFailed | None:
     reason = f"{phase}: CUDA error {status} ({status_name(status)})"
     if sticky:
         reason += "; the CUDA context is lost and the worker must be replaced"
-    return LaunchFailed(reason=reason, details={"status": int(status), "sticky": sticky, "phase": phase,
-                                                "message": str(exc)})
+    return LaunchFailed(
+        reason=reason, details={"status": int(status), "sticky": sticky, "phase": phase, "message": str(exc)}
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -245,8 +246,7 @@ def _time_copy(nbytes: int, stream, budget_ms: float, min_reps: int, flush) -> T
         dst.data.memset_async(0, nbytes, stream)
 
         def run() -> None:
-            _runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, _runtime.memcpyDeviceToDevice,
-                                 stream.ptr)
+            _runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, _runtime.memcpyDeviceToDevice, stream.ptr)
 
         return benchmark(run, stream=stream, budget_ms=budget_ms, min_reps=min_reps, flush=flush)
 
@@ -273,9 +273,11 @@ class OutputCheck:
         return self.mismatches == 0
 
     def describe(self) -> str:
-        text = (f"{self.name}: {self.mismatches} of {self.elements} elements off (max abs error "
-                f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g}, "
-                f"tolerance {self.tolerance:g}")
+        text = (
+            f"{self.name}: {self.mismatches} of {self.elements} elements off (max abs error "
+            f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g}, "
+            f"tolerance {self.tolerance:g}"
+        )
         return text + (f", {self.nan_count} NaN)" if self.nan_count else ")")
 
 
@@ -406,8 +408,11 @@ class GpuEvaluator:
         # Our random-input and check kernels compile (or come from the compile cache) while the context, the
         # flush buffer and the ceiling are set up: NVRTC releases the GIL.
         built: list[Any] = []
-        compiler = threading.Thread(target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),
-                                    name="tuner-worker-kernels", daemon=True)
+        compiler = threading.Thread(
+            target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),
+            name="tuner-worker-kernels",
+            daemon=True,
+        )
         compiler.start()
         self._device.use()
         props = _runtime.getDeviceProperties(self.device)
@@ -432,26 +437,34 @@ class GpuEvaluator:
         self._static_clocks = self._read_static_clocks()
         self._nvml = self._open_nvml()
         t_context = time.perf_counter()
-        key = ceiling_cache_key(self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes,
-                                self.ceiling_budget_ms)
+        key = ceiling_cache_key(
+            self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes, self.ceiling_budget_ms
+        )
         cached = read_cached_ceiling(key) if self.ceiling_mode == "cached" else None
         if cached is None:
-            self._ceiling_tbps = measure_ceiling(self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream,
-                                                 flush=self._flush)
+            self._ceiling_tbps = measure_ceiling(
+                self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream, flush=self._flush
+            )
             store_ceiling(key, self._ceiling_tbps, self._gpu_name)
         else:
             self._ceiling_tbps = cached
         t_ceiling = time.perf_counter()
         compiler.join()
         if not built or not built[0].ok:
-            raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built[0], 'reason', '?')}"
-                               if built else "the worker's own kernels did not compile")
+            raise RuntimeError(
+                f"the worker's own kernels did not compile: {getattr(built[0], 'reason', '?')}"
+                if built
+                else "the worker's own kernels did not compile"
+            )
         self._kernels = devicekernels.DeviceKernels(built[0], self.stream)
         t_done = time.perf_counter()
-        self.startup = {"context_s": round(t_context - t0, 3), "ceiling_s": round(t_ceiling - t_context, 3),
-                        "ceiling_cached": cached is not None,
-                        "worker_kernels_wait_s": round(t_done - t_ceiling, 3),
-                        "worker_kernels_cached": bool(built[0].cached)}
+        self.startup = {
+            "context_s": round(t_context - t0, 3),
+            "ceiling_s": round(t_ceiling - t_context, 3),
+            "ceiling_cached": cached is not None,
+            "worker_kernels_wait_s": round(t_done - t_ceiling, 3),
+            "worker_kernels_cached": bool(built[0].cached),
+        }
 
     @property
     def gpu_name(self) -> str:
@@ -507,8 +520,10 @@ class GpuEvaluator:
 
     def _read_static_clocks(self) -> dict[str, Any]:
         clocks: dict[str, Any] = {}
-        for key, attr in (("sm_clock_max_mhz", "cudaDevAttrClockRate"),
-                          ("mem_clock_max_mhz", "cudaDevAttrMemoryClockRate")):
+        for key, attr in (
+            ("sm_clock_max_mhz", "cudaDevAttrClockRate"),
+            ("mem_clock_max_mhz", "cudaDevAttrMemoryClockRate"),
+        ):
             try:
                 clocks[key] = _runtime.deviceGetAttribute(getattr(_runtime, attr), self.device) // 1000
             except (AttributeError, _runtime.CUDARuntimeError):
@@ -603,8 +618,10 @@ class GpuEvaluator:
         Returns a Measurement, LaunchFailed, WrongResult or TimedOut; raises EvaluatorPoisoned once a sticky
         error has destroyed the context, and anything else that is a bug."""
         if self.poisoned:
-            raise EvaluatorPoisoned(f"GPU {self.gpu_index}: CUDA context lost earlier "
-                                    f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})")
+            raise EvaluatorPoisoned(
+                f"GPU {self.gpu_index}: CUDA context lost earlier "
+                f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})"
+            )
         if isinstance(family, str):
             family = kernels.get(family)
         problem = _problem_dict(problem)
@@ -621,14 +638,17 @@ class GpuEvaluator:
                 self.poisoned, self.poisoned_by = True, failure
             return failure
         except _Hung:
-            failure = TimedOut(reason=f"{phase[0]}: the GPU did not finish within {self.hang_timeout_s:g} s; "
-                                      "the worker must be replaced",
-                               details={"timeout_s": self.hang_timeout_s, "phase": phase[0]})
+            failure = TimedOut(
+                reason=f"{phase[0]}: the GPU did not finish within {self.hang_timeout_s:g} s; "
+                "the worker must be replaced",
+                details={"timeout_s": self.hang_timeout_s, "phase": phase[0]},
+            )
             self.poisoned, self.poisoned_by = True, failure
             return failure
 
-    def _evaluate(self, compiled, family: Family, config, problem, seed, budget_ms, min_reps,
-                  phase: list[str]) -> Result:
+    def _evaluate(
+        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, phase: list[str]
+    ) -> Result:
         import cupy
 
         launches: list[Launch] = family.launches(compiled.entry, config, problem)
@@ -640,9 +660,15 @@ class GpuEvaluator:
         # -- resources and launch limits (no launch yet) --
         phase[0] = "launch configuration"
         attrs = {
-            entry: {name: _driver.funcGetAttribute(attr, loaded.functions[entry].ptr)
-                    for name, attr in (("max_threads", _ATTR_MAX_THREADS), ("regs", _ATTR_REGS),
-                                       ("smem_static", _ATTR_SHARED), ("local", _ATTR_LOCAL))}
+            entry: {
+                name: _driver.funcGetAttribute(attr, loaded.functions[entry].ptr)
+                for name, attr in (
+                    ("max_threads", _ATTR_MAX_THREADS),
+                    ("regs", _ATTR_REGS),
+                    ("smem_static", _ATTR_SHARED),
+                    ("local", _ATTR_LOCAL),
+                )
+            }
             for entry in entries
         }
         dynamic_by_entry: dict[str, int] = {}
@@ -653,17 +679,29 @@ class GpuEvaluator:
                 status = 1 if threads > self.facts.max_threads_per_block else 701
                 return LaunchFailed(
                     reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
-                           f"{a['max_threads']} (registers or launch bounds)",
-                    details={"status": status, "sticky": False, "phase": phase[0], "block_threads": threads,
-                             "max_threads_per_block": a["max_threads"]})
+                    f"{a['max_threads']} (registers or launch bounds)",
+                    details={
+                        "status": status,
+                        "sticky": False,
+                        "phase": phase[0],
+                        "block_threads": threads,
+                        "max_threads_per_block": a["max_threads"],
+                    },
+                )
             smem_total = a["smem_static"] + launch.smem_dynamic
             if smem_total > self.smem_optin_bytes:
                 return LaunchFailed(
                     reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
-                           f"({a['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
-                           f"{self.smem_optin_bytes}",
-                    details={"status": 1, "sticky": False, "phase": phase[0], "smem_bytes": smem_total,
-                             "smem_limit": self.smem_optin_bytes})
+                    f"({a['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
+                    f"{self.smem_optin_bytes}",
+                    details={
+                        "status": 1,
+                        "sticky": False,
+                        "phase": phase[0],
+                        "smem_bytes": smem_total,
+                        "smem_limit": self.smem_optin_bytes,
+                    },
+                )
             dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
         for entry, dynamic in dynamic_by_entry.items():
             if dynamic and attrs[entry]["smem_static"] + dynamic > self.facts.smem_per_block:
@@ -671,7 +709,8 @@ class GpuEvaluator:
         main = next((launch for launch in launches if launch.entry == compiled.entry), launches[0])
         main_threads = math.prod(main.block)
         blocks_per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic)
+            loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic
+        )
         warps_per_sm = blocks_per_sm * ceil_div(main_threads, 32)
 
         # -- correctness --
@@ -686,8 +725,10 @@ class GpuEvaluator:
                 reference = family.reference(cupy, inputs, problem, config=config)
             except ReferenceFailed as exc:  # a user's reference raised: this config's trial fails, the study goes on
                 return WrongResult(reason=str(exc), details={"phase": "reference", "seed": seed})
-            outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype))
-                       for name, (shape, dtype) in family.outputs(problem, config).items()}
+            outputs = {
+                name: cupy.empty(shape, dtype=_np_dtype(dtype))
+                for name, (shape, dtype) in family.outputs(problem, config).items()
+            }
             for array in outputs.values():
                 if array.nbytes:
                     array.data.memset_async(0xFF, array.nbytes, stream)  # NaN in every IEEE float format
@@ -698,9 +739,16 @@ class GpuEvaluator:
                     return arrays[name]
                 return _scalar(problem[name] if name in problem else config[name])
 
-            calls = [(loaded.functions[launch.entry], tuple(launch.grid), tuple(launch.block),
-                      tuple(argument(name) for name in launch.args), launch.smem_dynamic)
-                     for launch in launches]
+            calls = [
+                (
+                    loaded.functions[launch.entry],
+                    tuple(launch.grid),
+                    tuple(launch.block),
+                    tuple(argument(name) for name in launch.args),
+                    launch.smem_dynamic,
+                )
+                for launch in launches
+            ]
 
             def run() -> None:
                 for function, grid, block, args, smem in calls:
@@ -713,24 +761,44 @@ class GpuEvaluator:
             tolerance = family.tolerance(problem)
             out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
             # A checked name that is not an output is an input the kernel updates in place.
-            checks = [self._check(name, family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
-                                  reference[name], tolerance[name] if isinstance(tolerance, dict) else tolerance)
-                      for name in (family.checked() or tuple(reference))]
+            checks = [
+                self._check(
+                    name,
+                    family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
+                    reference[name],
+                    tolerance[name] if isinstance(tolerance, dict) else tolerance,
+                )
+                for name in (family.checked() or tuple(reference))
+            ]
             del reference
         bad = [check for check in checks if not check.ok]
         if bad:
             worst = bad[0]
             return WrongResult(
                 reason="; ".join(check.describe() for check in bad),
-                details={"output": worst.name, "max_abs_error": worst.max_abs_error,
-                         "max_rel_error": worst.max_rel_error, "mismatches": worst.mismatches,
-                         "elements": worst.elements, "nan_count": worst.nan_count, "tolerance": worst.tolerance,
-                         "seed": seed})
+                details={
+                    "output": worst.name,
+                    "max_abs_error": worst.max_abs_error,
+                    "max_rel_error": worst.max_rel_error,
+                    "mismatches": worst.mismatches,
+                    "elements": worst.elements,
+                    "nan_count": worst.nan_count,
+                    "tolerance": worst.tolerance,
+                    "seed": seed,
+                },
+            )
 
         # -- timing --
         phase[0] = "timing"
-        timing = benchmark(run, stream=stream, budget_ms=budget_ms, min_reps=min_reps, max_reps=self.max_reps,
-                           flush=self._flush, sync=self._sync)
+        timing = benchmark(
+            run,
+            stream=stream,
+            budget_ms=budget_ms,
+            min_reps=min_reps,
+            max_reps=self.max_reps,
+            flush=self._flush,
+            sync=self._sync,
+        )
 
         seconds = timing.median_ms * 1e-3
         bytes_moved = int(family.bytes_moved(problem))
@@ -771,8 +839,17 @@ class GpuEvaluator:
 def ceiling_cache_key(uuid: str, name: str, versions: dict[str, Any], nbytes: int, budget_ms: float) -> str:
     """What a stored ceiling is valid for: this GPU (UUID and name), its driver, CuPy/NVRTC/CUDA runtime versions,
     and the copy's size and budget. A new driver or another GPU in the same slot measures again."""
-    return "|".join([uuid, name, str(versions.get("cuda_driver")), str(versions.get("cuda_runtime")),
-                     str(versions.get("cupy")), str(nbytes), f"{budget_ms:g}"])
+    return "|".join(
+        [
+            uuid,
+            name,
+            str(versions.get("cuda_driver")),
+            str(versions.get("cuda_runtime")),
+            str(versions.get("cupy")),
+            str(nbytes),
+            f"{budget_ms:g}",
+        ]
+    )
 
 
 def _ceiling_file():

@@ -69,11 +69,27 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    columns = [Column("name", copy=True), Column("kernel"), Column("problems"), Column("cartesian", "right"),
-               Column("valid", "right")]
-    print_table("shipped search spaces", columns,
-                [[r["name"], r["kernel"], ", ".join(r["problems"]), f"{r['cartesian']:,}",
-                  f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}"] for r in rows])
+    columns = [
+        Column("name", copy=True),
+        Column("kernel"),
+        Column("problems"),
+        Column("cartesian", "right"),
+        Column("valid", "right"),
+    ]
+    print_table(
+        "shipped search spaces",
+        columns,
+        [
+            [
+                r["name"],
+                r["kernel"],
+                ", ".join(r["problems"]),
+                f"{r['cartesian']:,}",
+                f"{r['valid']:,}" if r["valid_exact"] else f"≥ {r['valid']:,}",
+            ]
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -104,8 +120,14 @@ def _space_rows(paths) -> list[dict[str, Any]]:
 
             s = space_mod.load(path)
             valid, exact = s.count_valid_bounded()  # a bounded walk: a huge space must not stall the listing
-            row = {"name": s.name, "kernel": s.kernel, "cartesian": s.cartesian, "valid": valid,
-                   "valid_exact": exact, "problems": [p.name for p in s.problems]}
+            row = {
+                "name": s.name,
+                "kernel": s.kernel,
+                "cartesian": s.cartesian,
+                "valid": valid,
+                "valid_exact": exact,
+                "problems": [p.name for p in s.problems],
+            }
             cache[key], changed = row, True
         rows.append({**row, "path": str(path)})
     if changed:
@@ -161,28 +183,61 @@ def cmd_check(args: argparse.Namespace) -> int:
         ):
             progress.advance(task)
             if result.ok:
-                records.append({"params": config, "uri": source.uri, "registers": result.registers,
-                                "smem_bytes": result.smem_static_bytes, "spill_bytes": result.spill_bytes,
-                                "stack_frame_bytes": result.stack_frame_bytes, "cached": result.cached})
+                records.append(
+                    {
+                        "params": config,
+                        "uri": source.uri,
+                        "registers": result.registers,
+                        "smem_bytes": result.smem_static_bytes,
+                        "spill_bytes": result.spill_bytes,
+                        "stack_frame_bytes": result.stack_frame_bytes,
+                        "cached": result.cached,
+                    }
+                )
             else:
-                records.append({"params": config, "uri": source.uri, "failure": result.kind,
-                                "reason": result.reason})
+                records.append({"params": config, "uri": source.uri, "failure": result.kind, "reason": result.reason})
     elapsed = time.perf_counter() - started
     failed = [r for r in records if "failure" in r]
-    summary = {"space": str(s.path), "arch": arch, "compiled": len(records) - len(failed), "failed": len(failed),
-               "seconds": round(elapsed, 3), "configs_per_s": round(len(records) / elapsed, 1) if elapsed else None,
-               "configs": records}
+    summary = {
+        "space": str(s.path),
+        "arch": arch,
+        "compiled": len(records) - len(failed),
+        "failed": len(failed),
+        "seconds": round(elapsed, 3),
+        "configs_per_s": round(len(records) / elapsed, 1) if elapsed else None,
+        "configs": records,
+    }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        columns = [Column("uri", copy=True), Column("registers", "right"), Column("smem", "right"),
-                   Column("spills", "right"), Column("status")]
-        rows = [[r["uri"], "", "", "", Text(r["reason"], style="red")] if "failure" in r else
-                [r["uri"], str(r["registers"]), str(r["smem_bytes"]), str(r["spill_bytes"]),
-                 Text("spills", style="yellow") if r["spill_bytes"] else "ok"] for r in records]
-        print_table(f"{s.name}: {len(records)} configs, {arch}", columns, rows,
-                    notes=[f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
-                           f"({summary['configs_per_s']} configs/s)"])
+        columns = [
+            Column("uri", copy=True),
+            Column("registers", "right"),
+            Column("smem", "right"),
+            Column("spills", "right"),
+            Column("status"),
+        ]
+        rows = [
+            [r["uri"], "", "", "", Text(r["reason"], style="red")]
+            if "failure" in r
+            else [
+                r["uri"],
+                str(r["registers"]),
+                str(r["smem_bytes"]),
+                str(r["spill_bytes"]),
+                Text("spills", style="yellow") if r["spill_bytes"] else "ok",
+            ]
+            for r in records
+        ]
+        print_table(
+            f"{s.name}: {len(records)} configs, {arch}",
+            columns,
+            rows,
+            notes=[
+                f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
+                f"({summary['configs_per_s']} configs/s)"
+            ],
+        )
     return 1 if failed else 0
 
 
@@ -210,14 +265,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with IsolatedEvaluator(gpu=args.gpu, timeout_s=args.timeout) as evaluator:
         info = _start_gpu(evaluator, args.gpu)
         result = evaluate_config(s, params, problem, evaluator=evaluator, budget_ms=args.budget_ms)
-    record = {"space": str(s.path), "problem": problem.name, "params": params, "gpu": info.get("gpu"),
-              **result.to_dict()}
+    record = {
+        "space": str(s.path),
+        "problem": problem.name,
+        "params": params,
+        "gpu": info.get("gpu"),
+        **result.to_dict(),
+    }
     if args.json:
         print(json.dumps(record, indent=2, default=str))
         return 0 if result.ok else 1
-    print_table(f"{s.name} on {info.get('gpu')}", [Column("field"), Column("value", copy=True)],
-                [[key, f"{value:.4g}" if isinstance(value, float) else str(value)]
-                 for key, value in record.items() if key not in ("clocks", "versions", "log")])
+    print_table(
+        f"{s.name} on {info.get('gpu')}",
+        [Column("field"), Column("value", copy=True)],
+        [
+            [key, f"{value:.4g}" if isinstance(value, float) else str(value)]
+            for key, value in record.items()
+            if key not in ("clocks", "versions", "log")
+        ],
+    )
     return 0 if result.ok else 1
 
 
@@ -227,10 +293,16 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     # Measured afresh (never the cached figure), and stored for the studies that follow.
     with IsolatedEvaluator(gpu=args.gpu, timeout_s=120.0, evaluator_kwargs={"ceiling": "measure"}) as evaluator:
         info = _start_gpu(evaluator, args.gpu)
-    record = {"gpu": info["gpu"], "ceiling_tbps": info["ceiling_tbps"], "method": "cudaMemcpyAsync D2D, 2 GiB, "
-              "read + write counted, median of event-timed repetitions with L2 flushed"}
-    print(json.dumps(record, indent=2) if args.json else f"{record['gpu']}: {record['ceiling_tbps']:.3f} TB/s "
-          f"({record['method']})")
+    record = {
+        "gpu": info["gpu"],
+        "ceiling_tbps": info["ceiling_tbps"],
+        "method": "cudaMemcpyAsync D2D, 2 GiB, read + write counted, median of event-timed repetitions with L2 flushed",
+    }
+    print(
+        json.dumps(record, indent=2)
+        if args.json
+        else f"{record['gpu']}: {record['ceiling_tbps']:.3f} TB/s ({record['method']})"
+    )
     return 0
 
 
@@ -241,14 +313,31 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from tuner.study import StudyOptions, run_study
 
-    summary = run_study(StudyOptions(
-        kernel=args.kernel, space=args.space or args.kernel, trials=args.trials, storage=args.storage,
-        study_name=args.study_name, sampler=args.sampler, seed=args.seed, gpus=args.gpus,
-        ray_address=args.ray_address, timeout=args.timeout, replay=args.replay, problem=args.problem,
-        replay_delay_s=args.replay_delay, takeover=args.takeover, replay_study=args.replay_study,
-        progress=not args.json, repair=args.repair != "random", ordered=not args.categorical,
-        in_process=args.in_process, objectives=args.objectives, engine=args.engine,
-    ))
+    summary = run_study(
+        StudyOptions(
+            kernel=args.kernel,
+            space=args.space or args.kernel,
+            trials=args.trials,
+            storage=args.storage,
+            study_name=args.study_name,
+            sampler=args.sampler,
+            seed=args.seed,
+            gpus=args.gpus,
+            ray_address=args.ray_address,
+            timeout=args.timeout,
+            replay=args.replay,
+            problem=args.problem,
+            replay_delay_s=args.replay_delay,
+            takeover=args.takeover,
+            replay_study=args.replay_study,
+            progress=not args.json,
+            repair=args.repair != "random",
+            ordered=not args.categorical,
+            in_process=args.in_process,
+            objectives=args.objectives,
+            engine=args.engine,
+        )
+    )
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     return 0
@@ -259,8 +348,10 @@ def cmd_new(args: argparse.Namespace) -> int:
 
     for path in write_starter(args.name):
         print(f"wrote {path}")
-    print(f"next: tuner check {args.name}.yaml   (then, on a GPU: tuner study {args.name} --space {args.name}.yaml "
-          "--trials 100)")
+    print(
+        f"next: tuner check {args.name}.yaml   (then, on a GPU: tuner study {args.name} --space {args.name}.yaml "
+        "--trials 100)"
+    )
     return 0
 
 
@@ -313,13 +404,34 @@ def cmd_studies(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     where = args.storage or f"{studies.STUDIES_DIR}/*.db"
-    columns = [Column("name", copy=True), Column("kernel"), Column("problem"), Column("GPU"),
-               Column("trials", "right"), Column("best", "right"), Column("last change"), Column("storage", copy=True)]
-    print_table(f"studies in {where}", columns,
-                [[r["name"], r["kernel"] or "", r["problem"] or "", r["gpu"] or "", str(r["trials"]),
-                  f"{r['best']:.3f} {r['unit']}" if r["best"] is not None else "",
-                  (r["last_change"] or "").replace("T", " "), _storage_label(r["storage"])] for r in rows],
-                notes=[] if rows else [f"no studies in {where}"])
+    columns = [
+        Column("name", copy=True),
+        Column("kernel"),
+        Column("problem"),
+        Column("GPU"),
+        Column("trials", "right"),
+        Column("best", "right"),
+        Column("last change"),
+        Column("storage", copy=True),
+    ]
+    print_table(
+        f"studies in {where}",
+        columns,
+        [
+            [
+                r["name"],
+                r["kernel"] or "",
+                r["problem"] or "",
+                r["gpu"] or "",
+                str(r["trials"]),
+                f"{r['best']:.3f} {r['unit']}" if r["best"] is not None else "",
+                (r["last_change"] or "").replace("T", " "),
+                _storage_label(r["storage"]),
+            ]
+            for r in rows
+        ],
+        notes=[] if rows else [f"no studies in {where}"],
+    )
     return 0
 
 
@@ -350,22 +462,43 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     front = export.pareto_trials(study)
     unit = export.throughput_unit(study)
     measured = len(export.measured_trials(study))
-    columns = [Column("#", "right"), Column("uri", copy=True), Column(unit, "right"),
-               Column("of ceiling", "right"), Column("regs", "right"), Column("SMEM B", "right"),
-               Column("spills", "right"), Column("blocks/SM", "right")]
+    columns = [
+        Column("#", "right"),
+        Column("uri", copy=True),
+        Column(unit, "right"),
+        Column("of ceiling", "right"),
+        Column("regs", "right"),
+        Column("SMEM B", "right"),
+        Column("spills", "right"),
+        Column("blocks/SM", "right"),
+    ]
     rows = []
     for t in front:
         a = t.user_attrs
-        rows.append([str(t.number), str(a.get("uri", "")), f"{export.throughput(study, t):.3f}",
-                     _fmt(a.get("fraction_of_ceiling"), ".3f"), _fmt(a.get("registers")),
-                     _fmt(a.get("smem_bytes")), _fmt(a.get("spill_bytes")), _fmt(a.get("blocks_per_sm"))])
+        rows.append(
+            [
+                str(t.number),
+                str(a.get("uri", "")),
+                f"{export.throughput(study, t):.3f}",
+                _fmt(a.get("fraction_of_ceiling"), ".3f"),
+                _fmt(a.get("registers")),
+                _fmt(a.get("smem_bytes")),
+                _fmt(a.get("spill_bytes")),
+                _fmt(a.get("blocks_per_sm")),
+            ]
+        )
     notes = []
     if args.out:
         notes.append(f"wrote {export.write_pareto(study, args.out)}")
     if args.plot:
         notes.append(f"wrote {export.plot_pareto(study, args.plot)}")
-    print_table(f"{study.study_name}: Pareto front, {len(front)} of {measured} measured configs "
-                f"({study.user_attrs.get('gpu', '')})", columns, rows, notes)
+    print_table(
+        f"{study.study_name}: Pareto front, {len(front)} of {measured} measured configs "
+        f"({study.user_attrs.get('gpu', '')})",
+        columns,
+        rows,
+        notes,
+    )
     return 0
 
 
@@ -379,8 +512,9 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
         raise InputError("-o: the space file must end in .yaml or .yml", args.out)
     text, valid = kt.space_text(kt.read_cache(args.cache), args.cache)
     out.write_text(text)
-    print(f"wrote {out}: {valid} valid configs; run it with "
-          f"tuner study kt --space {out} --replay {args.cache} --trials N")
+    print(
+        f"wrote {out}: {valid} valid configs; run it with tuner study kt --space {out} --replay {args.cache} --trials N"
+    )
     return 0
 
 
@@ -399,18 +533,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     export.check_namespace(args.namespace)
     export.check_writable(args.header, None, "--header")
     studies = export.open_studies(args.study, args.storage)
-    path = export.write_header(studies, args.header, pick=args.pick, namespace=args.namespace,
-                               with_source=args.with_source)
-    print(f"wrote {path}: {args.pick} config(s) of {len(studies)} "
-          f"stud{'y' if len(studies) == 1 else 'ies'} ({', '.join(s.study_name for s in studies)})")
+    path = export.write_header(
+        studies, args.header, pick=args.pick, namespace=args.namespace, with_source=args.with_source
+    )
+    print(
+        f"wrote {path}: {args.pick} config(s) of {len(studies)} "
+        f"stud{'y' if len(studies) == 1 else 'ies'} ({', '.join(s.study_name for s in studies)})"
+    )
     return 0
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tuner import dashboard
 
-    dashboard.serve(args.study, port=args.port, host=args.host, storage=args.storage,
-                    artifact_dir=args.artifacts)
+    dashboard.serve(args.study, port=args.port, host=args.host, storage=args.storage, artifact_dir=args.artifacts)
     return 0
 
 
@@ -439,8 +575,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     unit = best["throughput_unit"]
     fraction = best.get("fraction_of_ceiling")
     lines = [
-        Text.assemble((str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, "
-                                                    f"{best.get('gpu') or '?'})"),
+        Text.assemble(
+            (str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})"
+        ),
         "params:     " + ", ".join(f"{k}={v}" for k, v in best["params"].items()),
         f"throughput: {best['throughput']:.3f} {unit}"
         + (f" = {fraction:.3f} of the copy ceiling" if fraction else "")
@@ -479,26 +616,37 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pareto)
 
     p = sub.add_parser("export", help="write the tuned configs as a C++17 header")
-    p.add_argument("study", help=STUDY_HELP + "; a kernel or .db exports every study of that kernel in it"
-                   ).completer = _complete_study  # type: ignore[attr-defined]
+    p.add_argument(
+        "study", help=STUDY_HELP + "; a kernel or .db exports every study of that kernel in it"
+    ).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--header", metavar="PATH", help="the C++17 header to write")
-    p.add_argument("--kt-cache", metavar="PATH.json[.gz]", help="also (or only) write the study as a Kernel "
-                   "Tuner cache file (its simulation mode and KTdashboard read it)")
-    p.add_argument("--pick", choices=("fastest", "pareto"), default="fastest",
-                   help="the fastest config per study, or its whole Pareto front (default: fastest)")
+    p.add_argument(
+        "--kt-cache",
+        metavar="PATH.json[.gz]",
+        help="also (or only) write the study as a Kernel "
+        "Tuner cache file (its simulation mode and KTdashboard read it)",
+    )
+    p.add_argument(
+        "--pick",
+        choices=("fastest", "pareto"),
+        default="fastest",
+        help="the fastest config per study, or its whole Pareto front (default: fastest)",
+    )
     p.add_argument("--namespace", default="tuned", help="C++ namespace (default: tuned)")
     p.add_argument("--with-source", action="store_true", help="embed each config's CUDA source as a raw string")
     p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("dashboard", help="serve optuna-dashboard for a study database, with sources and PTX")
-    p.add_argument("study", nargs="?", help=STUDY_HELP + " (default: the only database in studies/)"
-                   ).completer = _complete_study  # type: ignore[attr-defined]
+    p.add_argument(
+        "study", nargs="?", help=STUDY_HELP + " (default: the only database in studies/)"
+    ).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--port", type=_port, default=8080)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--storage", help=STORAGE_HELP)
-    p.add_argument("--artifacts", metavar="DIR",
-                   help="artifact folder (default: <db stem>.artifacts/ beside the database)")
+    p.add_argument(
+        "--artifacts", metavar="DIR", help="artifact folder (default: <db stem>.artifacts/ beside the database)"
+    )
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("trials", help="every trial of a study as a flat table (CSV or Parquet)")
@@ -568,33 +716,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", help="kernel family, e.g. gemm")
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
-    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the "
-                   "current directory)")
+    p.add_argument(
+        "--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)"
+    )
     p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     p.add_argument("--seed", type=int)
     p.add_argument("--gpus", type=_positive_int, help="GPU workers (default: every GPU Ray sees)")
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
-    p.add_argument("--engine", choices=ENGINES,
-                   help="local: GPU worker processes and compile threads on this machine, no Ray (the default "
-                        "without --ray-address); ray: Ray actors and tasks (the default with --ray-address)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="local: GPU worker processes and compile threads on this machine, no Ray (the default "
+        "without --ray-address); ray: Ray actors and tasks (the default with --ray-address)",
+    )
     p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
-    p.add_argument("--replay-delay", type=_seconds, default=0.0, metavar="S",
-                   help="seconds each replayed answer takes, standing in for GPU time")
-    p.add_argument("--takeover", action="store_true",
-                   help="take the study over from a driver that holds it (after that driver's host crashed)")
+    p.add_argument(
+        "--replay-delay",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="seconds each replayed answer takes, standing in for GPU time",
+    )
+    p.add_argument(
+        "--takeover",
+        action="store_true",
+        help="take the study over from a driver that holds it (after that driver's host crashed)",
+    )
     p.add_argument("--replay-study", metavar="NAME", help="the study to replay when the file holds several")
-    p.add_argument("--in-process", action="store_true",
-                   help="with --replay: answer in this process (no Ray), one config in flight")
-    p.add_argument("--repair", choices=("nearest", "random"), default="nearest",
-                   help="after a proposal that cannot be measured, measure the nearest unexplored valid config "
-                        "(default) or a uniform draw among them")
-    p.add_argument("--objectives", choices=("first", "all"), default="first",
-                   help="search the space's first objective (throughput; default; the Pareto front of registers "
-                        "and SMEM comes from all measured trials) or all of them (multi-objective)")
-    p.add_argument("--categorical", action="store_true",
-                   help="show the sampler every param as categorical (default: numeric params are ordered)")
+    p.add_argument(
+        "--in-process", action="store_true", help="with --replay: answer in this process (no Ray), one config in flight"
+    )
+    p.add_argument(
+        "--repair",
+        choices=("nearest", "random"),
+        default="nearest",
+        help="after a proposal that cannot be measured, measure the nearest unexplored valid config "
+        "(default) or a uniform draw among them",
+    )
+    p.add_argument(
+        "--objectives",
+        choices=("first", "all"),
+        default="first",
+        help="search the space's first objective (throughput; default; the Pareto front of registers "
+        "and SMEM comes from all measured trials) or all of them (multi-objective)",
+    )
+    p.add_argument(
+        "--categorical",
+        action="store_true",
+        help="show the sampler every param as categorical (default: numeric params are ordered)",
+    )
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)

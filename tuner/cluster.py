@@ -102,14 +102,28 @@ class _GpuActor:
 
         import ray
 
-        return {**self.evaluator.start(), "gpu_index": self.gpu_index, "measures": self.measures,
-                "pid": os.getpid(), "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
+        return {
+            **self.evaluator.start(),
+            "gpu_index": self.gpu_index,
+            "measures": self.measures,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node": ray.get_runtime_context().get_node_id(),
+        }
 
     def busy(self) -> float:
         return self.busy_s
 
-    def evaluate(self, compiled: Any, family: Family | str, config: dict[str, Any], problem: Any,
-                 seed: int | None = None, budget_ms: float = 25.0, min_reps: int = 10) -> Result:
+    def evaluate(
+        self,
+        compiled: Any,
+        family: Family | str,
+        config: dict[str, Any],
+        problem: Any,
+        seed: int | None = None,
+        budget_ms: float = 25.0,
+        min_reps: int = 10,
+    ) -> Result:
         started = time.perf_counter()
         try:
             return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps)
@@ -131,9 +145,18 @@ class _Slot:
 class Pool:
     """Compile slots plus one GPU actor per GPU; see the module docstring."""
 
-    def __init__(self, space, problem, evaluator: EvaluatorFactory, gpus: int | None = None,
-                 ray_address: str | None = None, arch: str | None = None, timeout_s: float = 60.0,
-                 compile_slots: int | None = None, logical_gpus: int | None = None):
+    def __init__(
+        self,
+        space,
+        problem,
+        evaluator: EvaluatorFactory,
+        gpus: int | None = None,
+        ray_address: str | None = None,
+        arch: str | None = None,
+        timeout_s: float = 60.0,
+        compile_slots: int | None = None,
+        logical_gpus: int | None = None,
+    ):
         """`evaluator(gpu_index)` builds each actor's evaluator (picklable: it runs in the actor); `arch`
         defaults to the first actor's; `logical_gpus` starts a local Ray with that many GPUs, for evaluators
         that need none."""
@@ -275,15 +298,17 @@ class Pool:
                 _, job = slot.queue.popleft()
                 self.ran_on[job.number] = slot.info["gpu_index"]
                 self._replace(slot)
-                self.finished.append((job.number, TimedOut(
-                    reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced")))
+                self.finished.append(
+                    (job.number, TimedOut(reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced"))
+                )
 
     def _dispatch(self) -> None:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                ref = slot.actor.evaluate.remote(job.compiled, self.space.family_ref, job.config, self.problem.env,
-                                                 budget_ms=job.budget_ms)
+                ref = slot.actor.evaluate.remote(
+                    job.compiled, self.space.family_ref, job.config, self.problem.env, budget_ms=job.budget_ms
+                )
                 if not slot.queue:
                     slot.head_started = time.perf_counter()
                 slot.queue.append((ref, job))

@@ -170,8 +170,7 @@ def cache_dir() -> Path:
 
 
 def cache_key(source: Source, options: Iterable[str], arch: str, vers: dict[str, str]) -> str:
-    blob = json.dumps({"source": source.text, "options": list(options), "arch": arch, "versions": vers},
-                      sort_keys=True)
+    blob = json.dumps({"source": source.text, "options": list(options), "arch": arch, "versions": vers}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -188,8 +187,17 @@ def _load_cached(meta_path: Path, cubin_path: Path, source: Source) -> Compiled 
     except FileNotFoundError:
         return None
     functions = {k: FunctionResources(**v) for k, v in meta["functions"].items()}
-    return Compiled(uri=source.uri, entry=source.entry, arch=meta["arch"], cubin=cubin, log=meta["log"],
-                    functions=functions, key=meta["key"], cached=True, ptx=ptx)
+    return Compiled(
+        uri=source.uri,
+        entry=source.entry,
+        arch=meta["arch"],
+        cubin=cubin,
+        log=meta["log"],
+        functions=functions,
+        key=meta["key"],
+        cached=True,
+        ptx=ptx,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -219,8 +227,9 @@ def compile_source(
         return _compile(source, arch, opts, key, vers, (meta_path, cubin_path))
 
 
-def _compile(source: Source, arch: str, opts: tuple[str, ...], key: str, vers: dict[str, str],
-             paths: tuple[Path, Path] | None) -> Compiled | CompileFailed:
+def _compile(
+    source: Source, arch: str, opts: tuple[str, ...], key: str, vers: dict[str, str], paths: tuple[Path, Path] | None
+) -> Compiled | CompileFailed:
     """Compile, and where `paths` (meta, cubin) are given, fill the cache entry: binaries first, the meta file
     last, since a reader takes the meta file's presence to mean the entry is whole."""
     status, log, cubin, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", opts)
@@ -236,11 +245,20 @@ def _compile(source: Source, arch: str, opts: tuple[str, ...], key: str, vers: d
         meta_path, cubin_path = paths
         atomic_write(cubin_path, cubin, make_parents=True)
         atomic_write(cubin_path.with_suffix(".ptx"), ptx)
-        meta = {"ok": True, "log": log, "key": key, "arch": arch, "uri": source.uri, "options": list(opts),
-                "versions": vers, "functions": {k: asdict(v) for k, v in functions.items()}}
+        meta = {
+            "ok": True,
+            "log": log,
+            "key": key,
+            "arch": arch,
+            "uri": source.uri,
+            "options": list(opts),
+            "versions": vers,
+            "functions": {k: asdict(v) for k, v in functions.items()},
+        }
         atomic_write(meta_path, json.dumps(meta))
-    return Compiled(uri=source.uri, entry=source.entry, arch=arch, cubin=cubin, log=log, functions=functions,
-                    key=key, ptx=ptx)
+    return Compiled(
+        uri=source.uri, entry=source.entry, arch=arch, cubin=cubin, log=log, functions=functions, key=key, ptx=ptx
+    )
 
 
 def compile_many(

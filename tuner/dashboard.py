@@ -34,8 +34,9 @@ class Prepared:
     reports: dict[str, AttachReport] = field(default_factory=dict)
 
 
-def prepare(study_or_db: str | None, storage: str | None = None, artifact_dir: str | Path | None = None,
-            attach: bool = True) -> Prepared:
+def prepare(
+    study_or_db: str | None, storage: str | None = None, artifact_dir: str | Path | None = None, attach: bool = True
+) -> Prepared:
     """Resolve the storage that `study_or_db` names (see `studies.open_studies`; a study name must exist in it),
     and attach artifacts to every study in it. InputError for anything unknown or missing."""
     url, name = studies.resolve_storage(study_or_db, storage)
@@ -61,8 +62,13 @@ def _artifact_store(folder: Path):
     return FileSystemArtifactStore(folder)
 
 
-def serve(study_or_db: str | None, port: int = 8080, host: str = "127.0.0.1", storage: str | None = None,
-          artifact_dir: str | Path | None = None) -> None:
+def serve(
+    study_or_db: str | None,
+    port: int = 8080,
+    host: str = "127.0.0.1",
+    storage: str | None = None,
+    artifact_dir: str | Path | None = None,
+) -> None:
     """Attach artifacts, then run optuna-dashboard (`optuna_dashboard.run_server`) on host:port until
     interrupted. `study_or_db`: a study or kernel name, a .db path, or None with `storage` (a URL)."""
     import optuna_dashboard
@@ -73,11 +79,15 @@ def serve(study_or_db: str | None, port: int = 8080, host: str = "127.0.0.1", st
         if report.skipped:
             skipped = f", {len(report.skipped)} skipped ({next(iter(report.skipped.values()))})"
         print(f"{name}: attached source+PTX to {len(report.attached)} trials{skipped}")
-    print(f"optuna-dashboard: http://{host}:{port}/dashboard/  (storage {prepared.url}, artifacts "
-          f"{prepared.artifact_dir})", flush=True)
+    print(
+        f"optuna-dashboard: http://{host}:{port}/dashboard/  (storage {prepared.url}, artifacts "
+        f"{prepared.artifact_dir})",
+        flush=True,
+    )
     try:
-        optuna_dashboard.run_server(prepared.url, host=host, port=port,
-                                    artifact_store=_artifact_store(prepared.artifact_dir))
+        optuna_dashboard.run_server(
+            prepared.url, host=host, port=port, artifact_store=_artifact_store(prepared.artifact_dir)
+        )
     except OSError as exc:  # the port is taken, or the host cannot be bound
         raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -116,8 +126,14 @@ class Running:
         self.stop()
 
 
-def start(study_or_db: str | None, port: int = 0, host: str = "127.0.0.1", storage: str | None = None,
-          artifact_dir: str | Path | None = None, attach: bool = True) -> Running:
+def start(
+    study_or_db: str | None,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    storage: str | None = None,
+    artifact_dir: str | Path | None = None,
+    attach: bool = True,
+) -> Running:
     """Serve the same optuna-dashboard app (`optuna_dashboard.wsgi`) from a background thread; port 0 picks a
     free port. Returns once the socket listens; `Running.stop()` shuts it down."""
     import optuna_dashboard

@@ -69,8 +69,9 @@ def evaluate_config(
         compiled = compile_source(source, arch)
         if not compiled.ok:
             return compiled
-        return evaluator.evaluate(compiled, family, resolved, problem.env, seed=seed, budget_ms=budget_ms,
-                                  min_reps=min_reps)
+        return evaluator.evaluate(
+            compiled, family, resolved, problem.env, seed=seed, budget_ms=budget_ms, min_reps=min_reps
+        )
     finally:
         if owned:
             evaluator.close()

@@ -196,8 +196,7 @@ def bound(e: Explanation) -> str:
     fp32 = e.fma_pct / 100 if _ok(e.fma_pct) else _div(e.tflops, e.peak_tflops or math.nan)
     units = [("compute (FP32)", fp32), ("L2 bandwidth", e.lts_pct / 100), ("L1 / shared memory", e.l1tex_pct / 100)]
     units = [(name, u) for name, u in units if _ok(u)]
-    compute_bound = bool(units) and max(units, key=lambda nu: nu[1]) == ("compute (FP32)", fp32) \
-        and fp32 >= UNIT_BOUND
+    compute_bound = bool(units) and max(units, key=lambda nu: nu[1]) == ("compute (FP32)", fp32) and fp32 >= UNIT_BOUND
     if not compute_bound and e.local_bytes > 0 and e.local_bytes >= SPILL_BOUND * _nz(e.dram_bytes):
         return "local memory (spills)"
     if _ok(e.of_ceiling) and e.of_ceiling >= HBM_BOUND:
@@ -241,8 +240,11 @@ def findings(e: Explanation) -> list[str]:
             f"{e.ideal_sectors_per_request:g}), {_pct(e.ld_efficiency_pct)} of each 32-byte sector used"
         )
     # Spill misses reach DRAM as well: while spills are the bound, DRAM bytes per load sector are not over-fetch.
-    if _ok(e.dram_read_per_ld_sector) and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES \
-            and e.bound != "local memory (spills)":
+    if (
+        _ok(e.dram_read_per_ld_sector)
+        and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES
+        and e.bound != "local memory (spills)"
+    ):
         out.append(
             f"DRAM over-fetch: {e.dram_read_per_ld_sector:.0f} bytes read from DRAM per 32-byte sector the loads "
             "asked for (the L2 fetches more than the sector when each one sits alone)"

@@ -126,8 +126,9 @@ class Expr:
             raise ExprError(f"expected an expression string, got {type(text).__name__} {text!r}")
         source = str(text)
         if len(source) > MAX_CHARS:
-            raise ExprError(f"expression of {len(source)} characters is longer than the limit of {MAX_CHARS}: "
-                            f"{source[:40]!r}...")
+            raise ExprError(
+                f"expression of {len(source)} characters is longer than the limit of {MAX_CHARS}: {source[:40]!r}..."
+            )
         try:
             tree = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:
@@ -247,5 +248,12 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
 
 
 _PLURALS = {"f-strings", "set literals", "dict literals", "slices"}
-_OPERATOR_WORDS = {"MatMult": "@", "LShift": "<<", "RShift": ">>", "BitOr": "|", "BitAnd": "&", "BitXor": "^",
-                   "Invert": "~"}
+_OPERATOR_WORDS = {
+    "MatMult": "@",
+    "LShift": "<<",
+    "RShift": ">>",
+    "BitOr": "|",
+    "BitAnd": "&",
+    "BitXor": "^",
+    "Invert": "~",
+}

@@ -47,8 +47,7 @@ def atomic_write(path: str | Path, data: bytes | str, *, make_parents: bool = Fa
     path = check_writable(path)
     payload = data.encode() if isinstance(data, str) else data
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.",
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None
     try:

@@ -80,5 +80,13 @@ class GpuFacts:
 DEFAULT = GpuFacts()
 
 #: GPU facts a space expression may name: ``blocks >= sm_count``, ``smem <= smem_per_block_max``, ...
-EXPRESSION_NAMES = ("sm_count", "regs_per_sm", "smem_per_sm", "smem_per_block", "smem_per_block_max",
-                    "max_threads_per_block", "max_warps_per_sm", "l2_bytes")
+EXPRESSION_NAMES = (
+    "sm_count",
+    "regs_per_sm",
+    "smem_per_sm",
+    "smem_per_block",
+    "smem_per_block_max",
+    "max_threads_per_block",
+    "max_warps_per_sm",
+    "l2_bytes",
+)

@@ -32,7 +32,8 @@ from tuner.studies import derived as recorded_derived
 # C++ header
 
 
-CPP_KEYWORDS = frozenset("""
+CPP_KEYWORDS = frozenset(
+    """
 alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class
 compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype
 default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
@@ -40,7 +41,8 @@ int long mutable namespace new noexcept not not_eq nullptr operator or or_eq pri
 reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template
 this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t
 while xor xor_eq
-""".split())
+""".split()
+)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names the generated code uses itself; a size named like one of them gets a trailing underscore.
 _RESERVED = frozenset({"arch", "launch", "p", "want", "best", "c", "d", "a", "b", "distance", "ratio"})
@@ -51,8 +53,9 @@ def check_namespace(namespace: str) -> str:
     parts = namespace.split("::")
     for part in parts:
         if not _IDENT.match(part) or part in CPP_KEYWORDS or "__" in part:
-            raise InputError(f"--namespace {namespace!r}: not a C++ identifier (letters, digits, _, not a "
-                             "keyword; nested with ::)")
+            raise InputError(
+                f"--namespace {namespace!r}: not a C++ identifier (letters, digits, _, not a keyword; nested with ::)"
+            )
     return namespace
 
 
@@ -103,7 +106,7 @@ def c_string(text: str) -> str:
 
 def _raw_string(text: str) -> str:
     for delimiter in ("cuda", "cuda_src", "cuda_src_0", "cuda_src_1"):
-        if f"){delimiter}\"" not in text:
+        if f'){delimiter}"' not in text:
             return f'R"{delimiter}({text}){delimiter}"'
     return c_string(text)  # pathological: fall back to an escaped literal
 
@@ -138,7 +141,7 @@ def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tupl
     if all(g == g0 for _, g in values):
         return f"{g0}u", str(g0)
     subsets: list[tuple[str, ...]] = [(s,) for s in sizes]
-    subsets += [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1:]]
+    subsets += [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1 :]]
     if len(sizes) > 2:
         subsets.append(tuple(sizes))
     for subset in subsets:
@@ -157,8 +160,9 @@ def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tupl
     return None
 
 
-def _launch_specs(ctx: StudyContext, trial: FrozenTrial, params: dict[str, Any], derived: dict[str, Any],
-                  entry: str) -> tuple[list[_LaunchSpec], str]:
+def _launch_specs(
+    ctx: StudyContext, trial: FrozenTrial, params: dict[str, Any], derived: dict[str, Any], entry: str
+) -> tuple[list[_LaunchSpec], str]:
     """The launches of a config with grid formulas in the problem sizes.
 
     `family.launches` is evaluated on the tuned problem and, one size at a time, on that size ×2 and ×3 (the
@@ -179,8 +183,9 @@ def _launch_specs(ctx: StudyContext, trial: FrozenTrial, params: dict[str, Any],
     try:
         base = family.launches(entry, config_for(problem), problem.env)
     except (ValueError, ArithmeticError, KeyError, TypeError) as exc:
-        raise InputError(f"trial {trial.number}: {family.name}.launches() fails on the tuned problem: "
-                         f"{_first_line(exc)}") from None
+        raise InputError(
+            f"trial {trial.number}: {family.name}.launches() fails on the tuned problem: {_first_line(exc)}"
+        ) from None
     probes: list[tuple[dict[str, int], list]] = [(dict(problem.sizes), base)]
     if ctx.space is not None:
         for name in sizes:
@@ -195,8 +200,11 @@ def _launch_specs(ctx: StudyContext, trial: FrozenTrial, params: dict[str, Any],
                     probes.append((scaled, launches))
     notes = []
     if len(probes) == 1:
-        notes.append("grid is the tuned problem's only (no probes: "
-                     + (ctx.space_note or "launches() failed on every scaled problem") + ")")
+        notes.append(
+            "grid is the tuned problem's only (no probes: "
+            + (ctx.space_note or "launches() failed on every scaled problem")
+            + ")"
+        )
     specs = []
     for i, launch in enumerate(base):
         grid, text = [], []
@@ -207,9 +215,16 @@ def _launch_specs(ctx: StudyContext, trial: FrozenTrial, params: dict[str, Any],
                 notes.append(f"launch {i} grid.{'xyz'[d]}: no ceil_div formula fits; tuned problem only")
             grid.append(fit[0])
             text.append(fit[1])
-        specs.append(_LaunchSpec(entry=launch.entry, block=tuple(launch.block),
-                                 smem_dynamic=launch.smem_dynamic, args=tuple(launch.args), grid=grid,
-                                 grid_text=text))
+        specs.append(
+            _LaunchSpec(
+                entry=launch.entry,
+                block=tuple(launch.block),
+                smem_dynamic=launch.smem_dynamic,
+                args=tuple(launch.args),
+                grid=grid,
+                grid_text=text,
+            )
+        )
     return specs, "; ".join(notes)
 
 
@@ -234,8 +249,19 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
 
                 entry = uri(ctx.family, params)
             launches, note = _launch_specs(ctx, t, params, derived, entry)
-            out.append(_Exported(name="", study=study, trial=t, ctx=ctx, params=params, derived=derived,
-                                 launches=launches, grid_note=note, source=source.text if source else None))
+            out.append(
+                _Exported(
+                    name="",
+                    study=study,
+                    trial=t,
+                    ctx=ctx,
+                    params=params,
+                    derived=derived,
+                    launches=launches,
+                    grid_note=note,
+                    source=source.text if source else None,
+                )
+            )
     kernels_seen = {e.ctx.kernel for e in out}
     if len(kernels_seen) > 1:
         raise InputError(f"the studies are of several kernels ({', '.join(sorted(kernels_seen))}); name one")
@@ -264,8 +290,12 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
     return out
 
 
-def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fastest", namespace: str = "tuned",
-                with_source: bool = False) -> str:
+def header_text(
+    studies: optuna.Study | Sequence[optuna.Study],
+    pick: str = "fastest",
+    namespace: str = "tuned",
+    with_source: bool = False,
+) -> str:
     """The text `write_header` writes (see there)."""
     if isinstance(studies, optuna.Study):
         studies = [studies]
@@ -300,8 +330,10 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
         problem = attrs.get("problem") or {}
         size_text = " ".join(f"{k}={v}" for k, v in (problem.get("sizes") or {}).items())
         lines.append("//")
-        lines.append(f"// study {study.study_name}: {attrs.get('gpu', '?')} ({attrs.get('arch', '?')}), "
-                     f"problem {problem.get('name', '?')} {problem.get('dtype', '')} {size_text}")
+        lines.append(
+            f"// study {study.study_name}: {attrs.get('gpu', '?')} ({attrs.get('arch', '?')}), "
+            f"problem {problem.get('name', '?')} {problem.get('dtype', '')} {size_text}"
+        )
         for e in (c for c in configs if c.study is study):
             a = e.trial.user_attrs
             when = e.trial.datetime_complete.strftime("%Y-%m-%d") if e.trial.datetime_complete else "?"
@@ -310,10 +342,14 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
                 tput += f", {float(a.get('tflops') or 0):.2f} TFLOP/s"
             fraction = float(a.get("fraction_of_ceiling") or 0)
             ceiling = float(a.get("ceiling_tbps") or 0)
-            lines.append(f"//   {e.name}: {tput} = {fraction:.3f} of the {ceiling:.2f} TB/s ceiling, "
-                         f"median {float(a.get('median_ms') or 0):.4g} ms;")
-            lines.append(f"//     {a.get('registers', '?')} registers, {a.get('smem_bytes', '?')} B SMEM, "
-                         f"{a.get('blocks_per_sm', '?')} blocks/SM; trial {e.trial.number}, measured {when}")
+            lines.append(
+                f"//   {e.name}: {tput} = {fraction:.3f} of the {ceiling:.2f} TB/s ceiling, "
+                f"median {float(a.get('median_ms') or 0):.4g} ms;"
+            )
+            lines.append(
+                f"//     {a.get('registers', '?')} registers, {a.get('smem_bytes', '?')} B SMEM, "
+                f"{a.get('blocks_per_sm', '?')} blocks/SM; trial {e.trial.number}, measured {when}"
+            )
             if e.grid_note:
                 lines.append(f"//     note: {e.grid_note}")
     lines += [
@@ -350,7 +386,7 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
         "};",
         "",
         "struct Launch {",
-        "    const char* entry;            // extern \"C\" kernel name in the source",
+        '    const char* entry;            // extern "C" kernel name in the source',
         "    Dim3 block;",
         "    unsigned smem_dynamic_bytes;",
         "};",
@@ -359,7 +395,7 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
         "    const char* uri;              // readable name: the same in logs, caches and the dashboard",
         "    const char* study;",
         "    const char* gpu;              // the GPU it was measured on",
-        "    const char* arch;             // e.g. \"sm_90\"",
+        '    const char* arch;             // e.g. "sm_90"',
         "    const char* problem_name;",
         "    const char* dtype;",
         "    Problem problem;              // the sizes it was tuned for (and its source compiled for)",
@@ -397,8 +433,9 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
         lines.append(f"inline constexpr Launch {e.name}_launches[] = {{")
         for spec in e.launches:
             block = ", ".join(f"{b}u" for b in spec.block)
-            lines.append(f"    {{{c_string(spec.entry)}, {{{block}}}, {spec.smem_dynamic}u}},  "
-                         f"// args: {', '.join(spec.args)}")
+            lines.append(
+                f"    {{{c_string(spec.entry)}, {{{block}}}, {spec.smem_dynamic}u}},  // args: {', '.join(spec.args)}"
+            )
         lines.append("};")
         lines.append(f"constexpr Dim3 {e.name}_grid(const Problem& p, int launch) {{")
         for i, spec in enumerate(e.launches):
@@ -467,7 +504,7 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
         "}",
         "",
         "// The config tuned for the problem nearest to the given sizes (an exact match wins; ties go to the",
-        "// earlier, i.e. faster, config) among those tuned on `arch` (e.g. \"sm_90\"), or on any arch when",
+        '// earlier, i.e. faster, config) among those tuned on `arch` (e.g. "sm_90"), or on any arch when',
         "// arch is nullptr. nullptr only when no config was tuned on that arch.",
         f"constexpr const Config* select({', '.join(f'long long {n}' for n in size_names)}, "
         "const char* arch = nullptr) {",
@@ -488,8 +525,13 @@ def header_text(studies: optuna.Study | Sequence[optuna.Study], pick: str = "fas
     return "\n".join(lines)
 
 
-def write_header(studies: optuna.Study | Sequence[optuna.Study], path: str | Path, pick: str = "fastest",
-                 namespace: str = "tuned", with_source: bool = False) -> Path:
+def write_header(
+    studies: optuna.Study | Sequence[optuna.Study],
+    path: str | Path,
+    pick: str = "fastest",
+    namespace: str = "tuned",
+    with_source: bool = False,
+) -> Path:
     """Write a self-contained C++17 header of the tuned configs of one or more studies of one kernel.
 
     Layout: ``#pragma once``; a comment block (per study: name, GPU, arch, problem; per config: TB/s — and
@@ -510,4 +552,3 @@ def write_header(studies: optuna.Study | Sequence[optuna.Study], path: str | Pat
         raise InputError(f"--pick {pick!r}: expected fastest or pareto")
     path = check_writable(path, None, "--header")
     return atomic_write(path, header_text(studies, pick, namespace, with_source))
-

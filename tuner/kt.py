@@ -23,8 +23,11 @@ from typing import Any
 from tuner.errors import InputError
 
 #: Kernel Tuner's failure strings → our failure kinds
-FAILURES = {"InvalidConfig": "invalid", "CompilationFailedConfig": "compile_failed",
-            "RuntimeFailedConfig": "launch_failed"}
+FAILURES = {
+    "InvalidConfig": "invalid",
+    "CompilationFailedConfig": "compile_failed",
+    "RuntimeFailedConfig": "launch_failed",
+}
 #: and back (kinds Kernel Tuner has no word for are runtime failures to it)
 KT_FAILURE = {"invalid": "InvalidConfig", "compile_failed": "CompilationFailedConfig"}
 #: Kernel Tuner marks failed configs with this time in caches written before the failure strings existed
@@ -97,10 +100,23 @@ def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[s
         ours = entry.get("tuner") if isinstance(entry.get("tuner"), dict) else {}
         time_ms = float(entry["time"])
         times = [float(t) for t in entry.get("times") or [] if isinstance(t, int | float)]
-        attrs = {"median_ms": time_ms, "p20_ms": time_ms, "p80_ms": time_ms, "repetitions": len(times),
-                 "bytes_moved": 0, "flops": 0, "tbps": 0.0, "tflops": 0.0, "ceiling_tbps": 0.0,
-                 "fraction_of_ceiling": 0.0, "registers": 0, "smem_static_bytes": 0, "smem_dynamic_bytes": 0,
-                 "spill_bytes": 0, "gpu": str(data.get("device_name", ""))}
+        attrs = {
+            "median_ms": time_ms,
+            "p20_ms": time_ms,
+            "p80_ms": time_ms,
+            "repetitions": len(times),
+            "bytes_moved": 0,
+            "flops": 0,
+            "tbps": 0.0,
+            "tflops": 0.0,
+            "ceiling_tbps": 0.0,
+            "fraction_of_ceiling": 0.0,
+            "registers": 0,
+            "smem_static_bytes": 0,
+            "smem_dynamic_bytes": 0,
+            "spill_bytes": 0,
+            "gpu": str(data.get("device_name", "")),
+        }
         if len(times) >= 2:
             ordered = sorted(times)
             attrs["p20_ms"] = ordered[int(0.2 * (len(ordered) - 1))]
@@ -140,8 +156,10 @@ def _chunks(items: list[str], head: str) -> list[list[str]]:
 
 def _not_in(names: list[str], tuples: list[tuple[Any, ...]]) -> list[str]:
     head = f"{_tuple_names(names)} not in "
-    return [head + "(" + ", ".join(chunk) + ("," if len(chunk) == 1 else "") + ")"
-            for chunk in _chunks([_tuple(t) for t in sorted(tuples, key=repr)], head)]
+    return [
+        head + "(" + ", ".join(chunk) + ("," if len(chunk) == 1 else "") + ")"
+        for chunk in _chunks([_tuple(t) for t in sorted(tuples, key=repr)], head)
+    ]
 
 
 def _tuple_names(names: list[str]) -> str:
@@ -181,8 +199,8 @@ def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
         doc = {
             "kernel": "kt",
             "description": f"Imported from the Kernel Tuner cache {Path(source).name} (kernel "
-                           f"{data.get('kernel_name')!r} on {data.get('device_name')!r}, problem size "
-                           f"{data.get('problem_size')!r}). Replay only: answer it with --replay on that cache.",
+            f"{data.get('kernel_name')!r} on {data.get('device_name')!r}, problem size "
+            f"{data.get('problem_size')!r}). Replay only: answer it with --replay on that cache.",
             "problem": {"name": name, "dtype": "float32"},
             "params": params,
             "constraints": constraints + extra,
@@ -202,8 +220,7 @@ def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
         path.write_text(render(extra))
         final = {tuple(c[k] for k in keys) for c in space_mod.load(path).enumerate()}
     if final != valid:
-        raise InputError(f"cannot express the cache's valid set as constraints ({len(final)} vs {len(valid)})",
-                         source)
+        raise InputError(f"cannot express the cache's valid set as constraints ({len(final)} vs {len(valid)})", source)
     return render(extra), len(valid)
 
 
@@ -217,14 +234,22 @@ def cache_from_study(study, params_order: list[str] | None = None) -> dict[str, 
     under ``"tuner"`` so a round trip loses nothing. ``benchmark_time`` holds the trial's whole wall time (ours
     does not split compile, verification and timing); ``compile_time`` and ``verification_time`` are 0."""
     trials = study.get_trials(deepcopy=False)
-    evaluated = [t for t in trials if t.params and "duplicate_of" not in t.user_attrs
-                 and "screened" not in t.user_attrs and t.state.name in ("COMPLETE", "FAIL", "PRUNED")
-                 and t.user_attrs.get("failure") != "interrupted"]
+    evaluated = [
+        t
+        for t in trials
+        if t.params
+        and "duplicate_of" not in t.user_attrs
+        and "screened" not in t.user_attrs
+        and t.state.name in ("COMPLETE", "FAIL", "PRUNED")
+        and t.user_attrs.get("failure") != "interrupted"
+    ]
     if not evaluated:
         raise InputError(f"study {study.study_name} has no evaluated trials to write")
     keys = params_order or list(evaluated[0].distributions)
-    tune_params = {k: list(evaluated[0].distributions[k].choices) if hasattr(evaluated[0].distributions[k],
-                                                                            "choices") else [] for k in keys}
+    tune_params = {
+        k: list(evaluated[0].distributions[k].choices) if hasattr(evaluated[0].distributions[k], "choices") else []
+        for k in keys
+    }
     attrs = study.user_attrs
     problem = attrs.get("problem") or {}
     cache: dict[str, Any] = {}
@@ -239,9 +264,16 @@ def cache_from_study(study, params_order: list[str] | None = None) -> dict[str, 
         else:
             entry["time"] = KT_FAILURE.get(failure or "", "RuntimeFailedConfig")
             entry["tuner"] = {"failure": failure, "reason": t.user_attrs.get("reason", "")}
-        entry.update({"compile_time": 0.0, "verification_time": 0.0, "benchmark_time": round(wall_ms, 3),
-                      "strategy_time": 0.0, "framework_time": 0.0,
-                      "timestamp": t.datetime_complete.isoformat() if t.datetime_complete else ""})
+        entry.update(
+            {
+                "compile_time": 0.0,
+                "verification_time": 0.0,
+                "benchmark_time": round(wall_ms, 3),
+                "strategy_time": 0.0,
+                "framework_time": 0.0,
+                "timestamp": t.datetime_complete.isoformat() if t.datetime_complete else "",
+            }
+        )
         cache.setdefault(key, entry)
     return {
         "device_name": attrs.get("gpu", ""),

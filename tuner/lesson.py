@@ -326,8 +326,9 @@ def registers(bench: Bench | None) -> LessonResult:
         if bench is not None:
             timed = bench.time(space, params, problem)
             # A compute-bound GEMM: its bytes per second (and their share of the copy ceiling) say nothing.
-            row.measured.update({k: v for k, v in timed.items()
-                                 if k not in ("registers", "spill_bytes", "tbps", "fraction_of_ceiling")})
+            row.measured.update(
+                {k: v for k, v in timed.items() if k not in ("registers", "spill_bytes", "tbps", "fraction_of_ceiling")}
+            )
             if n in (2, 8):  # the default and the tightest bound: the spill traffic ncu sees
                 e = bench.profile(space, params, problem, f"lb{n}", result, row)
                 if e is not None:

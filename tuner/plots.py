@@ -57,12 +57,12 @@ def plot_pareto(study: optuna.Study, path: str | Path) -> Path:
     table = pareto_frame(study).to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
     title = f"{study.study_name}: Pareto front"
     page = (
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html><head><meta charset="utf-8">'
         f"<title>{_html_escape(title)}</title>"
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
         "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}</style></head><body>\n"
         f"<h1>{_html_escape(title)}</h1>\n"
-        f"<img alt=\"Pareto plot\" src=\"data:image/png;base64,{base64.b64encode(png).decode()}\">\n"
+        f'<img alt="Pareto plot" src="data:image/png;base64,{base64.b64encode(png).decode()}">\n'
         f"{table}\n</body></html>\n"
     )
     return atomic_write(path, page)
@@ -91,39 +91,76 @@ def _pareto_png(study: optuna.Study) -> bytes:
     regs, smem = column(trials, "registers"), column(trials, "smem_bytes")
     smem_kib = [v / 1024 for v in smem]
     panels = [
-        ("registers", regs, column(front, "registers"), smem_kib, "SMEM KiB/block",
-         "registers / thread", [(k, register_budget(block_threads, k, facts)) for k in RESIDENT_BLOCKS],
-         f"lines: registers for 1/2/4/8 blocks/SM at {block_threads} threads/block ({threads_note})", ""),
-        ("smem", smem_kib, [v / 1024 for v in column(front, "smem_bytes")], regs, "registers/thread",
-         "SMEM KiB / block", [(k, smem_budget(k, facts) / 1024) for k in RESIDENT_BLOCKS],
-         f"lines: SMEM/block for 1/2/4/8 blocks/SM ({facts.smem_per_sm // 1024} KiB/SM, "
-         f"{facts.smem_reserved_per_block} B reserved/block{'' if facts.measured else ', H100/H200 figures'})",
-         " KiB"),
+        (
+            "registers",
+            regs,
+            column(front, "registers"),
+            smem_kib,
+            "SMEM KiB/block",
+            "registers / thread",
+            [(k, register_budget(block_threads, k, facts)) for k in RESIDENT_BLOCKS],
+            f"lines: registers for 1/2/4/8 blocks/SM at {block_threads} threads/block ({threads_note})",
+            "",
+        ),
+        (
+            "smem",
+            smem_kib,
+            [v / 1024 for v in column(front, "smem_bytes")],
+            regs,
+            "registers/thread",
+            "SMEM KiB / block",
+            [(k, smem_budget(k, facts) / 1024) for k in RESIDENT_BLOCKS],
+            f"lines: SMEM/block for 1/2/4/8 blocks/SM ({facts.smem_per_sm // 1024} KiB/SM, "
+            f"{facts.smem_reserved_per_block} B reserved/block{'' if facts.measured else ', H100/H200 figures'})",
+            " KiB",
+        ),
     ]
     fig = Figure(figsize=(13, 5.2), dpi=110)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
     ceiling = fastest.user_attrs.get("ceiling_tbps") if unit == "TB/s" else None
-    for ax, (_, xs, xs_front, colors, color_label, xlabel, budgets, note, budget_unit) in zip(axes, panels,
-                                                                                              strict=True):
+    for ax, (_, xs, xs_front, colors, color_label, xlabel, budgets, note, budget_unit) in zip(
+        axes, panels, strict=True
+    ):
         points = ax.scatter(xs, y_all, c=colors, cmap="viridis", s=28, alpha=0.85, linewidths=0, zorder=2)
         fig.colorbar(points, ax=ax, label=color_label, pad=0.01)
-        ax.scatter(xs_front, y_front, s=130, facecolors="none", edgecolors="crimson", linewidths=1.8, zorder=3,
-                   label=f"Pareto front ({len(front)})")
+        ax.scatter(
+            xs_front,
+            y_front,
+            s=130,
+            facecolors="none",
+            edgecolors="crimson",
+            linewidths=1.8,
+            zorder=3,
+            label=f"Pareto front ({len(front)})",
+        )
         hi = max(max(xs, default=0.0) * 1.25, min(b for _, b in budgets) * 1.1, 1.0)
         off_scale = []
         for k, budget in budgets:
             if budget <= hi:
                 ax.axvline(budget, color="0.45", linestyle="--", linewidth=1, zorder=1)
-                ax.annotate(f"{k} blk/SM", (budget, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                            ha="right", va="top", fontsize=8, color="0.3")
+                ax.annotate(
+                    f"{k} blk/SM",
+                    (budget, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    ha="right",
+                    va="top",
+                    fontsize=8,
+                    color="0.3",
+                )
             else:
                 off_scale.append(f"{k} blk ≤ {budget:g}{budget_unit}")
         if off_scale:
             note += "\noff scale: " + ", ".join(off_scale)
         if ceiling:
-            ax.axhline(float(ceiling), color="tab:orange", linestyle=":", linewidth=1.2,
-                       label=f"copy ceiling {float(ceiling):.2f} TB/s")
+            ax.axhline(
+                float(ceiling),
+                color="tab:orange",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"copy ceiling {float(ceiling):.2f} TB/s",
+            )
         ax.set_xlim(0, hi)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"throughput ({unit})")
@@ -131,10 +168,12 @@ def _pareto_png(study: optuna.Study) -> bytes:
         ax.grid(alpha=0.25)
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
     gpu = study.user_attrs.get("gpu", "")
-    fig.suptitle(f"{study.study_name} — {len(trials)} measured configs, {gpu}; best "
-                 f"{fastest.user_attrs.get('uri', '')} {throughput(study, fastest):.3g} {unit}", fontsize=11)
+    fig.suptitle(
+        f"{study.study_name} — {len(trials)} measured configs, {gpu}; best "
+        f"{fastest.user_attrs.get('uri', '')} {throughput(study, fastest):.3g} {unit}",
+        fontsize=11,
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-

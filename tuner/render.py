@@ -111,8 +111,10 @@ def render(
     env = env or _env(family)
     for key, value in {**config, "dtype": problem_env.get("dtype")}.items():
         if isinstance(value, str) and not _IDENTIFIER.fullmatch(value):
-            raise TemplateError(f"{key}={value!r} is not an identifier: string values select a variant and are "
-                                f"never pasted into CUDA", family.template)
+            raise TemplateError(
+                f"{key}={value!r} is not an identifier: string values select a variant and are never pasted into CUDA",
+                family.template,
+            )
     name = uri(family, params)
     context = {
         **problem_env,
@@ -124,8 +126,9 @@ def render(
         template = env.get_template(family.template)
         text = template.render(**context)
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"template syntax error: {exc.message}", exc.filename or family.template,
-                            exc.lineno) from None
+        raise TemplateError(
+            f"template syntax error: {exc.message}", exc.filename or family.template, exc.lineno
+        ) from None
     except jinja2.TemplateNotFound as exc:
         raise TemplateError(f"template {exc.name!r} not found in {env.loader.searchpath}") from None
     except jinja2.UndefinedError as exc:
@@ -136,8 +139,9 @@ def render(
         where, line = _template_frame(sys.exc_info()[2], family.template)
         if line is None:  # not raised by template code: a bug of ours, keep the traceback
             raise
-        raise TemplateError(f"cannot render with {_describe(params)}: {type(exc).__name__}: {exc}", where,
-                            line) from None
+        raise TemplateError(
+            f"cannot render with {_describe(params)}: {type(exc).__name__}: {exc}", where, line
+        ) from None
     return Source(kernel=family.name, text=text, entry=name, uri=name, template=family.template)
 
 

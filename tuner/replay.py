@@ -43,8 +43,7 @@ class ReplayEvaluator:
 
     measures = False
 
-    def __init__(self, path: str | Path, study_name: str | None = None, delay_s: float = 0.0,
-                 gpu_index: int = 0):
+    def __init__(self, path: str | Path, study_name: str | None = None, delay_s: float = 0.0, gpu_index: int = 0):
         self.path = str(path)
         self.delay_s = delay_s
         self.gpu_index = gpu_index
@@ -58,12 +57,24 @@ class ReplayEvaluator:
 
     def start(self) -> dict[str, Any]:
         facts = GpuFacts.from_dict(self.study_attrs.get(StudyAttr.GPU_FACTS))
-        return {"gpu": f"replay:{Path(self.path).name}", "gpu_index": self.gpu_index,
-                "arch": str(self.study_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH), "ceiling_tbps": None,
-                "gpu_facts": facts.to_dict()}
+        return {
+            "gpu": f"replay:{Path(self.path).name}",
+            "gpu_index": self.gpu_index,
+            "arch": str(self.study_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH),
+            "ceiling_tbps": None,
+            "gpu_facts": facts.to_dict(),
+        }
 
-    def evaluate(self, compiled: Any, family: Family | str, config: dict[str, Any], problem: Any,
-                 seed: int | None = None, budget_ms: float = 25.0, min_reps: int = 10) -> Result:
+    def evaluate(
+        self,
+        compiled: Any,
+        family: Family | str,
+        config: dict[str, Any],
+        problem: Any,
+        seed: int | None = None,
+        budget_ms: float = 25.0,
+        min_reps: int = 10,
+    ) -> Result:
         """The recorded result of the config whose params `config` holds (its derived values are ignored)."""
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -89,23 +100,26 @@ class RecordedSubspace(SearchSpace):
             return "config not in the replay recording (the searched space is the recorded subset)"
         return reason
 
-    def enumerate(self, problem: Problem | None = None, budget: int | None = None,
-                  errors: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    def enumerate(
+        self, problem: Problem | None = None, budget: int | None = None, errors: list[str] | None = None
+    ) -> Iterator[dict[str, Any]]:
         for config in super().enumerate(problem, budget, errors):
             if params_key(config) in self.recorded:
                 yield config
 
 
-def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None
-                      ) -> RecordedSubspace:
+def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None) -> RecordedSubspace:
     """The part of `space` that a recording (params key → record, as `load_records` returns) holds: the valid
     configs it recorded (measured or failed), each param's values cut to those they use (in declared order), and
     as default the space's default when recorded, else the recorded config nearest to it (fewest steps along
     each param's values; the first in enumeration order among equals). A search replayed over a partial
     recording is a search over this subset: a config the recording lacks is neither proposed as valid nor
     counted. InputError when the recording holds none of the space's valid configs."""
-    configs = [c for c in (json.loads(k) for k in records)
-               if set(c) == set(space.params) and space.validate(c, problem) is None]
+    configs = [
+        c
+        for c in (json.loads(k) for k in records)
+        if set(c) == set(space.params) and space.validate(c, problem) is None
+    ]
     if not configs:
         raise InputError("replay file holds none of the space's configs", str(space.path))
     keys = frozenset(params_key(c) for c in configs)
@@ -114,12 +128,20 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
     default = dict(space.default)
     if params_key(default) not in keys:
         order = {params_key(c): i for i, c in enumerate(space.enumerate(problem)) if params_key(c) in keys}
-        default = min(configs, key=lambda c: (sum(abs(index[n][c[n]] - index[n][default[n]]) for n in index),
-                                              order.get(params_key(c), 0)))
+        default = min(
+            configs,
+            key=lambda c: (sum(abs(index[n][c[n]] - index[n][default[n]]) for n in index), order.get(params_key(c), 0)),
+        )
     fields = {f.name: getattr(space, f.name) for f in dataclasses.fields(space)}
-    return RecordedSubspace(**{**fields, "params": params, "default": dict(default),
-                               "description": f"{space.description} [replayed: the {len(keys)} recorded configs]"},
-                            recorded=keys)
+    return RecordedSubspace(
+        **{
+            **fields,
+            "params": params,
+            "default": dict(default),
+            "description": f"{space.description} [replayed: the {len(keys)} recorded configs]",
+        },
+        recorded=keys,
+    )
 
 
 #: recordings read in this process, by (path, study name, size, mtime): a replayed study reads its recording
@@ -127,8 +149,9 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
 _LOADED: dict[tuple[Any, ...], tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]] = {}
 
 
-def load_recording(path: str, study_name: str | None = None
-                   ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
+def load_recording(
+    path: str, study_name: str | None = None
+) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names) of a
     recording: a study database (a SQLite file, ``.db.gz`` for a gzipped one, or a SQLAlchemy URL) or a Kernel
     Tuner cache (``.json``, ``.json.gz``; see `tuner.kt`). A file read before in this process and unchanged since
@@ -145,8 +168,9 @@ def load_recording(path: str, study_name: str | None = None
     return _LOADED[key]
 
 
-def _load_recording(path: str, study_name: str | None = None
-                    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
+def _load_recording(
+    path: str, study_name: str | None = None
+) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -155,8 +179,7 @@ def _load_recording(path: str, study_name: str | None = None
 
     if kt.is_cache_path(path):
         data = kt.read_cache(path)
-        return kt.records(data, path), {StudyAttr.GPU: str(data.get("device_name", ""))}, \
-            list(data["tune_params_keys"])
+        return kt.records(data, path), {StudyAttr.GPU: str(data.get("device_name", ""))}, list(data["tune_params_keys"])
     if path.endswith(".gz") and "://" not in path:
         return _load_gzipped_db(path, study_name)
     url = readonly_url(path)  # a recording is an input: never written, not even Optuna's tables
@@ -183,7 +206,6 @@ def _load_recording(path: str, study_name: str | None = None
         if trial.state.name == "COMPLETE" or (trial.state.name == "FAIL" and TrialAttr.FAILURE in attrs):
             records[params_key(trial.params)] = (trial.state.name, dict(attrs))
     return records, dict(study.user_attrs), sorted(param_names)
-
 
 
 def load_records(path: str, study_name: str | None = None) -> dict[str, tuple[str, dict[str, Any]]]:

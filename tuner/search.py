@@ -91,8 +91,9 @@ class Codec:
             state=state,
             values=values if state == TrialState.COMPLETE else None,
             params=self.encode(frozen.params),
-            distributions=dict(self.sampler_dists) if not frozen.params else
-            {n: self.sampler_dists[n] for n in frozen.params},
+            distributions=dict(self.sampler_dists)
+            if not frozen.params
+            else {n: self.sampler_dists[n] for n in frozen.params},
             user_attrs=dict(frozen.user_attrs),
             system_attrs=dict(frozen.system_attrs),
         )

@@ -44,8 +44,18 @@ from tuner.expr import Expr, ExprError
 from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
-TOP_LEVEL_KEYS = ("kernel", "family", "template", "description", "problem", "params", "constraints", "derived",
-                  "objectives", "default")
+TOP_LEVEL_KEYS = (
+    "kernel",
+    "family",
+    "template",
+    "description",
+    "problem",
+    "params",
+    "constraints",
+    "derived",
+    "objectives",
+    "default",
+)
 METRICS = (
     "throughput",
     "tbps",
@@ -186,8 +196,9 @@ class SearchSpace:
         return None
 
     # -- enumeration ----------------------------------------------------------------------------------------------
-    def enumerate(self, problem: Problem | None = None, budget: int | None = None,
-                  errors: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    def enumerate(
+        self, problem: Problem | None = None, budget: int | None = None, errors: list[str] | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Yield every valid config (params only) lazily, in the order of the params' declared values.
 
         With `budget`, raise WalkBudgetExceeded after visiting that many partial configs. With `errors`, append
@@ -249,9 +260,11 @@ class SearchSpace:
         try:
             return list(self.enumerate(problem, budget=budget))
         except WalkBudgetExceeded:
-            raise SpaceError(f"the space is too large to list its valid configs ({self.cartesian:,} Cartesian "
-                             f"configs; a walk of {budget:,} partial configs did not finish)",
-                             str(self.path)) from None
+            raise SpaceError(
+                f"the space is too large to list its valid configs ({self.cartesian:,} Cartesian "
+                f"configs; a walk of {budget:,} partial configs did not finish)",
+                str(self.path),
+            ) from None
 
     def sample(self, n: int, seed: int = 0, problem: Problem | None = None) -> list[dict[str, Any]]:
         """A seeded sample of n distinct valid configs (all of them when the space has fewer).
@@ -276,8 +289,11 @@ class SearchSpace:
                 if len(found) == n:
                     break
         if not found:
-            raise SpaceError(f"no valid config among {SAMPLE_DRAWS:,} random draws from {self.cartesian:,} "
-                             f"Cartesian configs (the constraints may rule out all of them)", str(self.path))
+            raise SpaceError(
+                f"no valid config among {SAMPLE_DRAWS:,} random draws from {self.cartesian:,} "
+                f"Cartesian configs (the constraints may rule out all of them)",
+                str(self.path),
+            )
         return list(found.values())
 
     # -- user-facing config parsing -------------------------------------------------------------------------------
@@ -422,14 +438,20 @@ def load(space: str | Path) -> SearchSpace:
             first = next(space.enumerate(problem, budget=WALK_BUDGET, errors=errors), None)
         except WalkBudgetExceeded:
             hint = f"; {errors[0]}" if errors else ""
-            raise SpaceError(f"no valid config for problem {problem.name!r} found among the first {WALK_BUDGET:,} "
-                             f"partial configs of {space.cartesian:,} Cartesian ones{hint} (if valid configs "
-                             f"exist, name one under 'default:')", where) from None
+            raise SpaceError(
+                f"no valid config for problem {problem.name!r} found among the first {WALK_BUDGET:,} "
+                f"partial configs of {space.cartesian:,} Cartesian ones{hint} (if valid configs "
+                f"exist, name one under 'default:')",
+                where,
+            ) from None
         if first is None:
             if errors:
                 raise SpaceError(f"no valid configs for problem {problem.name!r}: {errors[0]}", where)
-            raise SpaceError(f"no valid configs for problem {problem.name!r}: the constraints rule out all "
-                             f"{space.cartesian:,} Cartesian configs", where)
+            raise SpaceError(
+                f"no valid configs for problem {problem.name!r}: the constraints rule out all "
+                f"{space.cartesian:,} Cartesian configs",
+                where,
+            )
         if default is None and not space.default:
             space.default = first
     if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
@@ -453,8 +475,11 @@ class _Loader(yaml.SafeLoader):
                     continue
                 if first != key_node.start_mark.line + 1:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} appears twice (lines {first} and {key_node.start_mark.line + 1})",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"key {key!r} appears twice (lines {first} and {key_node.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep)
 
 
@@ -495,8 +520,11 @@ def _load_problems(spec: Any, family, fail) -> list[Problem]:
         name = str(item.pop("name", f"problem{i}"))
         dtype = item.pop("dtype", "float32")
         if dtype not in family.dtypes:
-            raise fail(f"dtype {dtype!r} is not supported by {family.name} (supported: {', '.join(family.dtypes)})",
-                       *keys, "dtype")
+            raise fail(
+                f"dtype {dtype!r} is not supported by {family.name} (supported: {', '.join(family.dtypes)})",
+                *keys,
+                "dtype",
+            )
         for key, value in item.items():
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PROBLEM_SIZE:
                 raise fail(f"problem size {key!r} must be a positive 64-bit integer, got {value!r}", *keys, key)
@@ -527,8 +555,12 @@ def _load_params(spec: Any, fail) -> dict[str, tuple[Any, ...]]:
             if isinstance(v, dict | list) or v is None:
                 raise fail(f"parameter {name!r}: value {v!r} is not a scalar", "params", name)
             if isinstance(v, str) and not IDENTIFIER.fullmatch(v):
-                raise fail(f"parameter {name!r}: string value {v!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*); "
-                           f"string values name a variant and are never pasted into CUDA", "params", name)
+                raise fail(
+                    f"parameter {name!r}: string value {v!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*); "
+                    f"string values name a variant and are never pasted into CUDA",
+                    "params",
+                    name,
+                )
         if len(set(values)) != len(values):
             raise fail(f"parameter {name!r} lists a value twice", "params", name)
         params[name] = tuple(values)
@@ -540,8 +572,13 @@ def _expand_range(name: str, spec: dict, fail) -> list[Any]:
         return spec["values"]
     if "pow2" in spec and len(spec) == 1:
         lo_hi = spec["pow2"]
-        if (not isinstance(lo_hi, list) or len(lo_hi) != 2 or not all(isinstance(x, int) and x > 0 for x in lo_hi)
-                or any(x & (x - 1) for x in lo_hi) or lo_hi[0] > lo_hi[1]):
+        if (
+            not isinstance(lo_hi, list)
+            or len(lo_hi) != 2
+            or not all(isinstance(x, int) and x > 0 for x in lo_hi)
+            or any(x & (x - 1) for x in lo_hi)
+            or lo_hi[0] > lo_hi[1]
+        ):
             raise fail(f"parameter {name!r}: pow2 expects [lo, hi], powers of two with lo <= hi", "params", name)
         lo, hi = lo_hi
         if hi.bit_length() > 64:
@@ -555,11 +592,18 @@ def _expand_range(name: str, spec: dict, fail) -> list[Any]:
         if step <= 0:
             raise fail(f"parameter {name!r}: range step must be positive", "params", name)
         if len(range(lo, hi + 1, step)) > MAX_RANGE:
-            raise fail(f"parameter {name!r}: range of {len(range(lo, hi + 1, step)):,} values is above the limit "
-                       f"of {MAX_RANGE:,}", "params", name)
+            raise fail(
+                f"parameter {name!r}: range of {len(range(lo, hi + 1, step)):,} values is above the limit "
+                f"of {MAX_RANGE:,}",
+                "params",
+                name,
+            )
         return list(range(lo, hi + 1, step))
-    raise fail(f"parameter {name!r}: expected one of {{values: [...]}}, {{pow2: [lo, hi]}}, {{range: [lo, hi]}}",
-               "params", name)
+    raise fail(
+        f"parameter {name!r}: expected one of {{values: [...]}}, {{pow2: [lo, hi]}}, {{range: [lo, hi]}}",
+        "params",
+        name,
+    )
 
 
 def _load_exprs(spec: Any, key: str, fail):
@@ -593,7 +637,7 @@ def _load_objectives(spec: Any, fail) -> list[Objective]:
     for i, item in enumerate(spec):
         if not isinstance(item, dict) or len(item) != 1:
             raise fail("each objective is {metric: maximize|minimize}", "objectives", i)
-        (name, direction), = item.items()
+        ((name, direction),) = item.items()
         if name not in METRICS:
             raise fail(f"unknown objective metric {name!r} (known: {', '.join(METRICS)})", "objectives", i)
         if direction not in ("maximize", "minimize"):
@@ -628,7 +672,7 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
         if name in level:
             return level[name]
         if name in visiting:
-            cycle = visiting[visiting.index(name):] + [name]
+            cycle = visiting[visiting.index(name) :] + [name]
             if len(cycle) == 2:
                 raise fail(f"derived value {name!r} depends on itself", "derived", name)
             raise fail(f"derived values form a cycle: {' → '.join(cycle)}", "derived", cycle[0])
@@ -655,4 +699,3 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
         lvl = max((level[n] for n in expr.names), default=-1)
         levels[lvl].append((expr.text, expr))
     return {"derived_order": order, "levels": levels}
-

@@ -126,8 +126,10 @@ def _find_in_default_storage(name: str) -> str:
     if hits:
         paths = ", ".join(str(_sqlite_path(u)) for u in hits)
         raise InputError(f"study {name!r} is in several databases ({paths}); choose one with --storage")
-    raise InputError(f"unknown study {name!r}: not in {STUDIES_DIR}/*.db (there: {_listing(known)}); "
-                     "give a database path or --storage URL (`tuner studies` lists them)")
+    raise InputError(
+        f"unknown study {name!r}: not in {STUDIES_DIR}/*.db (there: {_listing(known)}); "
+        "give a database path or --storage URL (`tuner studies` lists them)"
+    )
 
 
 def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
@@ -137,8 +139,7 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
     exists (a kernel's database), else every database under `studies/` (a study's own name, else its kernel)."""
     if storage:
         if study and (study.endswith(".db") or "://" in study):
-            raise InputError(f"give the database either as STUDY ({study}) or as --storage ({storage}), "
-                             "not both")
+            raise InputError(f"give the database either as STUDY ({study}) or as --storage ({storage}), not both")
         return _as_url(storage), study or None
     if study is None:
         dbs = databases()
@@ -340,7 +341,7 @@ def _state_counts(trials: Iterable[FrozenTrial]) -> str:
 
 
 def throughput_unit(study: optuna.Study) -> str:
-    """"TB/s" or "TFLOP/s": what the study's throughput means."""
+    """ "TB/s" or "TFLOP/s": what the study's throughput means."""
     return str(study.user_attrs.get("throughput_unit") or "TB/s")
 
 
@@ -371,8 +372,9 @@ def best_trial(study: optuna.Study) -> FrozenTrial:
     InputError when there is none."""
     measured = measured_trials(study)
     by_number = {t.number: t for t in measured}
-    retimed = [f for f in study.user_attrs.get(StudyAttr.FINALISTS) or []
-               if "tbps" in f and f.get("trial") in by_number]
+    retimed = [
+        f for f in study.user_attrs.get(StudyAttr.FINALISTS) or [] if "tbps" in f and f.get("trial") in by_number
+    ]
     if retimed:
         return by_number[retimed[0]["trial"]]  # the driver stores finalists fastest first
     return max(measured, key=lambda t: throughput(study, t))
@@ -392,8 +394,9 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 def _front(study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials no other trial beats on throughput, registers and SMEM at once (ties on all three: the first)."""
-    points = [(-throughput(study, t), t.user_attrs.get("registers") or 0, t.user_attrs.get("smem_bytes") or 0)
-              for t in trials]
+    points = [
+        (-throughput(study, t), t.user_attrs.get("registers") or 0, t.user_attrs.get("smem_bytes") or 0) for t in trials
+    ]
     front, seen = [], set()
     for i, p in enumerate(points):
         dominated = any(all(a <= b for a, b in zip(q, p, strict=True)) and q != p for q in points)
@@ -405,6 +408,7 @@ def _front(study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The space and sources behind a study
+
 
 @dataclass
 class StudyContext:
@@ -430,15 +434,19 @@ def study_context(study: optuna.Study) -> StudyContext:
     kernel = attrs.get("kernel")
     ref = str(attrs.get(StudyAttr.FAMILY) or kernel)  # a name, or space:PATH for a family a space file defines
     if ref not in kernels.names() and not ref.startswith(kernels.SPACE_PREFIX):
-        raise InputError(f"study {study.study_name}: user attr 'kernel' is {kernel!r}, not one of "
-                         f"{', '.join(kernels.names())} (was it written by `tuner study`?)")
+        raise InputError(
+            f"study {study.study_name}: user attr 'kernel' is {kernel!r}, not one of "
+            f"{', '.join(kernels.names())} (was it written by `tuner study`?)"
+        )
     problem_attr = attrs.get("problem")
     if not isinstance(problem_attr, dict) or not isinstance(problem_attr.get("sizes"), dict):
         raise InputError(f"study {study.study_name}: user attr 'problem' (name, dtype, sizes) is missing")
-    problem = space_mod.Problem(name=str(problem_attr.get("name", "problem")),
-                                dtype=str(problem_attr.get("dtype", "float32")),
-                                sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
-                                gpu=gpu_facts(study))
+    problem = space_mod.Problem(
+        name=str(problem_attr.get("name", "problem")),
+        dtype=str(problem_attr.get("dtype", "float32")),
+        sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
+        gpu=gpu_facts(study),
+    )
     ctx = StudyContext(kernel=str(kernel), family=kernels.get(ref), problem=problem)
     space_path = attrs.get("space_path")
     if not space_path:
@@ -456,8 +464,9 @@ def study_context(study: optuna.Study) -> StudyContext:
         return ctx
     recorded = str(attrs.get(StudyAttr.TEMPLATES_HASH) or "")
     if recorded and templates_hash(ctx.family) != recorded:
-        ctx.space_note = f"kernel template {ctx.family.template} changed since the study ran (sha256 differs " \
-                         "from 'templates_hash')"
+        ctx.space_note = (
+            f"kernel template {ctx.family.template} changed since the study ran (sha256 differs from 'templates_hash')"
+        )
         return ctx
     ctx.space = space
     return ctx
@@ -491,16 +500,19 @@ def render_command(study: optuna.Study, trial: FrozenTrial) -> str:
     """The `tuner render` command line that prints a trial's source."""
     attrs = study.user_attrs
     problem = (attrs.get("problem") or {}).get("name")
-    words = ["tuner", "render", _space_argument(str(attrs.get("space_path") or attrs.get("kernel") or "SPACE"),
-                                              str(attrs.get("space_hash") or ""))]
+    words = [
+        "tuner",
+        "render",
+        _space_argument(
+            str(attrs.get("space_path") or attrs.get("kernel") or "SPACE"), str(attrs.get("space_hash") or "")
+        ),
+    ]
     if problem:
         words += ["--problem", str(problem)]
     for name, value in trial.params.items():
         text = json.dumps(value) if isinstance(value, bool) else str(value)
         words += ["--set", f"{name}={text}"]
     return shlex.join(words)
-
-
 
 
 def derived(trial: FrozenTrial) -> dict[str, Any]:

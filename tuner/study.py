@@ -270,8 +270,11 @@ def _values(result, objectives, family) -> list[float]:
 def _counts(trial) -> bool:
     """Trials that count towards --trials: configs evaluated, not the leftovers of a killed driver nor proposals
     answered without evaluation (``screened``: a constraint violation, a duplicate, a known failure)."""
-    return (trial.state.is_finished() and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
-            and SCREENED not in trial.user_attrs)
+    return (
+        trial.state.is_finished()
+        and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
+        and SCREENED not in trial.user_attrs
+    )
 
 
 class Driver:
@@ -347,8 +350,7 @@ class Driver:
             StudyAttr.SPACE_PATH: str(self.space.path),
             StudyAttr.SPACE_HASH: self.space.content_hash(),
             StudyAttr.TEMPLATES_HASH: templates_hash(self.family),
-            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype,
-                                "sizes": self.problem.sizes},
+            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
             StudyAttr.GPU: gpu,
             StudyAttr.ARCH: arch,
             "versions": versions(),
@@ -366,14 +368,22 @@ class Driver:
             old = existing.user_attrs
             for key, what in ((StudyAttr.SPACE_HASH, "space file"), (StudyAttr.TEMPLATES_HASH, "kernel template")):
                 if old.get(key) != attrs[key]:
-                    raise InputError(f"study {name!r} was made with a different {what}; refusing to mix trials "
-                                     f"(use --study-name for a new study)", self.url)
+                    raise InputError(
+                        f"study {name!r} was made with a different {what}; refusing to mix trials "
+                        f"(use --study-name for a new study)",
+                        self.url,
+                    )
             if old.get("objectives") not in (None, attrs["objectives"]):
-                raise InputError(f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
-                                 f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
-                                 f"or use --study-name)", self.url)
-            if old.get(StudyAttr.KERNEL) != attrs[StudyAttr.KERNEL] or \
-                    old.get(StudyAttr.PROBLEM) != attrs[StudyAttr.PROBLEM]:
+                raise InputError(
+                    f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
+                    f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
+                    f"or use --study-name)",
+                    self.url,
+                )
+            if (
+                old.get(StudyAttr.KERNEL) != attrs[StudyAttr.KERNEL]
+                or old.get(StudyAttr.PROBLEM) != attrs[StudyAttr.PROBLEM]
+            ):
                 raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
             durable = existing
         else:
@@ -412,8 +422,15 @@ class Driver:
         if engine == "ray":
             from tuner.cluster import Pool
 
-            return Pool(self.space, self.problem, self.evaluator, gpus=opts.gpus, ray_address=opts.ray_address,
-                        timeout_s=opts.timeout, logical_gpus=self.logical_gpus)
+            return Pool(
+                self.space,
+                self.problem,
+                self.evaluator,
+                gpus=opts.gpus,
+                ray_address=opts.ray_address,
+                timeout_s=opts.timeout,
+                logical_gpus=self.logical_gpus,
+            )
         from tuner import limits
         from tuner.local import LocalPool, isolated_gpu_evaluator
 
@@ -424,8 +441,9 @@ class Driver:
             factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout)
             count = opts.gpus or limits.local_gpus() or 1
         # A replay without delay answers at once: answered in the driver's thread, in order (reproducible).
-        pool = LocalPool(self.space, self.problem, factory, gpus=count,
-                         inline=bool(opts.replay) and not opts.replay_delay_s)
+        pool = LocalPool(
+            self.space, self.problem, factory, gpus=count, inline=bool(opts.replay) and not opts.replay_delay_s
+        )
         if not opts.replay and opts.sampler != "grid":
             # The first config of a new study is the space's default: compile it while the GPU worker starts
             # (for the usual arch; a GPU of another arch recompiles it).
@@ -462,8 +480,9 @@ class Driver:
 
             if not self.opts.replay:
                 raise InputError("an in-process study needs a replay recording")
-            pool = ReplayPool(self.problem, self.opts.replay, self.opts.replay_study,
-                              in_flight=self.opts.replay_in_flight)
+            pool = ReplayPool(
+                self.problem, self.opts.replay, self.opts.replay_study, in_flight=self.opts.replay_in_flight
+            )
         else:
             pool = self._make_pool()
             mirror = _Mirror(self.url)  # its start-up (a process importing Optuna) overlaps the GPU workers' too
@@ -525,8 +544,9 @@ class Driver:
         else:
             # Random search draws its replacements uniformly too: the nearest config would skew it towards the
             # edges of the valid set.
-            repair = _Repair(self.space, self.problem, self.opts.seed,
-                             nearest=self.opts.repair and self.opts.sampler != "random")
+            repair = _Repair(
+                self.space, self.problem, self.opts.seed, nearest=self.opts.repair and self.opts.sampler != "random"
+            )
             if repair.complete:
                 # Proposals that cannot be measured do not count: the study ends when the valid set is spent.
                 unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if k in repair.keys)
@@ -578,8 +598,11 @@ class Driver:
                             submitted += 1
                             continue
                         # The proposal cannot be measured: measure the nearest unexplored valid config next.
-                        nearest = repair.nearest(params, set(measured) | set(failed) | set(running)) \
-                            if repair is not None else None
+                        nearest = (
+                            repair.nearest(params, set(measured) | set(failed) | set(running))
+                            if repair is not None
+                            else None
+                        )
                         if nearest is None:
                             break  # nothing unexplored is free now: wait for a result
                         fast.enqueue_trial(self.codec.encode(nearest))
@@ -607,11 +630,14 @@ class Driver:
             wall = loop_end - self.t0
             started = loop_started
             gpus = pool.gpus
-            pool_startup = {"imports_s": round(self.t_imports, 3), "storage_s": round(storage_s, 3),
-                            **pool.startup, **_worker_startup(gpus),
-                            "study_ready_s": round(loop_started - self.t0 + self.t_imports, 3),
-                            "first_result_s": round(first_result_at - self.t0 + self.t_imports, 3)
-                            if first_result_at else None}
+            pool_startup = {
+                "imports_s": round(self.t_imports, 3),
+                "storage_s": round(storage_s, 3),
+                **pool.startup,
+                **_worker_startup(gpus),
+                "study_ready_s": round(loop_started - self.t0 + self.t_imports, 3),
+                "first_result_s": round(first_result_at - self.t0 + self.t_imports, 3) if first_result_at else None,
+            }
         finally:
             pool.close()
             flush_started = time.perf_counter()
@@ -654,8 +680,11 @@ class Driver:
         from optuna.trial import TrialState
 
         unit_key = "tflops" if self.family.throughput_unit == "TFLOP/s" else "tbps"
-        measured = [t for t in fast.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if TrialAttr.DUPLICATE_OF not in t.user_attrs and TrialAttr.FAILURE not in t.user_attrs]
+        measured = [
+            t
+            for t in fast.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if TrialAttr.DUPLICATE_OF not in t.user_attrs and TrialAttr.FAILURE not in t.user_attrs
+        ]
         top = sorted(measured, key=lambda t: t.user_attrs[unit_key], reverse=True)[: self.opts.finalists]
         if not top:
             return []
@@ -668,12 +697,30 @@ class Driver:
         finalists = []
         for i, t in enumerate(top):
             r = results[-1 - i]
-            entry = {"trial": t.number, "params": self.codec.decode(t.params), "uri": t.user_attrs.get("uri"),
-                     "screening_" + unit_key: t.user_attrs[unit_key]}
+            entry = {
+                "trial": t.number,
+                "params": self.codec.decode(t.params),
+                "uri": t.user_attrs.get("uri"),
+                "screening_" + unit_key: t.user_attrs[unit_key],
+            }
             if r.ok:
-                entry.update({k: r.to_dict()[k] for k in ("median_ms", "p20_ms", "p80_ms", "repetitions", "tbps",
-                                                          "tflops", "fraction_of_ceiling", "registers",
-                                                          "smem_bytes", "gpu")})
+                entry.update(
+                    {
+                        k: r.to_dict()[k]
+                        for k in (
+                            "median_ms",
+                            "p20_ms",
+                            "p80_ms",
+                            "repetitions",
+                            "tbps",
+                            "tflops",
+                            "fraction_of_ceiling",
+                            "registers",
+                            "smem_bytes",
+                            "gpu",
+                        )
+                    }
+                )
             else:
                 entry.update({"failure": r.kind, "reason": r.reason})
             finalists.append(entry)
@@ -703,12 +750,15 @@ class Driver:
             trial.set_constraint(CONSTRAINT_KEY, 0.0)
             for key, value in result.to_dict().items():
                 trial.set_user_attr(key, value)
-            trial.set_user_attr(TrialAttr.DERIVED, {k: v for k, v in self.space.resolve(params, self.problem).items()
-                                                    if k not in params})
+            trial.set_user_attr(
+                TrialAttr.DERIVED,
+                {k: v for k, v in self.space.resolve(params, self.problem).items() if k not in params},
+            )
             trial.set_user_attr(TrialAttr.CONSTRAINT, 0.0)
             values = _values(result, self.objectives, self.family)
-            self.worst = worst_values([values] + ([self.worst] if self.worst else []),
-                                      [o.direction for o in self.objectives])
+            self.worst = worst_values(
+                [values] + ([self.worst] if self.worst else []), [o.direction for o in self.objectives]
+            )
             frozen = self._tell_sampler(fast, trial, values)
             stats.add(trial.number, params, result)
         else:
@@ -807,8 +857,9 @@ class _ArtifactWriter:
             for kind, ext, data in (("source", "cu", source.text.encode()), ("ptx", "ptx", compiled.ptx)):
                 path = Path(tmp) / f"{source.uri}.{ext}"
                 path.write_bytes(data)
-                ids[kind] = upload_artifact(artifact_store=self.store, file_path=str(path), study_or_trial=trial,
-                                            mimetype="text/plain")
+                ids[kind] = upload_artifact(
+                    artifact_store=self.store, file_path=str(path), study_or_trial=trial, mimetype="text/plain"
+                )
         trial.set_user_attr(TrialAttr.ARTIFACTS, ids)
 
 
@@ -914,10 +965,17 @@ class _Stats:
         else:
             better = self.best is None or figures[key] > self.best[key]
         if better:
-            self.best = {"trial": number, "params": dict(params), "uri": figures.get("uri"),
-                         "tbps": figures["tbps"], "tflops": figures["tflops"], "median_ms": figures["median_ms"],
-                         "fraction_of_ceiling": figures["fraction_of_ceiling"], "registers": figures["registers"],
-                         "smem_bytes": figures["smem_bytes"]}
+            self.best = {
+                "trial": number,
+                "params": dict(params),
+                "uri": figures.get("uri"),
+                "tbps": figures["tbps"],
+                "tflops": figures["tflops"],
+                "median_ms": figures["median_ms"],
+                "fraction_of_ceiling": figures["fraction_of_ceiling"],
+                "registers": figures["registers"],
+                "smem_bytes": figures["smem_bytes"],
+            }
 
     def add(self, number, params, result) -> None:
         self.measured += 1
@@ -945,19 +1003,23 @@ def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
     from tuner.console import human_seconds
 
     cold = summary.get("cold_start_s")
-    stages = {k: float(v) for k, v in (summary.get("startup") or {}).items()
-              if k in _STAGES and isinstance(v, (int, float))}
+    stages = {
+        k: float(v) for k, v in (summary.get("startup") or {}).items() if k in _STAGES and isinstance(v, (int, float))
+    }
     startup = sum(stages.values())
     order = sorted(stages, key=lambda k: (list(_STAGES).index(k) if k in _STAGES else len(_STAGES), k))
-    parts = ", ".join(f"{_STAGES.get(k, k.removesuffix('_s').replace('_', ' '))} {human_seconds(stages[k])}"
-                      for k in order)
+    parts = ", ".join(
+        f"{_STAGES.get(k, k.removesuffix('_s').replace('_', ' '))} {human_seconds(stages[k])}" for k in order
+    )
     text = f"start-up {human_seconds(startup)}" + (f" ({parts})" if parts else "")
     if cold is None:
         return text + "; no result came back"
-    first = "opening the study and answering the first config" if replay else \
-        "opening the study, compiling and measuring the first config"
-    return f"first result at {human_seconds(cold)}: {text}, then {human_seconds(max(cold - startup, 0.0))} " \
-           f"{first}"
+    first = (
+        "opening the study and answering the first config"
+        if replay
+        else "opening the study, compiling and measuring the first config"
+    )
+    return f"first result at {human_seconds(cold)}: {text}, then {human_seconds(max(cold - startup, 0.0))} {first}"
 
 
 class _Progress:
@@ -971,8 +1033,15 @@ class _Progress:
         self.console = Console(stderr=True)
         self.stats, self.started, self.done0 = stats, time.perf_counter(), done
         self.enabled, self.where = enabled, where
-        self.bar = Progress(TextColumn("[bold]study"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[info]}"), console=self.console, disable=not enabled)
+        self.bar = Progress(
+            TextColumn("[bold]study"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+            disable=not enabled,
+        )
         self.task = self.bar.add_task("study", total=total, completed=done, info="")
 
     def __enter__(self):
@@ -1009,8 +1078,11 @@ class _Progress:
         table.add_column(no_wrap=True)
         table.add_column(overflow="fold")
         table.add_row("stored in", Text(summary["storage"]))
-        table.add_row("trials", f"{summary['trials']} ({summary['measured_this_run']} measured this run, "
-                                f"{summary['duplicates_this_run']} answered from earlier trials)")
+        table.add_row(
+            "trials",
+            f"{summary['trials']} ({summary['measured_this_run']} measured this run, "
+            f"{summary['duplicates_this_run']} answered from earlier trials)",
+        )
         if summary["failures_this_run"]:
             table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
         table.add_row("wall time", f"{human_seconds(summary['wall_s'])}; {_first_seconds(summary, replay)}")

@@ -34,8 +34,19 @@ from tuner.studies import (
 if TYPE_CHECKING:  # pandas is imported where it is used: it costs ~0.3 s at startup
     import pandas as pd
 
-PARETO_COLUMNS = ("throughput", "tbps", "tflops", "fraction_of_ceiling", "registers", "smem_bytes",
-                  "spill_bytes", "blocks_per_sm", "warps_per_sm", "threads", "median_ms")
+PARETO_COLUMNS = (
+    "throughput",
+    "tbps",
+    "tflops",
+    "fraction_of_ceiling",
+    "registers",
+    "smem_bytes",
+    "spill_bytes",
+    "blocks_per_sm",
+    "warps_per_sm",
+    "threads",
+    "median_ms",
+)
 
 
 def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
@@ -80,7 +91,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     if not trials:
         raise InputError(f"study {study.study_name} is empty: it has no trials")
     base = study.trials_dataframe(
-        attrs=("number", "value", "datetime_start", "datetime_complete", "duration", "params", "state"))
+        attrs=("number", "value", "datetime_start", "datetime_complete", "duration", "params", "state")
+    )
     rows = []
     for t in trials:
         row: dict[str, Any] = {}
@@ -113,12 +125,22 @@ def write_pareto(study: optuna.Study, path: str | Path) -> Path:
     trials = []
     for t in pareto_trials(study):
         record = trial_record(study, t)
-        record = {"number": record["number"], "uri": record["uri"], "params": dict(t.params),
-                  **{k: record[k] for k in PARETO_COLUMNS}}
+        record = {
+            "number": record["number"],
+            "uri": record["uri"],
+            "params": dict(t.params),
+            **{k: record[k] for k in PARETO_COLUMNS},
+        }
         trials.append(record)
     attrs = study.user_attrs
-    doc = {"study": study.study_name, "gpu": attrs.get("gpu"), "arch": attrs.get("arch"),
-           "throughput_unit": throughput_unit(study), "problem": attrs.get("problem"), "trials": trials}
+    doc = {
+        "study": study.study_name,
+        "gpu": attrs.get("gpu"),
+        "arch": attrs.get("arch"),
+        "throughput_unit": throughput_unit(study),
+        "problem": attrs.get("problem"),
+        "trials": trials,
+    }
     return atomic_write(path, json.dumps(doc, indent=2, default=_json_default) + "\n")
 
 
@@ -132,6 +154,7 @@ def write_trials(study: optuna.Study, path: str | Path) -> Path:
         import pyarrow  # noqa: F401
     except ImportError:
         raise InputError("--out .parquet needs pyarrow (pip install pyarrow); or write .csv") from None
+
     def missing(v: Any) -> bool:
         return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -168,8 +191,20 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         "params": dict(t.params),
         "throughput": throughput(study, t),
         "throughput_unit": throughput_unit(study),
-        **{k: a.get(k) for k in ("tbps", "tflops", "fraction_of_ceiling", "median_ms", "registers",
-                                 "smem_bytes", "spill_bytes", "blocks_per_sm", "warps_per_sm")},
+        **{
+            k: a.get(k)
+            for k in (
+                "tbps",
+                "tflops",
+                "fraction_of_ceiling",
+                "median_ms",
+                "registers",
+                "smem_bytes",
+                "spill_bytes",
+                "blocks_per_sm",
+                "warps_per_sm",
+            )
+        },
         "occupancy": (float(warps) / gpu_facts(study).max_warps_per_sm) if warps is not None else None,
         "threads": threads(t),
     }
@@ -194,5 +229,3 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
     else:
         out["render_command"] = render_command(study, t)
     return out
-
-

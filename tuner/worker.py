@@ -255,15 +255,19 @@ class IsolatedEvaluator:
             self._conn.send(message)
         if not self._conn.poll(timeout_s):
             self._retire(kill=True, wait_s=2.0)
-            return TimedOut(reason=f"no answer from the GPU worker within {timeout_s:g} s (a hung kernel?); "
-                                   "worker killed and replaced",
-                            details={"timeout_s": timeout_s})
+            return TimedOut(
+                reason=f"no answer from the GPU worker within {timeout_s:g} s (a hung kernel?); "
+                "worker killed and replaced",
+                details={"timeout_s": timeout_s},
+            )
         try:
             reply = self._conn.recv()
         except (EOFError, OSError):
             code = self._retire()
-            return LaunchFailed(reason=f"worker died (exit code {code}) during the request; replaced",
-                                details={"exitcode": code, "sticky": False, "worker_died": True})
+            return LaunchFailed(
+                reason=f"worker died (exit code {code}) during the request; replaced",
+                details={"exitcode": code, "sticky": False, "worker_died": True},
+            )
         if reply[0] == "error":
             self._retire()
             raise WorkerError(f"GPU worker raised {reply[1]}: {reply[2]}", reply[3])
@@ -297,8 +301,7 @@ class IsolatedEvaluator:
     ) -> Result:
         """GpuEvaluator.evaluate in the child, bounded by `timeout_s` (default: the instance's)."""
         problem_env = dict(getattr(problem, "env", problem))
-        message = ("evaluate", compiled, self._family_ref(family), dict(config), problem_env, seed, budget_ms,
-                   min_reps)
+        message = ("evaluate", compiled, self._family_ref(family), dict(config), problem_env, seed, budget_ms, min_reps)
         reply = self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         if not isinstance(reply, tuple):
             return reply

@@ -39,9 +39,7 @@ class Copy(Family):
             raise ValueError(f"copy: n={n} is not a multiple of block*items*vec={per_block}")
         if stride > self.span(problem):
             raise ValueError(f"copy: stride {stride} > span {self.span(problem)} reads past src")
-        return [
-            Launch(entry=entry, grid=(n // per_block, 1, 1), block=(block, 1, 1), args=("src", "dst", "n"))
-        ]
+        return [Launch(entry=entry, grid=(n // per_block, 1, 1), block=(block, 1, 1), args=("src", "dst", "n"))]
 
     def inputs(self, xp, problem: Problem, rng) -> dict:
         return {"src": rng.standard_normal((self.src_elements(problem),), dtype=xp.float32)}
@@ -51,9 +49,7 @@ class Copy(Family):
 
     def reference(self, xp, inputs: dict, problem: Problem, config: Config | None = None) -> dict:
         if config is None:
-            raise TypeError(
-                "copy.reference needs the config: the expected output depends on its stride and vec"
-            )
+            raise TypeError("copy.reference needs the config: the expected output depends on its stride and vec")
         n, stride, vec = problem["n"], config["stride"], config["vec"]
         # chunk c of vec elements comes from src[c*vec*stride : c*vec*stride + vec]
         src = inputs["src"][: n * stride].reshape(n // vec, vec * stride)

@@ -47,7 +47,7 @@ def kernel_stages(fusion: int) -> list[tuple[str, ...]]:
     2 → [(bias, gelu), (scale,)], 3 → [(bias, gelu, scale)]."""
     if fusion not in (1, 2, 3):
         raise ValueError(f"elementwise: fusion must be 1, 2 or 3, got {fusion!r}")
-    return [STAGES[i:i + fusion] for i in range(0, len(STAGES), fusion)]
+    return [STAGES[i : i + fusion] for i in range(0, len(STAGES), fusion)]
 
 
 class Elementwise(Family):

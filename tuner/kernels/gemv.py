@@ -102,12 +102,18 @@ class Gemv(Family):
         split_k = config["split_k"]
         grid = (ceil_div(M, self.m_rows(config, problem)), N // self.rows_per_block(config), split_k)
         main_out = "y" if split_k == 1 else "part"
-        out = [Launch(entry=entry, grid=grid, block=(config["threads"], 1, 1),
-                      args=("x", "W", main_out, "M", "N", "K"))]
+        out = [
+            Launch(entry=entry, grid=grid, block=(config["threads"], 1, 1), args=("x", "W", main_out, "M", "N", "K"))
+        ]
         if split_k > 1:
-            out.append(Launch(entry=f"{entry}_reduce",
-                              grid=(ceil_div(M * N, REDUCE_THREADS * REDUCE_VEC), 1, 1),
-                              block=(REDUCE_THREADS, 1, 1), args=("part", "y", "M", "N")))
+            out.append(
+                Launch(
+                    entry=f"{entry}_reduce",
+                    grid=(ceil_div(M * N, REDUCE_THREADS * REDUCE_VEC), 1, 1),
+                    block=(REDUCE_THREADS, 1, 1),
+                    args=("part", "y", "M", "N"),
+                )
+            )
         return out
 
     # -- data ------------------------------------------------------------------------------------------------

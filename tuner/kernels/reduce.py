@@ -55,8 +55,7 @@ class Reduce(Family):
         rows, cols = problem["rows"], problem["cols"]
         vec, threads, rpb, items = config["vec"], config["threads"], config["rows_per_block"], config["items"]
         tpr = threads // rpb
-        if (threads % rpb or tpr % 32 or rows % rpb or cols % (vec * tpr * items)
-                or vec * self.elem_bytes(problem) > 16):
+        if threads % rpb or tpr % 32 or rows % rpb or cols % (vec * tpr * items) or vec * self.elem_bytes(problem) > 16:
             raise ValueError(
                 f"reduce: vec {vec} x threads {threads} / rows_per_block {rpb} x items {items} does not tile "
                 f"{rows}x{cols} {problem['dtype']}"

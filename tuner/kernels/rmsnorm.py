@@ -35,8 +35,16 @@ class RMSNorm(Family):
     dtypes = ("bfloat16",)
     problem_sizes = ("rows", "cols")
     throughput_unit = "TB/s"
-    uri_names = {"vec": "vec", "threads": "t", "rows_per_block": "rpb", "cache": "", "keep": "", "hint": "",
-                 "weight_early": "we", "min_blocks": "mb"}
+    uri_names = {
+        "vec": "vec",
+        "threads": "t",
+        "rows_per_block": "rpb",
+        "cache": "",
+        "keep": "",
+        "hint": "",
+        "weight_early": "we",
+        "min_blocks": "mb",
+    }
     eps = 1e-6
     #: per-row parameter vectors (cols elements each) besides the rows themselves
     params_vectors: tuple[str, ...] = ("weight",)
@@ -46,8 +54,7 @@ class RMSNorm(Family):
         grid, threads, smem = geometry(config, problem, buffers=2 if res else 1)
         vectors = self.params_vectors
         args = ("x", "r", *vectors, "y", "h") if res else ("x", *vectors, "y")
-        return [Launch(entry=entry, grid=grid, block=(threads, 1, 1), args=(*args, "rows", "cols"),
-                       smem_dynamic=smem)]
+        return [Launch(entry=entry, grid=grid, block=(threads, 1, 1), args=(*args, "rows", "cols"), smem_dynamic=smem)]
 
     def inputs(self, xp, problem: Problem, rng) -> dict:
         rows, cols = problem["rows"], problem["cols"]

@@ -34,8 +34,9 @@ def geometry(config: Config, problem: Problem, buffers: int = 1) -> tuple[tuple[
         raise ValueError(f"{threads} threads / {rpb} rows per block is not a whole number of warps per row")
     tpr = threads // rpb
     if rows % rpb or cols % (tpr * vec):
-        raise ValueError(f"{rows}x{cols} is not tiled by {rpb} rows per block and {tpr} threads x {vec} "
-                         "elements per row pass")
+        raise ValueError(
+            f"{rows}x{cols} is not tiled by {rpb} rows per block and {tpr} threads x {vec} elements per row pass"
+        )
     smem = 0
     if config["cache"] == "smem":
         if vec < 2:
@@ -70,13 +71,22 @@ class Softmax(Family):
     dtypes = ("bfloat16",)
     problem_sizes = ("rows", "cols")
     throughput_unit = "TB/s"
-    uri_names = {"algo": "", "vec": "vec", "threads": "t", "rows_per_block": "rpb", "cache": "",
-                 "keep": "", "hint": "", "min_blocks": "mb"}
+    uri_names = {
+        "algo": "",
+        "vec": "vec",
+        "threads": "t",
+        "rows_per_block": "rpb",
+        "cache": "",
+        "keep": "",
+        "hint": "",
+        "min_blocks": "mb",
+    }
 
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         grid, threads, smem = geometry(config, problem)
-        return [Launch(entry=entry, grid=grid, block=(threads, 1, 1), args=("x", "y", "rows", "cols"),
-                       smem_dynamic=smem)]
+        return [
+            Launch(entry=entry, grid=grid, block=(threads, 1, 1), args=("x", "y", "rows", "cols"), smem_dynamic=smem)
+        ]
 
     def inputs(self, xp, problem: Problem, rng) -> dict:
         rows, cols = problem["rows"], problem["cols"]

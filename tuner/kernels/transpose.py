@@ -22,9 +22,7 @@ class Transpose(Family):
         tile, rpt, vec = config["tile"], config["rows_per_thread"], config["vec"]
         rows, cols = problem["rows"], problem["cols"]
         if rows % tile or cols % tile or tile % vec or tile % rpt:
-            raise ValueError(
-                f"transpose: tile {tile} (vec {vec}, rows_per_thread {rpt}) does not divide {rows}x{cols}"
-            )
+            raise ValueError(f"transpose: tile {tile} (vec {vec}, rows_per_thread {rpt}) does not divide {rows}x{cols}")
         return [
             Launch(
                 entry=entry,
