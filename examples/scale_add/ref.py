@@ -1,2 +1,1 @@
-def scale_add(x, y, alpha, n):
-    return alpha * x + y
+def scale_add(x, y, alpha, n): return alpha * x + y
