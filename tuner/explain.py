@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -407,11 +406,9 @@ def roofline_png(
     ax.set_title(title, fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    from tuner.plots import png_bytes
+
+    return png_bytes(fig)
 
 
 def roofline_html(png: bytes, points: Sequence[Explanation], title: str) -> str:

@@ -414,7 +414,6 @@ def print_table(result: LessonResult) -> None:
 
 def lesson_png(result: LessonResult) -> bytes:
     """One plot per lesson: the prediction as a line, the measurement as points."""
-    import io
 
     import matplotlib
 
@@ -474,11 +473,9 @@ def lesson_png(result: LessonResult) -> bytes:
     ax.set_title(result.title + (f"\n{result.gpu}" if result.gpu else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    from tuner.plots import png_bytes
+
+    return png_bytes(fig)
 
 
 def write_outputs(result: LessonResult, out_dir: Path, command: str) -> list[Path]:

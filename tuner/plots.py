@@ -173,7 +173,17 @@ def _pareto_png(study: optuna.Study) -> bytes:
         f"{fastest.user_attrs.get('uri', '')} {throughput(study, fastest):.3g} {unit}",
         fontsize=11,
     )
+    return png_bytes(fig)
+
+
+def png_bytes(fig) -> bytes:
+    """A matplotlib figure as PNG bytes, its layout tightened first. A figure that pyplot manages (explain's
+    roofline, the lessons' plots) is closed afterwards, so repeated plots do not pile up in pyplot's registry."""
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
+    if getattr(fig.canvas, "manager", None) is not None:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return buf.getvalue()
