@@ -9,6 +9,7 @@ benchmarks/data/ with the manifest).
 
     python benchmarks/record_grid.py --gpus 2                 # about 7 minutes on two H200s
     python benchmarks/record_grid.py --only transpose,softmax --budget-s 120
+    python benchmarks/record_grid.py --resume --out DIR   # continue the recordings DIR/NAME.db.gz hold
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--budget-s", type=float, default=450.0, help="total seconds for all spaces")
     parser.add_argument("--only", help="comma-separated names (default: all six)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/NAME.db.gz where it exists (the grid measures only the configs not yet recorded)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "data"))
     args = parser.parse_args()
 
@@ -91,6 +97,11 @@ def main() -> int:
         db = out / f"{name}.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
+        previous = manifest.get(f"{name}.db.gz", {}) if args.resume else {}
+        resuming = args.resume and (out / f"{name}.db.gz").exists()
+        if resuming:
+            with gzip.open(out / f"{name}.db.gz", "rb") as src, open(db, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         cmd = [
             sys.executable,
             "-m",
@@ -113,6 +124,8 @@ def main() -> int:
         ]
         if problem:
             cmd += ["--problem", problem]
+        if resuming:
+            cmd += ["--takeover"]  # the lease names the machine that recorded the first part
         started = time.monotonic()
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -150,11 +163,12 @@ def main() -> int:
             "recorded": done,
             "states": states,
             "complete": complete,
-            "seconds": round(seconds, 1),
+            "seconds": round(seconds + (previous.get("seconds", 0.0) if resuming else 0.0), 1),
             "gpus": args.gpus,
             "gpu": (summary.get("gpus") or [{}])[0].get("gpu"),
             "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(cmd[1:]),
+            **({"resumed_from": {k: previous.get(k) for k in ("recorded", "date", "gpus")}} if resuming else {}),
         }
         print(
             f"{name:10} {counts[name]:>6} {done:>8} {states.get('FAIL', 0):>6} {seconds:>7.0f} "

@@ -280,7 +280,8 @@ def child_kt(mode: str, seed: int) -> dict[str, Any]:
         compiler_options=list(KT_COMPILER_OPTIONS),
         iterations=KT_ITERATIONS,
         strategy="brute_force",
-        cache=None,
+        # Off for the timed comparison (writing the cache costs Kernel Tuner time); --write-kt-cache sets it.
+        cache=os.environ.get("TUNER_BENCH_KT_CACHE") or None,
         verbose=False,
         quiet=True,
         parallel=False,
@@ -524,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         "ours (registers, SMEM, spills, PTX) for every config; then exit",
     )
     parser.add_argument("--arch", default="sm_90", help="--check: the arch to compile for")
+    parser.add_argument(
+        "--write-kt-cache",
+        metavar="PATH",
+        help="only run Kernel Tuner (with answer) over the space, letting it write its cache file to PATH; exit",
+    )
     parser.add_argument("--kt-mode", choices=["answer", "none", "preflight"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -531,6 +537,14 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args.kt_mode, args.seed)
     if args.check:
         return check(args.arch)
+    if args.write_kt_cache:
+        path = Path(args.write_kt_cache).resolve()
+        path.unlink(missing_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="kt_cache_"))
+        os.environ["TUNER_BENCH_KT_CACHE"] = str(path)
+        result, wall = run_child(args, "answer", tmp, timeout=args.timeout)
+        print(json.dumps({"cache": str(path), "wall_s": round(wall, 2), **result}, default=str)[:2000])
+        return 0 if path.exists() and "error" not in result else 1
 
     script = os.path.relpath(sys.argv[0], ROOT)
     command = "python " + " ".join(shlex.quote(a) for a in [script, *sys.argv[1:]])
