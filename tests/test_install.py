@@ -1,5 +1,6 @@
 """A wheel, installed into a fresh virtual environment and run from an empty directory, finds its shipped
-templates and spaces (package data): it lists every space, renders, compiles and runs a replay study.
+templates and spaces (package data): it lists every space, renders, compiles, runs a replay study and exports
+its C++ header.
 
 The fresh venv sees the test environment's packages (Optuna, Ray, CuPy, ...) through a path entry, so nothing is
 downloaded; `tuner` itself comes only from the wheel (no PYTHONPATH, no editable install in sight).
@@ -105,3 +106,17 @@ def test_the_wheel_works_from_an_empty_directory(installed, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["trials"] == 8
     assert (tmp_path / "studies" / "transpose.db").is_file()
+
+    # the C++ header comes from a template that is package data too
+    proc = run(installed, tmp_path, "export", "transpose", "--header", "tuned.h")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "tuned.h").read_text()
+    assert text.startswith("#pragma once\n") and "namespace tuned::transpose {" in text
+    if shutil.which("g++"):
+        syntax = subprocess.run(
+            ["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-x", "c++", str(tmp_path / "tuned.h")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert syntax.returncode == 0, syntax.stderr

@@ -1,23 +1,32 @@
 """The C++17 header of tuned configs (`tuner export`): one `Config` per exported trial, grid formulas in the
 problem sizes, and a constexpr `select` by shape. InputError for a namespace that is not a C++ identifier.
+
+Python prepares plain data (`header_context`: C++ names, types and literals, grid formulas as `GridDim`); all the
+C++ text is in the template ``export_templates/header.h.j2`` (package data), rendered by the strict environment
+of `tuner.render`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+import jinja2
 import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.errors import InputError
 from tuner.expr import ceil_div
 from tuner.files import atomic_write, check_writable
+from tuner.render import environment
+from tuner.render import uri as kernel_uri
 from tuner.studies import (
     StudyContext,
     _first_line,
@@ -111,14 +120,29 @@ def _raw_string(text: str) -> str:
     return c_string(text)  # pathological: fall back to an escaped literal
 
 
+class GridDim(TypedDict):
+    """One grid dimension as data: the constant `value` (when `q` is None), or ceil_div(product of `sizes`, `q`)
+    (`q` == 1: the product itself). `sizes` are the C++ member names of `Problem`, `names` the same sizes as the
+    family names them; `tuned_only`: no formula fits, `value` is the tuned problem's."""
+
+    value: int | None
+    q: int | None
+    sizes: list[str]
+    names: list[str]
+    tuned_only: bool
+
+
+def _constant(value: int, tuned_only: bool = False) -> GridDim:
+    return GridDim(value=value, q=None, sizes=[], names=[], tuned_only=tuned_only)
+
+
 @dataclass
 class _LaunchSpec:
     entry: str
     block: tuple[int, int, int]
     smem_dynamic: int
     args: tuple[str, ...]
-    grid: list[str]  # three C++ expressions over `p`
-    grid_text: list[str]  # the same, readable
+    grid: list[GridDim]  # x, y, z
 
 
 @dataclass
@@ -134,12 +158,12 @@ class _Exported:
     source: str | None
 
 
-def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tuple[str, str] | None:
-    """A formula g = c or g = ceil_div(product of some sizes, q) that reproduces every (sizes, g) probe; as
-    (C++ expression over `p`, readable text). None when none fits."""
+def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> GridDim | None:
+    """A formula g = c or g = ceil_div(product of some sizes, q) that reproduces every (sizes, g) probe. None when
+    none fits."""
     base_sizes, g0 = values[0]
     if all(g == g0 for _, g in values):
-        return f"{g0}u", str(g0)
+        return _constant(g0)
     subsets: list[tuple[str, ...]] = [(s,) for s in sizes]
     subsets += [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1 :]]
     if len(sizes) > 2:
@@ -152,11 +176,9 @@ def _fit_dim(values: list[tuple[dict[str, int], int]], sizes: list[str]) -> tupl
             if q <= 0:
                 continue
             if all(ceil_div(math.prod(sz[s] for s in subset), q) == g for sz, g in values):
-                operand = " * ".join(f"p.{_cpp_name(s)}" for s in subset)
-                readable = " * ".join(subset)
-                if q == 1:
-                    return f"static_cast<unsigned>({operand})", readable
-                return f"static_cast<unsigned>(ceil_div({operand}, {q}))", f"ceil({readable} / {q})"
+                return GridDim(
+                    value=None, q=q, sizes=[_cpp_name(s) for s in subset], names=list(subset), tuned_only=False
+                )
     return None
 
 
@@ -207,14 +229,13 @@ def _launch_specs(
         )
     specs = []
     for i, launch in enumerate(base):
-        grid, text = [], []
+        grid = []
         for d in range(3):
             fit = _fit_dim([(sz, ls[i].grid[d]) for sz, ls in probes], sizes)
             if fit is None:
-                fit = (f"{launch.grid[d]}u", f"{launch.grid[d]} (tuned problem only)")
+                fit = _constant(launch.grid[d], tuned_only=True)
                 notes.append(f"launch {i} grid.{'xyz'[d]}: no ceil_div formula fits; tuned problem only")
-            grid.append(fit[0])
-            text.append(fit[1])
+            grid.append(fit)
         specs.append(
             _LaunchSpec(
                 entry=launch.entry,
@@ -222,7 +243,6 @@ def _launch_specs(
                 smem_dynamic=launch.smem_dynamic,
                 args=tuple(launch.args),
                 grid=grid,
-                grid_text=text,
             )
         )
     return specs, "; ".join(notes)
@@ -245,9 +265,7 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
             source = render_trial(ctx, t) if with_source else None
             entry = source.entry if source is not None else str(t.user_attrs.get("uri") or "")
             if not entry:
-                from tuner.render import uri
-
-                entry = uri(ctx.family, params)
+                entry = kernel_uri(ctx.family, params)
             launches, note = _launch_specs(ctx, t, params, derived, entry)
             out.append(
                 _Exported(
@@ -290,239 +308,167 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
     return out
 
 
+class LaunchData(TypedDict):
+    """One launch of a config: `entry` (a C string literal of the kernel name), `block` (3 ints), `smem_dynamic`
+    (bytes), `args` (the kernel's argument names), `grid` (3 `GridDim`: x, y, z)."""
+
+    entry: str
+    block: list[int]
+    smem_dynamic: int
+    args: list[str]
+    grid: list[GridDim]
+
+
+class ConfigData(TypedDict):
+    """One exported config.
+
+    `name`: its C++ identifier. For the comment block: `figures` (floats: tbps, tflops, fraction_of_ceiling,
+    ceiling_tbps, median_ms), `facts` (registers, smem_bytes, blocks_per_sm as recorded, "?" when not),
+    `trial` (its number), `when` (date measured), `note` (grid caveats, may be empty). `launches`: `LaunchData`.
+    `init`: the `Config` initializer's values as C++ literals, by field name (uri, study, gpu, arch,
+    problem_name, dtype: string literals; problem, params, derived: lists of literals in struct order; threads,
+    registers, smem_bytes, spill_bytes, blocks_per_sm: ints; tbps, tflops, fraction_of_ceiling, median_ms:
+    double literals; source: a raw string literal, or None when not embedded).
+    """
+
+    name: str
+    figures: dict[str, float]
+    facts: dict[str, Any]
+    trial: int
+    when: str
+    note: str
+    launches: list[LaunchData]
+    init: dict[str, Any]
+
+
+def _launch_data(spec: _LaunchSpec) -> LaunchData:
+    return LaunchData(
+        entry=c_string(spec.entry),
+        block=list(spec.block),
+        smem_dynamic=spec.smem_dynamic,
+        args=list(spec.args),
+        grid=spec.grid,
+    )
+
+
+def _config_data(e: _Exported, param_types: dict[str, str], derived_types: dict[str, str]) -> ConfigData:
+    a = e.trial.user_attrs
+    attrs = e.study.user_attrs
+    sizes = e.ctx.problem.sizes
+    init = {
+        "uri": c_string(str(a.get("uri") or e.launches[0].entry)),
+        "study": c_string(str(e.study.study_name)),
+        "gpu": c_string(str(attrs.get("gpu") or "")),
+        "arch": c_string(str(attrs.get("arch") or "")),
+        "problem_name": c_string(str(e.ctx.problem.name)),
+        "dtype": c_string(str(e.ctx.problem.dtype)),
+        "problem": [str(sizes[s]) for s in sizes],
+        "params": [_cpp_value(e.params[n], t) for n, t in param_types.items()],
+        "derived": [_cpp_value(e.derived.get(n, 0), t) for n, t in derived_types.items()],
+        "threads": max(math.prod(spec.block) for spec in e.launches),
+        **{k: int(a.get(k) or 0) for k in ("registers", "smem_bytes", "spill_bytes", "blocks_per_sm")},
+        **{k: _cpp_value(a.get(k) or 0.0, "double") for k in ("tbps", "tflops", "fraction_of_ceiling", "median_ms")},
+        "source": _raw_string(e.source) if e.source is not None else None,
+    }
+    figures = {k: float(a.get(k) or 0) for k in ("tbps", "tflops", "fraction_of_ceiling", "ceiling_tbps", "median_ms")}
+    return ConfigData(
+        name=e.name,
+        figures=figures,
+        facts={k: a.get(k, "?") for k in ("registers", "smem_bytes", "blocks_per_sm")},
+        trial=e.trial.number,
+        when=e.trial.datetime_complete.strftime("%Y-%m-%d") if e.trial.datetime_complete else "?",
+        note=e.grid_note,
+        launches=[_launch_data(spec) for spec in e.launches],
+        init=init,
+    )
+
+
+def _study_data(study: optuna.Study, configs: list[ConfigData]) -> dict[str, Any]:
+    attrs = study.user_attrs
+    problem = attrs.get("problem") or {}
+    return {
+        "name": study.study_name,
+        "gpu": attrs.get("gpu", "?"),
+        "arch": attrs.get("arch", "?"),
+        "problem_name": problem.get("name", "?"),
+        "dtype": problem.get("dtype", ""),
+        "sizes": " ".join(f"{k}={v}" for k, v in (problem.get("sizes") or {}).items()),
+        "configs": configs,
+    }
+
+
+def header_context(
+    studies: Sequence[optuna.Study], pick: str = "fastest", namespace: str = "tuned", with_source: bool = False
+) -> dict[str, Any]:
+    """What ``export_templates/header.h.j2`` receives: plain data, every C++ literal already spelled.
+
+    - ``kernel`` (the family's name), ``kernel_ns`` (as a C++ identifier), ``namespace``, ``pick``, ``version``
+      (tuner's), ``now`` (UTC, minutes), ``gemm_like`` (a TFLOP/s family: the comments quote TFLOP/s too);
+    - ``sizes``: the C++ names of the problem sizes, in the family's order;
+    - ``params``, ``derived``: ``[{"name", "type"}]`` the members of `Params` and `Derived` (C++ names and types);
+    - ``studies``: per study ``{"name", "gpu", "arch", "problem_name", "dtype", "sizes" (text), "configs"}``,
+      its configs (`ConfigData`) fastest first;
+    - ``configs``: every `ConfigData`, in the order of ``studies``.
+
+    InputError as `write_header`.
+    """
+    if pick not in ("fastest", "pareto"):
+        raise InputError(f"--pick {pick!r}: expected fastest or pareto")
+    check_namespace(namespace)
+    exported = _exported_configs(studies, pick, with_source)
+    kernel = exported[0].ctx.kernel
+    param_types = {}
+    for name in exported[0].params:
+        values = []
+        for e in exported:
+            dist = e.trial.distributions.get(name)
+            values += list(getattr(dist, "choices", ())) or [e.params[name]]
+        param_types[name] = _cpp_type(values)
+    derived_names = list(dict.fromkeys(k for e in exported for k in e.derived))
+    derived_types = {n: _cpp_type(e.derived[n] for e in exported if n in e.derived) for n in derived_names}
+    configs = [_config_data(e, param_types, derived_types) for e in exported]
+    from tuner import __version__
+
+    return {
+        "kernel": kernel,
+        "kernel_ns": _cpp_name(kernel),
+        "namespace": namespace,
+        "pick": pick,
+        "version": __version__,
+        "now": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gemm_like": any(throughput_unit(e.study) == "TFLOP/s" for e in exported),
+        "sizes": [_cpp_name(s) for s in exported[0].ctx.problem.sizes],
+        "params": [{"name": _cpp_name(n), "type": t} for n, t in param_types.items()],
+        "derived": [{"name": _cpp_name(n), "type": t} for n, t in derived_types.items()],
+        "studies": [
+            _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study])
+            for study in studies
+        ],
+        "configs": configs,
+    }
+
+
+#: The header's template: package data next to the kernel templates' directory, not in it (it is no kernel).
+EXPORT_TEMPLATES_DIR = resources.files("tuner") / "export_templates"
+HEADER_TEMPLATE = "header.h.j2"
+
+
+@functools.cache
+def _header_template() -> jinja2.Template:
+    return environment(str(EXPORT_TEMPLATES_DIR)).get_template(HEADER_TEMPLATE)
+
+
 def header_text(
     studies: optuna.Study | Sequence[optuna.Study],
     pick: str = "fastest",
     namespace: str = "tuned",
     with_source: bool = False,
 ) -> str:
-    """The text `write_header` writes (see there)."""
+    """The text `write_header` writes (see there): `header_context` rendered by the strict template environment
+    of `tuner.render`."""
     if isinstance(studies, optuna.Study):
         studies = [studies]
-    if pick not in ("fastest", "pareto"):
-        raise InputError(f"--pick {pick!r}: expected fastest or pareto")
-    check_namespace(namespace)
-    configs = _exported_configs(studies, pick, with_source)
-    kernel = configs[0].ctx.kernel
-    sizes = list(configs[0].ctx.problem.sizes)
-    size_names = [_cpp_name(s) for s in sizes]
-    param_names = list(configs[0].params)
-    derived_names = list(dict.fromkeys(k for e in configs for k in e.derived))
-    param_types = {}
-    for name in param_names:
-        values = []
-        for e in configs:
-            dist = e.trial.distributions.get(name)
-            values += list(getattr(dist, "choices", ())) or [e.params[name]]
-        param_types[name] = _cpp_type(values)
-    derived_types = {n: _cpp_type(e.derived[n] for e in configs if n in e.derived) for n in derived_names}
-    gemm_like = any(throughput_unit(e.study) == "TFLOP/s" for e in configs)
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    from tuner import __version__
-
-    lines: list[str] = ["#pragma once", "//"]
-    lines.append(f"// {kernel}: tuned configs (pick: {pick}) exported by `tuner export` (tuner {__version__})")
-    lines.append(f"// on {now}. Generated: do not edit.")
-    lines.append("// Figures are medians measured by the study on the GPU named; fractions are of the")
-    lines.append("// device-to-device copy bandwidth measured on that GPU with the same protocol.")
-    for study in studies:
-        attrs = study.user_attrs
-        problem = attrs.get("problem") or {}
-        size_text = " ".join(f"{k}={v}" for k, v in (problem.get("sizes") or {}).items())
-        lines.append("//")
-        lines.append(
-            f"// study {study.study_name}: {attrs.get('gpu', '?')} ({attrs.get('arch', '?')}), "
-            f"problem {problem.get('name', '?')} {problem.get('dtype', '')} {size_text}"
-        )
-        for e in (c for c in configs if c.study is study):
-            a = e.trial.user_attrs
-            when = e.trial.datetime_complete.strftime("%Y-%m-%d") if e.trial.datetime_complete else "?"
-            tput = f"{float(a.get('tbps') or 0):.3f} TB/s"
-            if gemm_like:
-                tput += f", {float(a.get('tflops') or 0):.2f} TFLOP/s"
-            fraction = float(a.get("fraction_of_ceiling") or 0)
-            ceiling = float(a.get("ceiling_tbps") or 0)
-            lines.append(
-                f"//   {e.name}: {tput} = {fraction:.3f} of the {ceiling:.2f} TB/s ceiling, "
-                f"median {float(a.get('median_ms') or 0):.4g} ms;"
-            )
-            lines.append(
-                f"//     {a.get('registers', '?')} registers, {a.get('smem_bytes', '?')} B SMEM, "
-                f"{a.get('blocks_per_sm', '?')} blocks/SM; trial {e.trial.number}, measured {when}"
-            )
-            if e.grid_note:
-                lines.append(f"//     note: {e.grid_note}")
-    lines += [
-        "//",
-        "// Grid formulas come from tuner.kernels launches(), evaluated on each tuned problem and on each",
-        "// size x2 and x3. `select` returns the config tuned for the problem nearest in log space (exact",
-        "// match first). A config's source (when embedded) has its tuned problem's sizes compiled in:",
-        "// check with `tuned_for` before launching it on another shape.",
-        "",
-        f"namespace {namespace}::{_cpp_name(kernel)} {{",
-        "",
-        "struct Dim3 {",
-        "    unsigned x, y, z;",
-        "#if defined(__CUDACC__)",
-        "    operator dim3() const { return dim3(x, y, z); }",
-        "#endif",
-        "};",
-        "",
-        "constexpr long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }",
-        "",
-        "// Problem sizes, in the family's order.",
-        "struct Problem {",
-        *[f"    long long {n};" for n in size_names],
-        "};",
-        "",
-        "// The tuned knobs (the study's params).",
-        "struct Params {",
-        *[f"    {param_types[n]} {_cpp_name(n)};" for n in param_names],
-        "};",
-        "",
-        "// Values derived from the params (and the tuned problem) by the search space.",
-        "struct Derived {",
-        *[f"    {derived_types[n]} {_cpp_name(n)};" for n in derived_names],
-        "};",
-        "",
-        "struct Launch {",
-        '    const char* entry;            // extern "C" kernel name in the source',
-        "    Dim3 block;",
-        "    unsigned smem_dynamic_bytes;",
-        "};",
-        "",
-        "struct Config {",
-        "    const char* uri;              // readable name: the same in logs, caches and the dashboard",
-        "    const char* study;",
-        "    const char* gpu;              // the GPU it was measured on",
-        '    const char* arch;             // e.g. "sm_90"',
-        "    const char* problem_name;",
-        "    const char* dtype;",
-        "    Problem problem;              // the sizes it was tuned for (and its source compiled for)",
-        "    Params params;",
-        "    Derived derived;",
-        "    int threads;                  // threads per block (largest over its launches)",
-        "    int registers;                // per thread",
-        "    int smem_bytes;               // per block, static + dynamic",
-        "    int spill_bytes;",
-        "    int blocks_per_sm;            // resident blocks per SM (occupancy) as measured",
-        "    double tbps;                  // measured useful bandwidth",
-        "    double tflops;",
-        "    double fraction_of_ceiling;   // of the device-to-device copy bandwidth on that GPU",
-        "    double median_ms;",
-        "    int launch_count;",
-        "    const Launch* launches;",
-        "    Dim3 (*grid_fn)(const Problem& p, int launch);",
-        "    const char* source;           // rendered CUDA (nullptr unless exported --with-source)",
-        "",
-        "    constexpr Dim3 grid(const Problem& p, int launch = 0) const { return grid_fn(p, launch); }",
-        f"    constexpr Dim3 grid({', '.join(f'long long {n}' for n in size_names)}, int launch = 0) const {{",
-        f"        return grid_fn(Problem{{{', '.join(size_names)}}}, launch);",
-        "    }",
-        f"    constexpr bool tuned_for({', '.join(f'long long {n}' for n in size_names)}) const {{",
-        f"        return {' && '.join(f'problem.{n} == {n}' for n in size_names)};",
-        "    }",
-        "};",
-        "",
-    ]
-    for e in configs:
-        a = e.trial.user_attrs
-        attrs = e.study.user_attrs
-        threads = max(math.prod(spec.block) for spec in e.launches)
-        lines.append(f"// {e.name}")
-        lines.append(f"inline constexpr Launch {e.name}_launches[] = {{")
-        for spec in e.launches:
-            block = ", ".join(f"{b}u" for b in spec.block)
-            lines.append(
-                f"    {{{c_string(spec.entry)}, {{{block}}}, {spec.smem_dynamic}u}},  // args: {', '.join(spec.args)}"
-            )
-        lines.append("};")
-        lines.append(f"constexpr Dim3 {e.name}_grid(const Problem& p, int launch) {{")
-        for i, spec in enumerate(e.launches):
-            lines.append(f"    // launch {i}: grid ({', '.join(spec.grid_text)})")
-            lines.append(f"    if (launch == {i}) {{")
-            lines.append("        return Dim3{" + (",\n                    ".join(spec.grid)) + "};")
-            lines.append("    }")
-        lines.append("    (void)p;")
-        lines.append("    return Dim3{0u, 0u, 0u};")
-        lines.append("}")
-        problem_init = ", ".join(str(e.ctx.problem.sizes[s]) for s in sizes)
-        params_init = ", ".join(_cpp_value(e.params[n], param_types[n]) for n in param_names)
-        derived_init = ", ".join(_cpp_value(e.derived.get(n, 0), derived_types[n]) for n in derived_names)
-        fields = [
-            (c_string(str(str(a.get("uri") or e.launches[0].entry))), "uri"),
-            (c_string(str(e.study.study_name)), "study"),
-            (c_string(str(str(attrs.get("gpu") or ""))), "gpu"),
-            (c_string(str(str(attrs.get("arch") or ""))), "arch"),
-            (c_string(str(e.ctx.problem.name)), "problem_name"),
-            (c_string(str(e.ctx.problem.dtype)), "dtype"),
-            (f"Problem{{{problem_init}}}", "problem"),
-            (f"Params{{{params_init}}}", "params"),
-            (f"Derived{{{derived_init}}}", "derived"),
-            (str(threads), "threads"),
-            (str(int(a.get("registers") or 0)), "registers"),
-            (str(int(a.get("smem_bytes") or 0)), "smem_bytes"),
-            (str(int(a.get("spill_bytes") or 0)), "spill_bytes"),
-            (str(int(a.get("blocks_per_sm") or 0)), "blocks_per_sm"),
-            (_cpp_value(a.get("tbps") or 0.0, "double"), "tbps"),
-            (_cpp_value(a.get("tflops") or 0.0, "double"), "tflops"),
-            (_cpp_value(a.get("fraction_of_ceiling") or 0.0, "double"), "fraction_of_ceiling"),
-            (_cpp_value(a.get("median_ms") or 0.0, "double"), "median_ms"),
-            (str(len(e.launches)), "launch_count"),
-            (f"{e.name}_launches", "launches"),
-            (f"&{e.name}_grid", "grid_fn"),
-            (_raw_string(e.source) if e.source is not None else "nullptr", "source"),
-        ]
-        lines.append(f"inline constexpr Config {e.name} = {{")
-        for value, name in fields:
-            if name == "source" and e.source is not None:
-                lines.append(f"    /* source */ {value},")
-            else:
-                lines.append(f"    {value},  // {name}")
-        lines.append("};")
-        lines.append("")
-    lines += [
-        "// Every exported config; for each study, fastest first.",
-        "inline constexpr const Config* configs[] = {",
-        *[f"    &{e.name}," for e in configs],
-        "};",
-        f"inline constexpr int config_count = {len(configs)};",
-        "",
-        "constexpr bool same_text(const char* a, const char* b) {",
-        "    while (*a != '\\0' && *a == *b) { ++a; ++b; }",
-        "    return *a == *b;",
-        "}",
-        "",
-        "constexpr double ratio(long long a, long long b) {",
-        "    return a <= 0 || b <= 0 ? 1e300 : a > b ? double(a) / double(b) : double(b) / double(a);",
-        "}",
-        "",
-        "// Distance of two problems in log space: the product of the max/min ratios of their sizes",
-        "// (1.0: the same problem).",
-        "constexpr double distance(const Problem& a, const Problem& b) {",
-        "    return " + " * ".join(f"ratio(a.{n}, b.{n})" for n in size_names) + ";",
-        "}",
-        "",
-        "// The config tuned for the problem nearest to the given sizes (an exact match wins; ties go to the",
-        '// earlier, i.e. faster, config) among those tuned on `arch` (e.g. "sm_90"), or on any arch when',
-        "// arch is nullptr. nullptr only when no config was tuned on that arch.",
-        f"constexpr const Config* select({', '.join(f'long long {n}' for n in size_names)}, "
-        "const char* arch = nullptr) {",
-        f"    const Problem want{{{', '.join(size_names)}}};",
-        "    const Config* best = nullptr;",
-        "    double best_distance = 0.0;",
-        "    for (const Config* c : configs) {",
-        "        if (arch != nullptr && !same_text(c->arch, arch)) continue;",
-        "        const double d = distance(c->problem, want);",
-        "        if (best == nullptr || d < best_distance) { best = c; best_distance = d; }",
-        "    }",
-        "    return best;",
-        "}",
-        "",
-        f"}}  // namespace {namespace}::{_cpp_name(kernel)}",
-        "",
-    ]
-    return "\n".join(lines)
+    return _header_template().render(header_context(studies, pick, namespace, with_source))
 
 
 def write_header(
