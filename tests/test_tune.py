@@ -175,6 +175,9 @@ def _ref(x, y, alpha, n):
     return alpha * x + y
 
 
+_LOCK = threading.Lock()  # a lock does not pickle: neither does a reference that holds one
+
+
 BAD = {
     "unknown name in a constraint": ({"constraints": ["block * vec <= width"]}, "names unknown symbol(s) width"),
     "empty value list": ({"params": {**PARAMS, "vec": []}}, "param 'vec' has no values"),
@@ -193,7 +196,7 @@ BAD = {
     "launch of an unknown param": ({"grid": "ceil_div(n, threads)"}, "names unknown symbol(s) threads"),
     "reference not callable": ({"reference": "ref.py:f"}, "reference must be a callable, got str"),
     "reference does not pickle": (
-        {"reference": lambda x, y, alpha, n, lock=threading.Lock(): x},
+        {"reference": lambda x, y, alpha, n, lock=_LOCK: x},
         "reference cannot be stored with cloudpickle",
     ),
     "unknown dtype": ({"problem": {"n": 1024, "dtype": "float8"}}, "problem dtype 'float8': choose from float32"),
@@ -231,9 +234,7 @@ def test_tune_on_the_gpu_end_to_end(tmp_path, monkeypatch):
         pytest.skip("needs a CUDA GPU")
     monkeypatch.chdir(tmp_path)
     ref = notebook_function("def scale_add(x, y, alpha, n):\n    return alpha * x + y\n", "scale_add")
-    result = tuner.tune(
-        "scale_add", TEMPLATE, PARAMS, {"n": 1 << 26}, ref, trials=48, sampler="grid", gpus=1, **KERNEL
-    )
+    result = tuner.tune("scale_add", TEMPLATE, PARAMS, {"n": 1 << 26}, ref, trials=48, sampler="grid", gpus=1, **KERNEL)
     measured = [t for t in result.study.trials if t.state.name == "COMPLETE"]
     assert len(measured) == 48, [t.user_attrs.get("reason") for t in result.study.trials]
     assert result.best["fraction_of_ceiling"] > 0.5
