@@ -87,6 +87,10 @@ def test_tune_runs_a_study_the_cli_reopens(tmp_path, monkeypatch):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _trials(f"sqlite:///{tmp_path}/cli.db") == _trials(api_url)
+    again = tuner.tune(
+        "scale_add", TEMPLATE, PARAMS, PROBLEM, ref, trials=12, seed=3, replay=tmp_path / "rec.db", **KERNEL
+    )
+    assert again.summary["study"] == result.summary["study"] and again.summary["trials"] == 12  # resumed
 
     # and finds the study by the kernel's name, as for any study
     proc = tuner_cli("best", "scale_add", "--json", cwd=tmp_path)
