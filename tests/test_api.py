@@ -81,3 +81,27 @@ def test_study_and_bench_are_calls_and_still_modules():
 
     assert callable(tuner.study) and tuner.study.run_study is run_study
     assert callable(tuner.bench) and bench is tuner.bench and hasattr(bench, "GpuEvaluator")
+
+
+def test_study_takes_every_option_of_the_cli():
+    """`tuner study` is `tuner.study` with the same arguments: each of its flags is a keyword of the call (under
+    its own name; --categorical is ordered=False, --json is progress=False)."""
+    import inspect
+
+    from tuner.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["study"]
+    flags = {a.dest for a in sub._actions if a.dest != "help"} - {"space", "kernel", "trials", "json", "categorical"}
+    from tuner import api
+
+    keywords = set(inspect.signature(api.study).parameters)
+    assert flags <= keywords, flags - keywords
+    assert {"ordered", "progress", "kernel"} <= keywords
+
+
+def test_bad_repair_is_bad_input():
+    import pytest
+
+    with pytest.raises(tuner.InputError, match="repair 'closest'"):
+        tuner.study("transpose", 1, repair="closest", replay=str(RECORDING))

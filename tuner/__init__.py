@@ -26,6 +26,9 @@ _LAZY = {
     "Launch": "tuner.kernels.base",
     "StudyResult": "tuner.api",
     "load_space": "tuner.api",
+    "open_study": "tuner.api",
+    "tune": "tuner.api",
+    "tune_space": "tuner.api",
 }
 
 
@@ -52,7 +55,10 @@ __all__ = [
     "StudyResult",
     "bench",
     "load_space",
+    "open_study",
     "study",
+    "tune",
+    "tune_space",
     "InputError",
     "Invalid",
     "LaunchFailed",

@@ -8,23 +8,45 @@
     result.pareto, result.trials # pandas DataFrames
     result.export_header("scale_add_tuned.h")
 
+    # or, from a notebook, a kernel in one call (see `tune`): template, params, problem, reference → the study
+    result = tuner.tune("scale_add", "scale_add.cu.j2", params, {"n": 1 << 26}, scale_add,
+                        arguments=["x: input[n]", "y: input[n]", "out: output[n]", "alpha: float32 = 0.5",
+                                   "n: int64"], grid="ceil_div(n, block * items * vec)", block="block",
+                        trials=48)
+
 A study run here is the same study the CLI runs (`tuner.study.run_study`): the dashboard, ``tuner export`` and
-``tuner best`` work on it. Bad input raises `tuner.InputError` (the CLI prints it as one line).
+``tuner best`` work on it; the ``tuner study`` and ``tuner bench`` commands are thin layers over `study` and
+`run_bench`. Bad input raises `tuner.InputError` (the CLI prints it as one line).
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
+import tempfile
 import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.errors import InputError, TemplateError
 from tuner.result import Result
 from tuner.space import Problem, SearchSpace
 from tuner.space import load as load_space
 
-__all__ = ["StudyResult", "bench", "callable_module", "load_space", "study"]
+__all__ = [
+    "StudyResult",
+    "bench",
+    "callable_module",
+    "load_space",
+    "open_study",
+    "run_bench",
+    "study",
+    "tune",
+    "tune_space",
+]
 
 
 class _CallableModule(types.ModuleType):
@@ -46,17 +68,28 @@ def callable_module(name: str) -> types.ModuleType:
 
 @dataclass
 class StudyResult:
-    """A finished (or resumed) study: the Optuna study and the driver's summary (trials, wall time, GPUs, best)."""
+    """A finished (or resumed) study: the driver's summary (trials, wall time, GPUs, best, storage) and the
+    Optuna study itself, loaded from its storage on first use."""
 
-    study: Any  # optuna.Study
     summary: dict[str, Any] = field(default_factory=dict)
+    _study: Any = field(default=None, repr=False)
+
+    @property
+    def study(self):
+        """The `optuna.Study`, as stored (``summary["storage"]``, ``summary["study"]``)."""
+        if self._study is None:
+            import optuna
+
+            self._study = optuna.load_study(study_name=self.summary["study"], storage=self.summary["storage"])
+        return self._study
 
     @property
     def best(self) -> dict[str, Any]:
-        """The fastest verified config (re-timed where the study re-timed its finalists), as `tuner best` shows."""
+        """The fastest verified config (re-timed where the study re-timed its finalists): what ``tuner best
+        --json`` prints, its source's path included where the study attached sources."""
         from tuner import export
 
-        return export.best_summary(self.study)
+        return export.best_summary(self.study, export.artifact_dir_for(self.summary["storage"]))
 
     @property
     def pareto(self):
@@ -81,34 +114,63 @@ class StudyResult:
         return export.write_header(self.study, path, pick=pick, namespace=namespace, with_source=with_source)
 
 
+def open_study(name: str | None = None, storage: str | None = None) -> StudyResult:
+    """A stored study, as ``tuner best NAME`` finds it: `name` is a study's name, its kernel's, or a .db path
+    (None: the only one); `storage` a URL or .db path to look in (default: every studies/*.db here)."""
+    from tuner import export
+
+    found = export.open_study(name, storage)
+    return StudyResult(summary={"study": found.study_name, "storage": export.storage_url(found)}, _study=found)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# study / bench: what `tuner study` and `tuner bench` run
+
+
 def study(
     space: SearchSpace | str | Path,
     trials: int,
     *,
+    kernel: str | None = None,
     sampler: str = "tpe",
     storage: str | None = None,
     study_name: str | None = None,
     seed: int | None = None,
     gpus: int | None = None,
     ray_address: str | None = None,
-    replay: str | Path | None = None,
-    problem: str | None = None,
+    engine: str | None = None,
     timeout: float = 60.0,
+    replay: str | Path | None = None,
+    replay_study: str | None = None,
+    replay_delay: float = 0.0,
+    in_process: bool = False,
+    problem: str | None = None,
+    objectives: str = "first",
+    repair: str = "nearest",
+    ordered: bool = True,
+    takeover: bool = False,
     progress: bool = False,
 ) -> StudyResult:
     """Run (or resume) a study of `space` (a SearchSpace, a space file or a shipped space's name) until it holds
-    `trials` trials, exactly as ``tuner study`` does with the same arguments; `replay` answers from a recorded
-    study instead of a GPU. Storage defaults to ``sqlite:///studies/KERNEL.db`` (relative to the working
-    directory)."""
+    `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments (each
+    keyword is the flag of that name: ``--replay-delay`` is `replay_delay`, ``--categorical`` is
+    ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
+    answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
+    "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all". Storage defaults to
+    ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
+    down before it returns."""
     from tuner.study import StudyOptions, run_study
 
+    if repair not in ("nearest", "random"):
+        raise InputError(f"repair {repair!r}: choose nearest or random")
     if isinstance(space, SearchSpace):
-        kernel, where = space.kernel, str(space.path)
+        where, kernel = str(space.path), kernel or space.kernel
     else:
-        kernel, where = load_space(space).kernel, str(space)
-    import ray
-
-    started_ray = not ray.is_initialized()
+        where = str(space)
+        kernel = kernel or load_space(space).kernel
+    # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
+    # not started.
+    started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     try:
         summary = run_study(
             StudyOptions(
@@ -124,18 +186,50 @@ def study(
                 timeout=timeout,
                 replay=None if replay is None else str(replay),
                 problem=problem,
+                replay_delay_s=replay_delay,
+                takeover=takeover,
+                replay_study=replay_study,
                 progress=progress,
+                repair=repair != "random",
+                ordered=ordered,
+                in_process=in_process,
+                objectives=objectives,
+                engine=engine,
             )
         )
     finally:
-        if started_ray and ray.is_initialized():
+        ray = sys.modules.get("ray")
+        if started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
+    return StudyResult(summary=summary)
 
-    import optuna
 
-    return StudyResult(
-        study=optuna.load_study(study_name=summary["study"], storage=summary["storage"]), summary=summary
-    )
+def run_bench(
+    space: SearchSpace | str | Path,
+    config: dict[str, Any] | None = None,
+    problem: Problem | str | None = None,
+    *,
+    gpu: int = 0,
+    timeout_s: float = 60.0,
+    budget_ms: float = 100.0,
+) -> tuple[Result, dict[str, Any]]:
+    """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
+    A GPU that cannot be used is an InputError (one line), not a traceback."""
+    from tuner.evaluate import evaluate_config
+    from tuner.worker import IsolatedEvaluator, WorkerError
+
+    if not isinstance(space, SearchSpace):
+        space = load_space(space)
+    with IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s) as evaluator:
+        try:
+            info = evaluator.start()
+        except WorkerError as exc:
+            reason = str(exc).splitlines()[0].split(": ", 1)[-1]
+            raise InputError(f"GPU {gpu} is not usable: {reason}") from None
+        result = evaluate_config(
+            space, dict(config or space.default), problem, evaluator=evaluator, budget_ms=budget_ms
+        )
+    return result, info
 
 
 def bench(
@@ -149,10 +243,277 @@ def bench(
 ) -> Result:
     """Verify and time one config (default: the space's default) on GPU `gpu`, in a worker process so a faulting
     kernel cannot take the caller down: a Measurement or a typed failure, as ``tuner bench`` reports."""
-    from tuner.evaluate import evaluate_config
-    from tuner.worker import IsolatedEvaluator
+    return run_bench(space, config, problem, gpu=gpu, timeout_s=timeout_s, budget_ms=budget_ms)[0]
 
-    if not isinstance(space, SearchSpace):
-        space = load_space(space)
-    with IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s) as evaluator:
-        return evaluate_config(space, dict(config or space.default), problem, evaluator=evaluator, budget_ms=budget_ms)
+
+# ---------------------------------------------------------------------------------------------------------------
+# tune: a kernel in one call, from a notebook
+
+#: the files `tune_space` writes into its directory (a template file, the space, the reference)
+REFERENCE_MODULE = "reference.py"
+REFERENCE_PICKLE = "reference.pkl"
+_REFERENCE_SOURCE = '''"""The reference of kernel {name!r} as tuner.tune received it: the caller's function, stored with
+cloudpickle (which Ray ships) in reference.pkl beside this file. Loading it runs the caller's code, as any
+reference does."""
+
+import pickle
+from pathlib import Path
+
+reference = pickle.loads(Path(__file__).with_name("reference.pkl").read_bytes())
+'''
+_ARRAY = re.compile(r"(input|output)\s*([A-Za-z_]\w*)?\s*\[(.*)\]", re.S)
+_SCALAR = re.compile(r"([A-Za-z_]\w*)\s*(?:=\s*(.+))?", re.S)
+
+
+def tune_space(
+    name: str,
+    template: str | Path,
+    params: dict[str, Sequence[Any]],
+    problem: dict[str, Any],
+    reference: Callable[..., Any] | None = None,
+    *,
+    arguments: Sequence[str | dict[str, Any]],
+    grid: str | int | Sequence[str | int],
+    block: str | int | Sequence[str | int],
+    smem: str | int = 0,
+    constraints: Sequence[str] = (),
+    derived: dict[str, str] | None = None,
+    default: dict[str, Any] | None = None,
+    bytes_moved: str | int | None = None,
+    flops: str | int | None = None,
+    tolerance: float | None = None,
+    directory: str | Path | None = None,
+) -> SearchSpace:
+    """Write kernel `name` as a space directory (default ``studies/NAME/``, relative to the working directory) and
+    load it: ``NAME.yaml`` (a declarative ``kernel:`` block, see `tuner.kernels.declarative`), ``NAME.cu.j2`` and,
+    with a `reference`, ``reference.py`` + ``reference.pkl``. Any process (the GPU workers, a later ``tuner
+    study --space studies/NAME/NAME.yaml``, ``tuner export``) finds the kernel again from those files.
+
+    * `template`: Jinja2 CUDA source, or the path of a template file (copied).
+    * `params`: name → the list of values to try; `constraints`, `derived`: expressions over params, derived
+      values and the problem's sizes, in the AST-checked language of space files.
+    * `problem`: sizes (positive ints), optional ``dtype`` (default float32) and ``name``.
+    * `arguments`: the entry point's, in order: ``"x: input[n]"``, ``"out: output float16[rows, cols]"`` (dtype
+      defaults to the problem's), ``"n: int64"``, ``"alpha: float32 = 0.5"`` (a scalar's value is an expression
+      of problem sizes, default its name); or the mappings of a ``kernel:`` block's ``arguments``.
+    * `grid`, `block`, `smem`: the launch, expressions of params, derived values and sizes.
+    * `reference`: called with every input (float64 NumPy array) and scalar by name; returns the expected output
+      (or a dict output name → array). It is stored with cloudpickle: a function defined in the notebook (or a
+      lambda) is stored by value; a function of an importable module is stored by name, so the workers must be
+      able to import that module.
+    * `bytes_moved`, `flops`, `tolerance`: see the ``kernel:`` block (defaults: inputs read and outputs written
+      once, 0 FLOPs, by dtype).
+
+    Bad input is an InputError (one line) and leaves the directory as it was."""
+    import yaml
+
+    from tuner.files import atomic_write
+    from tuner.kernels.base import DTYPES
+    from tuner.render import render
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InputError(f"tune: kernel name {name!r} is not an identifier")
+
+    def bad(message: str) -> InputError:
+        return InputError(f"tune {name!r}: {message}")
+
+    template_text = _template_text(template, bad)
+    if not isinstance(params, dict) or not params:
+        raise bad("params must be a non-empty dict of name → list of values")
+    plain_params: dict[str, list[Any]] = {}
+    for key, values in params.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+            raise bad(f"param {key!r}: expected a list of values, got {type(values).__name__}")
+        if not values:
+            raise bad(f"param {key!r} has no values")
+        plain_params[key] = [v.item() if hasattr(v, "item") else v for v in values]  # NumPy scalars → YAML
+    if not isinstance(problem, dict) or not problem:
+        raise bad("problem must be a dict of sizes (and dtype, name)")
+    problem = dict(problem)
+    if problem.get("dtype", "float32") not in DTYPES:
+        raise bad(f"problem dtype {problem['dtype']!r}: choose from {', '.join(DTYPES)}")
+    sizes = {k: v for k, v in problem.items() if k not in ("name", "dtype")}
+    problem.setdefault("name", "_".join(f"{k}{v}" for k, v in sizes.items()) or "problem")
+    if isinstance(constraints, str):
+        constraints = [constraints]
+    block_data: dict[str, Any] = {
+        "name": name,
+        "dtypes": [problem.get("dtype", "float32")],
+        "arguments": [_argument(a, bad) for a in arguments],
+        "launch": {"grid": _dims(grid), "block": _dims(block), "smem": smem},
+    }
+    for key, value in (("bytes", bytes_moved), ("flops", flops), ("tolerance", tolerance)):
+        if value is not None:
+            block_data[key] = value
+    if reference is not None:
+        if not callable(reference):
+            raise bad(f"reference must be a callable, got {type(reference).__name__}")
+        block_data["reference"] = f"{REFERENCE_MODULE}:reference"
+    data: dict[str, Any] = {
+        "description": f"written by tuner.tune for kernel {name}",
+        "kernel": block_data,
+        "template": f"{name}.cu.j2",
+        "problem": problem,
+        "params": plain_params,
+    }
+    if constraints:
+        data["constraints"] = list(constraints)
+    if derived:
+        data["derived"] = dict(derived)
+    if default:
+        data["default"] = dict(default)
+    try:
+        space_text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=None)
+    except yaml.YAMLError as exc:
+        raise bad(f"a value cannot be written to a space file: {str(exc).splitlines()[0]}") from None
+    files: dict[str, str | bytes] = {f"{name}.yaml": space_text, f"{name}.cu.j2": template_text}
+    if reference is not None:
+        files[REFERENCE_MODULE] = _REFERENCE_SOURCE.format(name=name)
+        files[REFERENCE_PICKLE] = _pickle_reference(reference, bad)
+
+    # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
+    target = Path(directory) if directory is not None else Path("studies") / name
+    with tempfile.TemporaryDirectory(prefix=f"tuner-tune-{name}-") as scratch:
+        for file, content in files.items():
+            (Path(scratch) / file).write_bytes(content if isinstance(content, bytes) else content.encode())
+        try:
+            checked = load_space(Path(scratch) / f"{name}.yaml")
+            problem0 = checked.problems[0]
+            render(checked.family, checked.default, checked.resolve(checked.default, problem0), problem0.env)
+        except TemplateError as exc:
+            raise bad(f"template line {exc.line}: {exc.message}" if exc.line else f"template: {exc.message}") from None
+        except InputError as exc:  # the line of the scratch space file would mean nothing to the caller
+            raise bad(exc.message) from None
+        finally:
+            _forget_reference(Path(scratch))
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"cannot create {target}: {exc.strerror}") from None
+    if reference is None and (target / REFERENCE_PICKLE).exists():
+        (target / REFERENCE_PICKLE).unlink()  # a reference of an earlier call must not outlive it
+    for file, content in files.items():
+        atomic_write(target / file, content)
+    _forget_reference(target)  # this process loads the reference written now, not one an earlier call imported
+    return load_space((target / f"{name}.yaml").resolve())
+
+
+def tune(
+    name: str,
+    template: str | Path,
+    params: dict[str, Sequence[Any]],
+    problem: dict[str, Any],
+    reference: Callable[..., Any] | None = None,
+    *,
+    arguments: Sequence[str | dict[str, Any]],
+    grid: str | int | Sequence[str | int],
+    block: str | int | Sequence[str | int],
+    trials: int,
+    smem: str | int = 0,
+    constraints: Sequence[str] = (),
+    derived: dict[str, str] | None = None,
+    default: dict[str, Any] | None = None,
+    bytes_moved: str | int | None = None,
+    flops: str | int | None = None,
+    tolerance: float | None = None,
+    directory: str | Path | None = None,
+    **options: Any,
+) -> StudyResult:
+    """Tune kernel `name` in one call, in the spirit of Kernel Tuner's ``tune_kernel``: write its space
+    directory (`tune_space`, which documents every argument), then run `study` on it with `trials` and
+    `options` (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study is stored
+    like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME`` and the
+    dashboard work on it, and calling `tune` again with the same arguments resumes it."""
+    space = tune_space(
+        name,
+        template,
+        params,
+        problem,
+        reference,
+        arguments=arguments,
+        grid=grid,
+        block=block,
+        smem=smem,
+        constraints=constraints,
+        derived=derived,
+        default=default,
+        bytes_moved=bytes_moved,
+        flops=flops,
+        tolerance=tolerance,
+        directory=directory,
+    )
+    return study(space, trials, **options)
+
+
+def _template_text(template: str | Path, bad) -> str:
+    """The template's text: a Path, or a one-line string naming an existing file, is read; any other string is
+    the template itself. A Jinja2 syntax error is bad input."""
+    import jinja2
+
+    looks_like_path = isinstance(template, Path) or (
+        isinstance(template, str) and "\n" not in template and template.endswith((".j2", ".cu", ".cuh", ".jinja"))
+    )
+    if looks_like_path:
+        try:
+            text = Path(template).read_text()
+        except OSError as exc:
+            raise bad(f"template file {str(template)!r}: {exc.strerror}") from None
+    elif isinstance(template, str):
+        text = template
+    else:
+        raise bad(f"template must be a string or a path, got {type(template).__name__}")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise bad(f"template line {exc.lineno}: {exc.message}") from None
+    return text
+
+
+def _dims(spec: str | int | Sequence[str | int]) -> list[str | int]:
+    return [spec] if isinstance(spec, str | int) else list(spec)
+
+
+def _argument(spec: str | dict[str, Any], bad) -> dict[str, Any]:
+    """One argument of the ``kernel:`` block from its short form (see `tune_space`); a mapping passes as it is."""
+    if isinstance(spec, dict):
+        return dict(spec)
+    usage = "expected 'NAME: input[SHAPE]', 'NAME: output DTYPE[SHAPE]' or 'NAME: DTYPE [= VALUE]'"
+    if not isinstance(spec, str) or ":" not in spec:
+        raise bad(f"argument {spec!r}: {usage}")
+    arg_name, _, rest = (part.strip() for part in spec.partition(":"))
+    array = _ARRAY.fullmatch(rest)
+    if array:
+        role, dtype, inside = array.groups()
+        try:
+            text = f"[{inside}]"
+            shape = [ast.get_source_segment(text, e) for e in ast.parse(text, mode="eval").body.elts]  # type: ignore[attr-defined]
+        except SyntaxError:
+            raise bad(f"argument {spec!r}: shape [{inside}] is not a list of expressions") from None
+        out: dict[str, Any] = {"name": arg_name, "role": role, "shape": shape}
+        if dtype:
+            out["dtype"] = dtype
+        return out
+    scalar = _SCALAR.fullmatch(rest)
+    if scalar is None:
+        raise bad(f"argument {spec!r}: {usage}")
+    dtype, value = scalar.groups()
+    out = {"name": arg_name, "role": "scalar", "dtype": dtype}
+    if value is not None:
+        out["value"] = value.strip()
+    return out
+
+
+def _pickle_reference(reference: Callable[..., Any], bad) -> bytes:
+    from ray import cloudpickle
+
+    try:
+        return cloudpickle.dumps(reference)
+    except Exception as exc:  # whatever the function holds on to may refuse to pickle
+        raise bad(f"reference cannot be stored with cloudpickle: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def _forget_reference(directory: Path) -> None:
+    """Drop this process's import of the reference module in `directory`, so it is read again when loaded."""
+    from tuner.kernels.custom import user_module_name
+
+    sys.modules.pop(user_module_name((directory / REFERENCE_MODULE).resolve()), None)

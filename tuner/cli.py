@@ -1,6 +1,7 @@
 # PYTHON_ARGCOMPLETE_OK
-"""The `tuner` command line. Each subcommand is a thin layer over one stage module: spaces, render, check (space,
-render, compile); bench, ceiling (worker); study (study); pareto, export, dashboard, trials, best (export's rooms).
+"""The `tuner` command line. Each subcommand is a thin layer over the Python API (`tuner.api`: study, bench, best)
+or one stage module: spaces, render, check (space, render, compile); ceiling (worker); pareto, export, dashboard,
+trials (export's rooms).
 
 Bad input of any kind (an `InputError`, or an argparse complaint) is one line on stderr and exit code 2, with no
 traceback; anything else that escapes is a bug and keeps its traceback.
@@ -256,15 +257,12 @@ def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from tuner.api import run_bench
     from tuner.console import Column, print_table
-    from tuner.evaluate import evaluate_config
-    from tuner.worker import IsolatedEvaluator
 
     s, problem = _load_space_and_problem(args)
     params = s.config_from_assignments(args.set or [], problem)
-    with IsolatedEvaluator(gpu=args.gpu, timeout_s=args.timeout) as evaluator:
-        info = _start_gpu(evaluator, args.gpu)
-        result = evaluate_config(s, params, problem, evaluator=evaluator, budget_ms=args.budget_ms)
+    result, info = run_bench(s, params, problem, gpu=args.gpu, timeout_s=args.timeout, budget_ms=args.budget_ms)
     record = {
         "space": str(s.path),
         "problem": problem.name,
@@ -311,33 +309,31 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from tuner.study import StudyOptions, run_study
+    from tuner.api import study
 
-    summary = run_study(
-        StudyOptions(
-            kernel=args.kernel,
-            space=args.space or args.kernel,
-            trials=args.trials,
-            storage=args.storage,
-            study_name=args.study_name,
-            sampler=args.sampler,
-            seed=args.seed,
-            gpus=args.gpus,
-            ray_address=args.ray_address,
-            timeout=args.timeout,
-            replay=args.replay,
-            problem=args.problem,
-            replay_delay_s=args.replay_delay,
-            takeover=args.takeover,
-            replay_study=args.replay_study,
-            progress=not args.json,
-            repair=args.repair != "random",
-            ordered=not args.categorical,
-            in_process=args.in_process,
-            objectives=args.objectives,
-            engine=args.engine,
-        )
-    )
+    summary = study(
+        args.space or args.kernel,
+        args.trials,
+        kernel=args.kernel,
+        sampler=args.sampler,
+        storage=args.storage,
+        study_name=args.study_name,
+        seed=args.seed,
+        gpus=args.gpus,
+        ray_address=args.ray_address,
+        engine=args.engine,
+        timeout=args.timeout,
+        replay=args.replay,
+        replay_study=args.replay_study,
+        replay_delay=args.replay_delay,
+        in_process=args.in_process,
+        problem=args.problem,
+        objectives=args.objectives,
+        repair=args.repair,
+        ordered=not args.categorical,
+        takeover=args.takeover,
+        progress=not args.json,
+    ).summary
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     return 0
@@ -561,10 +557,9 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from tuner import export
+    from tuner.api import open_study
 
-    study = export.open_study(args.study, args.storage)
-    best = export.best_summary(study, export.artifact_dir_for(export.storage_url(study)))
+    best = open_study(args.study, args.storage).best
     if args.json:
         print(json.dumps(best, indent=2, default=str))
         return 0

@@ -116,7 +116,7 @@ def import_user(target: str, directory: Path, fail, key: str):
         file = (directory / target).resolve()
         if not file.is_file():
             raise fail(f"{target} not found next to the space ({directory})", key)
-        name = f"tuner_user_{file.stem}_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
+        name = user_module_name(file)
         if name in sys.modules:
             return sys.modules[name]
         _on_path(directory)  # so the file may import its neighbours
@@ -146,6 +146,11 @@ def import_user(target: str, directory: Path, fail, key: str):
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise _user_error(exc, f"{target} does not import", directory) from None
+
+
+def user_module_name(file: Path) -> str:
+    """The name in `sys.modules` under which `import_user` keeps the user's file `file` (an absolute path)."""
+    return f"tuner_user_{file.stem}_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
 
 
 def _on_path(directory: Path) -> None:
@@ -230,4 +235,4 @@ def check_reference(space, problem=None, required: bool = False) -> None:
             )
 
 
-__all__ = ["SpaceError", "check_reference", "import_user", "load_class", "space_family"]
+__all__ = ["SpaceError", "check_reference", "import_user", "load_class", "space_family", "user_module_name"]
