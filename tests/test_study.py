@@ -136,6 +136,29 @@ def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
     assert {params_key(t.params) for t in study.trials} == valid
 
 
+def test_interrupted_grid_resumes_to_exactly_the_valid_set(tmp_path):
+    """A grid cut by a kill leaves RUNNING rows; resumed, each valid config is evaluated exactly once more and the
+    study ends (the interrupted configs were once queued twice, never counted, and random proposals ran on)."""
+    import sqlite3
+
+    from tuner import space as space_mod
+
+    url = f"sqlite:///{tmp_path}/g.db"
+    first = ["study", "transpose", "--sampler", "grid", "--replay", str(RECORDING), "--storage", url, "--json"]
+    assert tuner(*first, "--trials", "40", "--in-process").returncode == 0
+    conn = sqlite3.connect(tmp_path / "g.db")  # as a kill -9 leaves it: the last trials still RUNNING
+    conn.execute("UPDATE trials SET state = 'RUNNING' WHERE number >= 30")
+    conn.commit()
+    conn.close()
+    proc = tuner(*first, "--trials", "100000", "--in-process")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = load(url)
+    valid = {params_key(c) for c in space_mod.load(SPACE).enumerate()}
+    counted = [t for t in study.trials if t.user_attrs.get("failure") != "interrupted"]
+    assert sorted(params_key(t.params) for t in counted) == sorted(valid)
+    assert len(study.trials) == len(valid) + 10
+
+
 def test_kill_9_and_resume(tmp_path):
     url = f"sqlite:///{tmp_path}/k.db"
     args = [

@@ -527,17 +527,26 @@ class Driver:
         fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in past) if s is not None])
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
+        queued: set[str] = set()  # keys enqueued below: each config once
         for params in again:
-            fast.enqueue_trial(self.codec.encode(params))
+            key = params_key(params)
+            # A config interrupted in one trial may be measured in another (a duplicate): it is not run again.
+            if key not in measured and key not in failed and key not in queued:
+                queued.add(key)
+                fast.enqueue_trial(self.codec.encode(params))
         if not past and self.opts.sampler != "grid":
             # A new study measures the space's default (a known-good config) first: a baseline the search
             # must beat, and a floor under what it reports.
             fast.enqueue_trial(self.codec.encode(dict(self.space.default)))
         repair = None
+        grid_left: int | None = None  # grid: configs still queued; the study ends when they are spent
         if self.opts.sampler == "grid":
+            # Every valid config not yet evaluated, once (the interrupted ones are queued above already).
             done_keys = {params_key(t.params) for t in past if _counts(t)}
             for params in self.space.valid_configs(self.problem):
-                if params_key(params) not in done_keys:
+                key = params_key(params)
+                if key not in done_keys and key not in queued:
+                    queued.add(key)
                     fast.enqueue_trial(self.codec.encode(params))
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             target = min(target, counted + grid_left)
@@ -571,7 +580,11 @@ class Driver:
         try:
             with progress:
                 while counted < target:
-                    while submitted < target and pool.in_flight < pool.capacity:
+                    if grid_left == 0 and pool.in_flight == 0:
+                        break  # every queued config is answered; a config that did not count is not re-drawn
+                    while submitted < target and pool.in_flight < pool.capacity and grid_left != 0:
+                        if grid_left is not None:
+                            grid_left -= 1
                         started = time.perf_counter()
                         trial = fast.ask(dists)
                         self.sampler_s += time.perf_counter() - started
