@@ -101,59 +101,62 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                 m0, n0, split = bx * m_tile, by * rpb, bz
                 red = {}
                 warp_results = []
-                for warp in range(warps):
-                    wn, wk = warp % n_warps, warp // n_warps
-                    k0 = split * k_block + wk * k_warp
-                    if mma:
-                        w_lane = (n0 + wn * rpw + g) * K + k0 + 8 * t
-                        x_lane = (m0 + g) * K + k0 + 8 * t
-                        m_frags = m_tile // 8
-                        x_ok = [(m0 + 8 * j + g) < M for j in range(m_frags)]
-                        # D[q][j]: 16×8 matrix of term lists (pairs of index arrays).
-                        acc = [
-                            [[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)]
-                            for _ in range(rpw // 16)
-                        ]
-                    else:
-                        w_lane = (n0 + wn * rpw) * K + k0 + lane * vec
-                        x_lane = m0 * K + k0 + lane * vec
-                        acc = [[[] for _ in range(m_tile)] for _ in range(rpw)]  # lists of (x, w) lane arrays
-                    buffers = {}
-                    for kind, buf, it in iteration_order():
-                        if kind == "load":
-                            p = w_lane + it * chunk
-                            buffers[buf] = [
-                                _lane_words(p + (li // unroll) * row_stride * K + (li % unroll) * step, words)
-                                for li in range(loads)
+                if mma == 2:
+                    warp_results = _pipe_block(config, problem, m_tile, m0, n0, split, skip_iteration)
+                else:
+                    for warp in range(warps):
+                        wn, wk = warp % n_warps, warp // n_warps
+                        k0 = split * k_block + wk * k_warp
+                        if mma:
+                            w_lane = (n0 + wn * rpw + g) * K + k0 + 8 * t
+                            x_lane = (m0 + g) * K + k0 + 8 * t
+                            m_frags = m_tile // 8
+                            x_ok = [(m0 + 8 * j + g) < M for j in range(m_frags)]
+                            # D[q][j]: 16×8 matrix of term lists (pairs of index arrays).
+                            acc = [
+                                [[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)]
+                                for _ in range(rpw // 16)
                             ]
-                            continue
-                        if it == skip_iteration:
-                            continue
-                        wv = buffers[buf]
-                        xp = x_lane + it * chunk
-                        for u in range(unroll):
-                            if mma:
-                                xv = []
-                                for j in range(m_frags):
-                                    w_ = _lane_words(xp + 8 * j * K + u * step, 4)
-                                    xv.append([np.where(x_ok[j], a, -1) for a in w_])
-                                for s in range(2):
-                                    for q in range(rpw // 16):
-                                        lo = wv[(2 * q) * unroll + u]
-                                        hi = wv[(2 * q + 1) * unroll + u]
-                                        regs_a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
-                                        for j in range(m_frags):
-                                            regs_b = (xv[j][2 * s], xv[j][2 * s + 1])
-                                            _mma(acc[q][j], regs_a, regs_b, g, t)
-                            else:
-                                xv = [_lane_words(xp + m * K + u * step, words) for m in range(m_tile)]
-                                for e in range(words):
-                                    for m in range(m_tile):
-                                        for r in range(rpw):
-                                            w_lo = wv[r * unroll + u][e]
-                                            acc[r][m].append((xv[m][e], w_lo))
-                                            acc[r][m].append((xv[m][e] + 1, w_lo + 1))
-                    warp_results.append((wn, wk, acc))
+                        else:
+                            w_lane = (n0 + wn * rpw) * K + k0 + lane * vec
+                            x_lane = m0 * K + k0 + lane * vec
+                            acc = [[[] for _ in range(m_tile)] for _ in range(rpw)]  # lists of (x, w) lane arrays
+                        buffers = {}
+                        for kind, buf, it in iteration_order():
+                            if kind == "load":
+                                p = w_lane + it * chunk
+                                buffers[buf] = [
+                                    _lane_words(p + (li // unroll) * row_stride * K + (li % unroll) * step, words)
+                                    for li in range(loads)
+                                ]
+                                continue
+                            if it == skip_iteration:
+                                continue
+                            wv = buffers[buf]
+                            xp = x_lane + it * chunk
+                            for u in range(unroll):
+                                if mma:
+                                    xv = []
+                                    for j in range(m_frags):
+                                        w_ = _lane_words(xp + 8 * j * K + u * step, 4)
+                                        xv.append([np.where(x_ok[j], a, -1) for a in w_])
+                                    for s in range(2):
+                                        for q in range(rpw // 16):
+                                            lo = wv[(2 * q) * unroll + u]
+                                            hi = wv[(2 * q + 1) * unroll + u]
+                                            regs_a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
+                                            for j in range(m_frags):
+                                                regs_b = (xv[j][2 * s], xv[j][2 * s + 1])
+                                                _mma(acc[q][j], regs_a, regs_b, g, t)
+                                else:
+                                    xv = [_lane_words(xp + m * K + u * step, words) for m in range(m_tile)]
+                                    for e in range(words):
+                                        for m in range(m_tile):
+                                            for r in range(rpw):
+                                                w_lo = wv[r * unroll + u][e]
+                                                acc[r][m].append((xv[m][e], w_lo))
+                                                acc[r][m].append((xv[m][e] + 1, w_lo + 1))
+                        warp_results.append((wn, wk, acc))
 
                 # red[m][nl] = sum over warp slices wk = 0, 1, ... (the first slice stores, the rest add).
                 for w in range(k_warps):
@@ -215,6 +218,81 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                     y_writes[m, n] += 1
                     out_terms[(m, n)] = np.concatenate([part_terms[(s, m, n)] for s in range(split_k)])
     return {"y": out_terms, "y_writes": y_writes}
+
+
+def _pipe_block(config, problem, m_tile, m0, n0, split, skip_iteration):
+    """mma 2, one block: the cp.async ring as a dict (slot, chunk) -> element index of the chunk's first bf16
+    (-1: a zero-filled x row), filled by the template's load_tile formulas in the order of its loop, and each
+    warp's fragments read back with compute_tile's formulas. Returns [(wn, wk, acc)] as for engine 1."""
+    M, K = problem["M"], problem["K"]
+    threads, k_warps, unroll = config["threads"], config["k_warps"], config["unroll"]
+    stages, split_k, rpw = config["stages"], config["split_k"], config["rows_per_warp"]
+    warps = threads // 32
+    n_warps = warps // k_warps
+    rpb = n_warps * rpw
+    k_block = K // split_k
+    kt = k_warps * 32 * unroll
+    iters = k_block // kt
+    rc = kt // 8
+    swz = 4 if rc >= 8 else 0
+    w_chunks, x_chunks = rpb * rc, m_tile * rc
+    round_rows = threads // rc
+    assert threads % rc == 0 and round_rows % 2 == 0 and w_chunks % threads == 0
+    w_rounds, x_rounds = w_chunks // threads, -(-x_chunks // threads)
+    ring: dict[tuple[int, int], int] = {}
+    in_slot: dict[int, int] = {}
+
+    def load_tile(slot, it):
+        for tid in range(threads):
+            row0, c0 = tid // rc, tid % rc
+            dst0 = row0 * rc + (c0 ^ (swz * (row0 & 1)))
+            w_src = (n0 + row0) * K + split * k_block + 8 * c0
+            x_src = split * k_block + 8 * c0
+            for i in range(w_rounds):
+                ring[(slot, dst0 + i * round_rows * rc)] = w_src + i * round_rows * K + it * kt
+            for i in range(x_rounds):
+                if row0 + i * round_rows < m_tile:
+                    m = m0 + row0 + i * round_rows
+                    ring[(slot, w_chunks + dst0 + i * round_rows * rc)] = m * K + x_src + it * kt if m < M else -1
+        in_slot[slot] = it
+
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    m_frags, n_frags = m_tile // 8, rpw // 16
+    accs = {
+        warp: [[[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_frags)] for _ in range(n_frags)]
+        for warp in range(warps)
+    }
+
+    def words(slot, chunk):
+        """The 4 words of each lane's 16-byte chunk as arrays of low-half element indices (-1 stays -1)."""
+        base = np.array([ring[(slot, int(c))] for c in chunk])
+        return [np.where(base < 0, -1, base + 2 * e) for e in range(4)]
+
+    def compute_tile(slot, it):
+        assert in_slot[slot] == it, f"slot {slot} holds tile {in_slot[slot]} when tile {it} is computed"
+        for warp in range(warps):
+            wn, wk = warp % n_warps, warp // n_warps
+            for u in range(unroll):
+                c = ((wk * unroll + u) * 4 + t) ^ (swz * (g & 1))
+                xv = [words(slot, (rpb + 8 * j + g) * rc + c) for j in range(m_frags)]
+                for q in range(n_frags):
+                    lo = words(slot, (wn * rpw + 16 * q + g) * rc + c)
+                    hi = words(slot, (wn * rpw + 16 * q + 8 + g) * rc + c)
+                    for j in range(m_frags):
+                        for s in range(2):
+                            regs_a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
+                            _mma(accs[warp][q][j], regs_a, (xv[j][2 * s], xv[j][2 * s + 1]), g, t)
+
+    for s in range(stages - 1):
+        if s < iters:
+            load_tile(s, s)
+    for it in range(iters):
+        if it + stages - 1 < iters:
+            load_tile((it + stages - 1) % stages, it + stages - 1)
+        if it != skip_iteration:
+            compute_tile(it % stages, it)
+    return [(warp % n_warps, warp // n_warps, accs[warp]) for warp in range(warps)]
 
 
 def _mma(d, regs_a, regs_b, g, t):
@@ -283,6 +361,7 @@ BASE = {
     "prefetch": 0,
     "w_cache": "na",
     "min_blocks": 1,
+    "stages": 2,
 }
 
 EMULATED = [
@@ -305,6 +384,15 @@ EMULATED = [
         (8, 64, 384),
         {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "threads": 128, "k_warps": 1, "unroll": 4, "prefetch": 1},
     ),  # 3 iterations, 4 warps on rows
+    # mma 2 (cp.async ring): rows of 64 bytes (no swizzle) and of 128+ bytes (swizzled), ring deeper and
+    # shallower than the tiles, zero-filled x rows, k_warps slices of a tile, split-K.
+    ((2, 64, 256), {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 1, "stages": 2}),
+    ((3, 64, 1024), {"mma": 2, "rows_per_warp": 16, "m_tile": 64, "k_warps": 2, "unroll": 2, "stages": 3}),
+    (
+        (9, 128, 2048),
+        {"mma": 2, "rows_per_warp": 32, "m_tile": 16, "k_warps": 1, "unroll": 4, "stages": 4, "split_k": 2},
+    ),  # 4 tiles per split: the ring wraps
+    ((16, 32, 1536), {"mma": 2, "rows_per_warp": 16, "m_tile": 16, "threads": 256, "k_warps": 4, "stages": 6}),
 ]
 
 
@@ -315,7 +403,14 @@ def test_emulated_index_math_sums_each_term_once(family, shape, overrides):
     check_emulation(family, {**BASE, **overrides}, problem)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2},
+        {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "stages": 3},
+    ],
+)
 def test_emulator_catches_a_dropped_iteration(family, overrides):
     """The emulation check is not vacuous: a kernel that skips one K iteration fails it."""
     problem = {"M": 2, "N": 32, "K": 512, "dtype": "bfloat16"}
@@ -363,11 +458,11 @@ def test_space_problems_and_counts(gemv_space, family):
     for problem in gemv_space.problems:
         M = problem.sizes["M"]
         configs = list(gemv_space.enumerate(problem))
-        assert 200 <= len(configs) <= 6000
+        assert 200 <= len(configs) <= 8000
         # W is read once: one M tile covers all of M in every valid config
         assert all(gemv_space.resolve(c, problem)["m_blocks"] == 1 for c in configs)
         engines = {c["mma"] for c in configs}
-        assert engines == ({0, 1} if M <= 16 else {1})
+        assert engines == ({0, 1, 2} if M <= 16 else {1, 2})
         if M <= 16:
             assert gemv_space.validate(gemv_space.default, problem) is None
 
@@ -407,20 +502,101 @@ def test_split_k_and_mma_compile(family, gemv_space):
 
 
 def test_sampled_configs_compile(family, gemv_space):
-    """For M = 1, 16, 64 and the down projection, one seeded valid config per (engine, split-K or not) compiles."""
+    """For M = 1, 16, 64 and the down projection, one seeded valid config per (engine, split-K or not) compiles
+    without spills."""
     rng = random.Random(1)
     sources = []
     for problem in map(gemv_space.problem, ["m1", "m16", "m64", "down_m64"]):
         groups: dict[tuple, list] = {}
         for config in gemv_space.enumerate(problem):
             groups.setdefault((config["mma"], config["split_k"] > 1), []).append(config)
-        assert len(groups) == (4 if problem.sizes["M"] <= 16 else 2)
+        assert len(groups) == (6 if problem.sizes["M"] <= 16 else 4)
         for configs in groups.values():
             config = rng.choice(configs)
             sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
     for source, result in tcompile.compile_many(sources, jobs=4):
         assert result.ok, (source.uri, result.reason)
         assert result.main.registers > 0 and source.entry in result.functions
+        assert result.spill_bytes == 0, source.uri
+
+
+# Engine 2 (the cp.async ring) at M = 64: 8 warps of 32 W rows (256 rows a block, one block an SM) and 16 warps of
+# 16 rows, as the space resolves them for 8192² and the down projection.
+PIPE = {
+    "mma": 2,
+    "threads": 256,
+    "k_warps": 1,
+    "rows_per_warp": 32,
+    "m_tile": 64,
+    "vec": 8,
+    "unroll": 2,
+    "prefetch": 0,
+    "w_cache": "na",
+    "min_blocks": 1,
+    "stages": 4,
+}
+
+
+@pytest.mark.parametrize(
+    "problem_name, overrides",
+    [
+        ("m64", {"split_k": 4}),
+        ("m64", {"split_k": 4, "threads": 512, "rows_per_warp": 16, "stages": 3}),
+        ("down_m64", {"split_k": 4, "stages": 3, "w_cache": "na256"}),
+        ("m8", {"split_k": 4, "k_warps": 2, "unroll": 4, "stages": 3, "w_cache": "cs"}),
+    ],
+)
+def test_pipe_engine_compiles_within_its_budgets(family, gemv_space, problem_name, overrides):
+    """mma 2 configs are valid, compile for sm_90 without spills and within est_regs + 24 registers, take no
+    static SMEM and launch with the derived ring size as dynamic SMEM (over 48 KiB: the evaluator opts in)."""
+    problem = gemv_space.problem(problem_name)
+    params = {**gemv_space.default, **PIPE, **overrides}
+    assert gemv_space.validate(params, problem) is None
+    config = gemv_space.resolve(params, problem)
+    launches = family.launches("e", config, problem.env)
+    assert launches[0].smem_dynamic == config["smem_dynamic"] == family.smem_dynamic(config, problem.env)
+    k_tile = params["k_warps"] * 32 * params["unroll"]
+    ring = params["stages"] * (config["rows_per_block"] + config["m_rows"]) * k_tile * 2
+    assert config["smem_dynamic"] == max(ring, config["red_bytes"]) > 48 * 1024
+    source = render.render(family, params, config, problem.env)
+    assert "cp.async.cg.shared.global" in source.text and "cp.async.wait_group" in source.text
+    result = tcompile.compile_source(source)
+    assert result.ok, result.reason
+    assert result.spill_bytes == 0 and result.smem_static_bytes == 0
+    assert 0 < result.main.registers <= config["est_regs"] + 24
+
+
+def test_pipe_engine_constraints(family, gemv_space):
+    """The space screens engine-2 configs that cannot work or duplicate others; engines 0 and 1 keep stages 2."""
+    problem = gemv_space.problem("m64")
+    ok = {**gemv_space.default, **PIPE, "split_k": 4}
+    assert gemv_space.validate(ok, problem) is None
+
+    def reason(on=problem, **changes):
+        why = gemv_space.validate({**ok, **changes}, on)
+        assert why is not None, changes
+        return why
+
+    assert "prefetch == 0" in reason(prefetch=1)  # the ring is the prefetch
+    assert "smem_dynamic <= smem_per_block_max" in reason(stages=6, unroll=4)  # 6 · 320 rows · 256 B = 480 KiB
+    # M = 8, 16 W rows a block, tiles of 512: 4 tiles per split, fewer than 6 stages (3 pass)
+    small = {"unroll": 4, "rows_per_warp": 16, "k_warps": 4, "threads": 128}
+    assert gemv_space.validate({**ok, **small, "stages": 3}, gemv_space.problem("m8")) is None
+    assert "iters >= stages" in reason(gemv_space.problem("m8"), **small, stages=6)
+    assert "stages == 2" in reason(mma=1, rows_per_warp=16, unroll=2)  # one config per engine-1 kernel
+    # 128 blocks of 256 rows (7/8 of the SMs or more) are allowed for engine 2 only
+    assert gemv_space.resolve(ok, problem)["blocks"] == 128
+    rows128 = {"threads": 128, "rows_per_warp": 32, "split_k": 2}  # 64 blocks of 128 rows × 2 splits
+    assert gemv_space.validate({**ok, **rows128, "stages": 3}, problem) is None
+    assert "blocks >= sm_count" in reason(**rows128, mma=1, stages=2, unroll=1)
+    with pytest.raises(ValueError, match="stages >= 2"):
+        family.launches("e", {**gemv_space.resolve(ok, problem), "stages": 1}, problem.env)
+    with pytest.raises(ValueError, match="not an engine"):
+        family.launches("e", {**gemv_space.resolve(ok, problem), "mma": 3}, problem.env)
+    # engines 0 and 1 take no dynamic SMEM
+    for engine in (0, 1):
+        config = {**gemv_space.resolve(ok, problem), "mma": engine}
+        assert family.smem_dynamic(config, problem.env) == 0
 
 
 @pytest.mark.parametrize("M", [1, 8, 64])

@@ -9,7 +9,8 @@ capped at M (with mma: at M rounded up to 8, the rows past M being zeros): grid 
 N / rows_per_block, split_k). With split_k = 1 it writes y itself (one launch); otherwise it writes fp32
 partial sums to the scratch output ``part`` (split_k × M × N, every element written exactly once, so no
 zeroing is needed under NaN-poisoned outputs) and ``{entry}_reduce`` sums the slices in order and rounds to
-bf16 (grid ceil(M·N / 1024), 256 threads, 4 elements a thread).
+bf16 (grid ceil(M·N / 1024), 256 threads, 4 elements a thread). Engine 2 (mma 2: tensor cores fed by a
+cp.async ring of W and x tiles) takes `smem_dynamic` bytes of dynamic SMEM; engines 0 and 1 take none.
 
 Kernel signatures (scalars are 32-bit ``int``, looked up by name in the problem):
     {entry}(x, W, y or part, M, N, K)        {entry}_reduce(part, y, M, N)
@@ -50,6 +51,7 @@ class Gemv(Family):
         "prefetch": "pf",
         "w_cache": "wc",
         "min_blocks": "lb",
+        "stages": "st",
     }
 
     # -- geometry --------------------------------------------------------------------------------------------
@@ -64,6 +66,17 @@ class Gemv(Family):
         M = problem["M"]
         cap = 8 * ceil_div(M, 8) if config["mma"] else M
         return min(config["m_tile"], cap)
+
+    @staticmethod
+    def smem_dynamic(config: Config, problem: Problem) -> int:
+        """Dynamic SMEM of the main kernel: engine 2's cp.async ring (stages tiles of rows_per_block W rows and
+        m_rows x rows, k_warps·chunk bf16 each), which red[m_rows][rows_per_block] (fp32) aliases after the
+        loop; 0 for engines 0 and 1 (their red is static)."""
+        if config["mma"] != 2:
+            return 0
+        k_tile = config["k_warps"] * Gemv.chunk(config)
+        ring = config["stages"] * (Gemv.rows_per_block(config) + Gemv.m_rows(config, problem)) * k_tile * 2
+        return max(ring, Gemv.m_rows(config, problem) * Gemv.rows_per_block(config) * 4)
 
     @staticmethod
     def chunk(config: Config) -> int:
@@ -85,6 +98,10 @@ class Gemv(Family):
         if K % (split_k * k_warps) or (K // (split_k * k_warps)) % self.chunk(config):
             need = split_k * k_warps * self.chunk(config)
             faults.append(f"K={K} is not a multiple of split_k*k_warps*chunk={need}")
+        if config["mma"] not in (0, 1, 2):
+            faults.append(f"mma={config['mma']} is not an engine (0 FMA, 1 tensor cores, 2 tensor cores + cp.async)")
+        if config["mma"] == 2 and config.get("stages", 0) < 2:
+            faults.append(f"mma 2 needs stages >= 2 (got {config.get('stages')})")
         if config["mma"]:
             if config["vec"] != 8 or config["rows_per_warp"] % 16 or config["m_tile"] % 8:
                 faults.append("mma needs vec 8, rows_per_warp % 16 == 0 and m_tile % 8 == 0")
@@ -103,7 +120,13 @@ class Gemv(Family):
         grid = (ceil_div(M, self.m_rows(config, problem)), N // self.rows_per_block(config), split_k)
         main_out = "y" if split_k == 1 else "part"
         out = [
-            Launch(entry=entry, grid=grid, block=(config["threads"], 1, 1), args=("x", "W", main_out, "M", "N", "K"))
+            Launch(
+                entry=entry,
+                grid=grid,
+                block=(config["threads"], 1, 1),
+                args=("x", "W", main_out, "M", "N", "K"),
+                smem_dynamic=self.smem_dynamic(config, problem),
+            )
         ]
         if split_k > 1:
             out.append(
