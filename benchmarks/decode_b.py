@@ -2,6 +2,7 @@
 
     python benchmarks/decode_b.py [--out DIR] [--trials-attention 100] [--trials-adamw 60] [--only KERNEL ...]
     python benchmarks/decode_b.py --dry-run      # no GPU: render and compile the defaults and a sample, then stop
+    python benchmarks/decode_b.py --only decode_attention --probe   # + the fixed decode-attention probe configs
 
 For each target (family, problem) it runs a real study (TPE, seed 0, one Ray session, SQLite under --out) whose
 fastest configs are re-timed with a longer budget; then, on the same GPU with the same protocol
@@ -17,6 +18,11 @@ fastest configs are re-timed with a longer budget; then, on the same GPU with th
   (28 bytes per element against our 26): its TB/s is quoted on our minimal bytes (time ratio) and on its own;
 - both: a cudaMemcpy device-to-device copy that moves the same bytes (read + write) as the problem, beside the
   worker's 2 GiB ceiling.
+
+--probe also times a fixed list of decode-attention configs (`ATTENTION_PROBES`: the register path against the
+cp.async ring, the combine launch against the fused combine, several split counts) on every attention problem,
+each verified against the reference first, so that the knobs are compared head to head whatever the sampler
+visits; they are recorded as impl ``probe <changes>``.
 
 Every TB/s counts the family's minimal bytes (`Family.bytes_moved`). Writes ``decode_b-<date>.json`` (records:
 kernel, shape, impl, TBps, median_ms, ceiling_TBps, same_bytes_copy_TBps, gpu, date, command, ...) and
@@ -48,6 +54,27 @@ TARGETS = [
     ("decode_attention", "b16_s8192", 0.90),
     ("decode_attention", "b64_s8192", 0.90),
     ("adamw", "llama8b_layer", 0.90),
+]
+
+
+# changes to the space's default, timed by --probe on each decode_attention problem (invalid ones are skipped)
+ATTENTION_PROBES = [
+    {},
+    {"stages": 2},
+    {"stages": 3},
+    {"stages": 3, "tile": 2},
+    {"stages": 4, "tile": 2},
+    {"stages": 2, "tile": 8},
+    {"combine": "fused"},
+    {"stages": 2, "combine": "fused"},
+    {"stages": 3, "tile": 2, "combine": "fused"},
+    {"stages": 2, "splits": 4},
+    {"stages": 2, "splits": 4, "combine": "fused"},
+    {"stages": 2, "splits": 16, "combine": "fused"},
+    {"stages": 2, "splits": 32, "combine": "fused"},
+    {"stages": 3, "lanes": 32, "vec": 4},  # 80 registers: 3 blocks of 256 threads per SM
+    {"stages": 3, "threads": 128, "combine": "fused"},
+    {"stages": 4, "threads": 128, "tile": 2, "combine": "fused"},
 ]
 
 
@@ -142,9 +169,9 @@ def adamw_peers(problem, torch):
 # dry run (no GPU)
 
 
-def dry_run(targets, sample: int) -> int:
-    """Render and compile each target's default and a seeded sample of valid configs for sm_90; print the
-    resources. Exit 1 if any fails."""
+def dry_run(targets, sample: int, probe: bool = False) -> int:
+    """Render and compile each target's default and a seeded sample of valid configs (with `probe`, the
+    decode-attention probes too) for sm_90; print the resources. Exit 1 if any fails."""
     from tuner.compile import compile_many
     from tuner.render import render
 
@@ -155,6 +182,9 @@ def dry_run(targets, sample: int) -> int:
         family = kernels.get(kernel)
         valid = list(space.enumerate(problem))
         configs = [space.default] + random.Random(0).sample(valid, min(sample, len(valid)))
+        if probe and kernel == "decode_attention":
+            changed = ({**space.default, **change} for change in ATTENTION_PROBES)
+            configs += [c for c in changed if space.validate(c, problem) is None]
         sources = [render(family, c, space.resolve(c, problem), problem.env) for c in configs]
         for config, (source, result) in zip(configs, compile_many(sources, arch="sm_90", jobs=2), strict=True):
             launches = family.launches(source.entry, space.resolve(config, problem), problem.env)
@@ -175,6 +205,48 @@ def dry_run(targets, sample: int) -> int:
 # the run
 
 
+def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
+    """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
+    from tuner.evaluate import evaluate_config
+    from tuner.result import Measurement
+
+    records = []
+    for change in ATTENTION_PROBES:
+        params = {**space.default, **change}
+        name = "probe " + (" ".join(f"{k}={v}" for k, v in change.items()) or "default")
+        if (fault := space.validate(params, problem)) is not None:
+            print(f"{'decode_attention':16s} {problem.name:12s} {name:28s} invalid here ({fault})", flush=True)
+            continue
+        result = evaluate_config(space, params, problem, evaluator=ev, budget_ms=200.0)
+        if not isinstance(result, Measurement):
+            reason = getattr(result, "reason", type(result).__name__)
+            records.append({**base, "impl": name, "TBps": None, "median_ms": None, "note": reason, "config": params})
+            print(f"{'decode_attention':16s} {problem.name:12s} {name:28s} FAILED: {reason}", flush=True)
+            continue
+        records.append(
+            {
+                **base,
+                "impl": name,
+                "TBps": round(result.tbps, 4),
+                "median_ms": result.median_ms,
+                "fraction_of_ceiling": round(result.fraction_of_ceiling, 4),
+                "fraction_of_same_bytes_copy": round(result.tbps / copy_tbps, 4),
+                "tuner_speedup": round(result.median_ms / best["median_ms"], 3) if best.get("median_ms") else None,
+                "config": params,
+                "registers": result.registers,
+                "smem_bytes": result.smem_dynamic_bytes,
+                "blocks_per_sm": result.blocks_per_sm,
+            }
+        )
+        print(
+            f"{'decode_attention':16s} {problem.name:12s} {name:28s} {result.tbps:.3f} TB/s "
+            f"{result.tbps / copy_tbps:.3f}x same-bytes copy ({result.median_ms:.4f} ms, {result.registers} regs, "
+            f"{result.smem_dynamic_bytes} B smem, {result.blocks_per_sm} blocks/SM)",
+            flush=True,
+        )
+    return records
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
@@ -183,10 +255,11 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="kernels or problem names to keep")
     parser.add_argument("--dry-run", action="store_true", help="render and compile only (no GPU)")
     parser.add_argument("--sample", type=int, default=6, help="configs compiled per target by --dry-run")
+    parser.add_argument("--probe", action="store_true", help="also time ATTENTION_PROBES on each attention problem")
     args = parser.parse_args()
     targets = [t for t in TARGETS if not args.only or t[0] in args.only or t[1] in args.only]
     if args.dry_run:
-        return dry_run(targets, args.sample)
+        return dry_run(targets, args.sample, args.probe)
 
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
     out = Path(args.out)
@@ -277,6 +350,9 @@ def main() -> int:
             f"{ceiling:.3f}",
             flush=True,
         )
+
+        if args.probe and kernel == "decode_attention":
+            records += probe_attention(space, problem, ev, base, copy_tbps, best)
 
         torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
         with torch.cuda.stream(torch_stream):

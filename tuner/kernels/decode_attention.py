@@ -8,9 +8,14 @@ that ratio reads each K/V element once for all of them.
 
 Launches: the main kernel, grid (splits, HQ / q_per_pass, B). With splits == 1 it writes ``out``; otherwise it
 writes each split's unnormalized output and its (max, sum) to the fp32 workspaces ``ws_acc`` [B, HQ, splits, D]
-and ``ws_ml`` [B, HQ, splits, 2] (scratch outputs: every element written exactly once), and
-``{entry}_combine`` (grid B·HQ, D threads) merges them into ``out``. A lost or doubled split shows up as a
-wrong ``out``: a failed trial.
+and ``ws_ml`` [B, HQ, splits, 2] (scratch outputs: every element written exactly once), and with
+``combine: launch`` ``{entry}_combine`` (grid B·HQ, D threads) merges them into ``out``; with ``combine: fused``
+the last block of each (b, query-head group) to finish merges them in the same launch, counting arrivals in the
+int32 input ``counters`` [B, HQ] (zero on entry, left zero on exit). A lost or doubled split shows up as a wrong
+or unwritten ``out``: a failed trial.
+
+``stages`` >= 2 streams K and V through a cp.async ring of that many tiles in SMEM (dynamic SMEM grows by
+stages · 2 · (threads / lanes) · tile · D · 2 bytes); 0 loads them into registers.
 
 Inputs: q has a per-(b, hq) scale, log-uniform in [1, 4), so that scores have a standard deviation of 1 to 4:
 the peaky heads put most of the weight on a few positions (a lost split moves their output by O(1), where an
@@ -45,6 +50,8 @@ class DecodeAttention(Family):
         "q_per_pass": "qh",
         "hint": "",
         "min_blocks": "mb",
+        "stages": "st",
+        "combine": "",
     }
 
     def problem_fault(self, problem: Problem) -> str | None:
@@ -69,20 +76,40 @@ class DecodeAttention(Family):
             faults.append(
                 f"S={S} is not a multiple of splits*groups*tile={splits * (threads // lanes) * config['tile']}"
             )
+        stages = config.get("stages", 0)
+        if stages == 1 or stages < 0:
+            faults.append(f"stages={stages}: 0 (registers) or a ring of at least 2 tiles")
+        if config.get("combine", "launch") not in ("launch", "fused"):
+            faults.append(f"combine={config.get('combine')!r} is neither 'launch' nor 'fused'")
         if faults:
             raise ValueError("decode_attention: " + "; ".join(faults))
 
     @staticmethod
     def smem_bytes(config: Config, problem: Problem) -> int:
-        """Dynamic SMEM of the main kernel: one (acc, m, l) slot per warp and query head of the block."""
-        return (config["threads"] // 32) * config["q_per_pass"] * (problem["head_dim"] + 2) * 4
+        """Dynamic SMEM of the main kernel: one (acc, m, l) slot per warp and query head of the block (rounded up
+        to 16 bytes), then with stages >= 2 the cp.async ring: stages slots of (threads / lanes) · tile rows of K
+        and of V, bf16."""
+        D = problem["head_dim"]
+        red = -(-(config["threads"] // 32) * config["q_per_pass"] * (D + 2) // 4) * 16
+        rows = (config["threads"] // config["lanes"]) * config["tile"]
+        return red + config.get("stages", 0) * 2 * rows * D * 2
+
+    @staticmethod
+    def fused(config: Config) -> bool:
+        """Whether the splits are merged inside the main launch (no combine launch)."""
+        return config["splits"] > 1 and config.get("combine", "launch") == "fused"
 
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         self.check(config, problem)
         B, hq, D = problem["B"], problem["heads_q"], problem["head_dim"]
         splits = config["splits"]
         grid = (splits, hq // config["q_per_pass"], B)
-        main_out = ("out",) if splits == 1 else ("ws_acc", "ws_ml")
+        if splits == 1:
+            main_out: tuple[str, ...] = ("out",)
+        elif self.fused(config):
+            main_out = ("ws_acc", "ws_ml", "counters", "out")
+        else:
+            main_out = ("ws_acc", "ws_ml")
         out = [
             Launch(
                 entry=entry,
@@ -92,7 +119,7 @@ class DecodeAttention(Family):
                 smem_dynamic=self.smem_bytes(config, problem),
             )
         ]
-        if splits > 1:
+        if splits > 1 and not self.fused(config):
             out.append(
                 Launch(entry=f"{entry}_combine", grid=(B * hq, 1, 1), block=(D, 1, 1), args=("ws_acc", "ws_ml", "out"))
             )
@@ -107,6 +134,8 @@ class DecodeAttention(Family):
             "q": bf16.encode(xp, q),
             "k": bf16.random(xp, rng, (B, S, hkv, D)),
             "v": bf16.random(xp, rng, (B, S, hkv, D)),
+            # arrival counts of the fused combine, one per (b, query-head group); the kernel leaves them zero
+            "counters": xp.zeros((B, hq), dtype=xp.int32),
         }
 
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
