@@ -154,6 +154,8 @@ def main() -> int:
         size = compact(db, out / f"{name}.db.gz")
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
+        # The dashboard's .cu/PTX artifacts (one small file per trial) are not ground truth: not kept.
+        shutil.rmtree(out / f"{name}.artifacts", ignore_errors=True)
         complete = not cut and done >= counts[name]
         manifest[f"{name}.db.gz"] = {
             "kernel": kernel,
