@@ -14,7 +14,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -33,8 +33,11 @@ from tuner.studies import (
     study_context,
 )
 
+if TYPE_CHECKING:
+    from tuner.render import Source
 
-def compile_ptx(source, arch: str = "compute_90") -> bytes:
+
+def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:
     """PTX of a rendered source for a virtual arch (NVRTC; no GPU needed). Raises InputError with NVRTC's first
     error line when it does not compile."""
     status, log, _, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", [f"--gpu-architecture={arch}", "-std=c++17"])
@@ -149,19 +152,21 @@ def attach_artifacts(
         return report
     arch = virtual_arch(study)
 
-    def build(t: FrozenTrial) -> tuple[FrozenTrial, Any, bytes | str]:
+    def build(t: FrozenTrial) -> tuple[FrozenTrial, tuple[Source, bytes] | str]:
+        """The trial with its source and PTX, or with the reason it cannot have them."""
         try:
             source = render_trial(ctx, t)
-            return t, source, compile_ptx(source, arch)
+            return t, (source, compile_ptx(source, arch))
         except InputError as exc:
-            return t, None, str(exc)
+            return t, str(exc)
 
     store = FileSystemArtifactStore(artifact_dir)
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool, tempfile.TemporaryDirectory() as tmp:
-        for t, source, ptx in pool.map(build, todo):  # NVRTC releases the GIL: compiles overlap
-            if source is None:
-                report.skipped[t.number] = str(ptx)
+        for t, built in pool.map(build, todo):  # NVRTC releases the GIL: compiles overlap
+            if isinstance(built, str):
+                report.skipped[t.number] = built
                 continue
+            source, ptx = built
             folder = Path(tmp) / str(t.number)
             folder.mkdir()
             (folder / f"{source.uri}.cu").write_text(source.text)
@@ -171,7 +176,9 @@ def attach_artifacts(
                     artifact_store=store,
                     file_path=str(folder / f"{source.uri}.{ext}"),
                     study_or_trial=t,
-                    storage=writer,
+                    # Optuna annotates BaseStorage, yet for a trial it calls only set_trial_system_attr, which
+                    # the writer provides for finished trials (Optuna's storages refuse to update those).
+                    storage=writer,  # type: ignore[arg-type]
                     mimetype="text/plain",
                 )
                 for kind, ext in (("source", "cu"), ("ptx", "ptx"))

@@ -135,6 +135,8 @@ def cuda_failure(exc: BaseException, phase: str) -> LaunchFailed | None:
     """The LaunchFailed for a CUDA error raised while `phase` ran, or None when its status is not one we
     expect from a bad kernel (then the caller re-raises: it is a bug)."""
     status = getattr(exc, "status", None)
+    if status is None:
+        return None
     kind = classify_status(status)
     if kind is None:
         return None
@@ -638,13 +640,13 @@ class GpuEvaluator:
                 self.poisoned, self.poisoned_by = True, failure
             return failure
         except _Hung:
-            failure = TimedOut(
+            hung = TimedOut(
                 reason=f"{phase[0]}: the GPU did not finish within {self.hang_timeout_s:g} s; "
                 "the worker must be replaced",
                 details={"timeout_s": self.hang_timeout_s, "phase": phase[0]},
             )
-            self.poisoned, self.poisoned_by = True, failure
-            return failure
+            self.poisoned, self.poisoned_by = True, hung
+            return hung
 
     def _evaluate(
         self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, phase: list[str]

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from rich.console import JustifyMethod
 from rich.text import Text
 
 Cell = str | Text
@@ -21,7 +22,7 @@ Cell = str | Text
 @dataclass(frozen=True)
 class Column:
     name: str
-    justify: str = "left"
+    justify: JustifyMethod = "left"
     #: text a person copies (commands, uris, names): never wrapped or cut
     copy: bool = False
 

@@ -118,6 +118,7 @@ def readonly_url(path: str) -> str:
     if "://" in path and not path.startswith("sqlite:"):
         return path
     file = sqlite_path(path) if "://" in path else Path(path)
+    assert file is not None  # a URL here starts with sqlite:, and sqlite_path names its file or raises
     if not file.exists():
         raise InputError("replay file not found", path)
     if not file.is_file():

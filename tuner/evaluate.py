@@ -59,7 +59,7 @@ def evaluate_config(
     source = render(family, params, resolved, problem.env, env=env)
 
     owned = evaluator is None
-    if owned:
+    if evaluator is None:
         from tuner.worker import IsolatedEvaluator
 
         evaluator = IsolatedEvaluator(gpu=0, timeout_s=timeout_s)

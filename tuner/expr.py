@@ -86,7 +86,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "log2": _log2,
 }
 
-_BINOPS = {
+_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: _mul,
@@ -95,8 +95,12 @@ _BINOPS = {
     ast.Mod: _mod,
     ast.Pow: _pow,
 }
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
-_COMPARE = {
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Not: operator.not_,
+}
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
     ast.Lt: operator.lt,
@@ -141,6 +145,7 @@ class Expr:
         return cls(text=source, names=frozenset(names), _fn=fn)
 
     def __call__(self, env: Env) -> Any:
+        assert self._fn is not None, "an Expr is made by Expr.parse"
         return self._fn(env)
 
 
@@ -181,8 +186,8 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
         op, left, right = _BINOPS[type(node.op)], _build(node.left, names, source), _build(node.right, names, source)
         return lambda env: op(left(env), right(env))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        op, operand = _UNARY[type(node.op)], _build(node.operand, names, source)
-        return lambda env: op(operand(env))
+        unary, operand = _UNARY[type(node.op)], _build(node.operand, names, source)
+        return lambda env: unary(operand(env))
     if isinstance(node, ast.BoolOp):
         parts = [_build(v, names, source) for v in node.values]
         if isinstance(node.op, ast.And):

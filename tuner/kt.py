@@ -97,7 +97,8 @@ def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[s
             raw = entry.get(objective, entry.get("time"))
             out[params_key(params)] = ("FAIL", {"failure": kind, "reason": f"Kernel Tuner cache: {raw}"})
             continue
-        ours = entry.get("tuner") if isinstance(entry.get("tuner"), dict) else {}
+        recorded = entry.get("tuner")
+        ours = recorded if isinstance(recorded, dict) else {}
         time_ms = float(entry["time"])
         times = [float(t) for t in entry.get("times") or [] if isinstance(t, int | float)]
         attrs = {
@@ -142,7 +143,9 @@ def _tuple(values: tuple[Any, ...]) -> str:
 
 def _chunks(items: list[str], head: str) -> list[list[str]]:
     """Split `items` so that ``head + "(" + ", ".join(chunk) + ")"`` stays within the expression bounds."""
-    chunks, current, size = [], [], len(head) + 4
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = len(head) + 4
     for item in items:
         if current and (size + len(item) + 2 > MAX_EXPR_CHARS or len(current) >= MAX_EXPR_ITEMS):
             chunks.append(current)

@@ -100,12 +100,13 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
     from tuner.dbfiles import create_storage
 
     table = _table()
+    token = uuid.uuid4().hex
     me = {
         "study_name": study_name,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.time(),
-        "token": uuid.uuid4().hex,
+        "token": token,
     }
     engine = sa.create_engine(url)
     try:
@@ -114,7 +115,7 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
             try:
                 with engine.begin() as conn:
                     conn.execute(table.insert().values(**me))
-                return Lease(url, study_name, me["token"])
+                return Lease(url, study_name, token)
             except IntegrityError:
                 pass
             except OperationalError:  # the database is busy: another driver is claiming at this moment
@@ -137,7 +138,7 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
                 ).rowcount
                 if gone:
                     conn.execute(table.insert().values(**me))
-                    return Lease(url, study_name, me["token"], took_over=dict(row._mapping))  # noqa: SLF001 - SQLAlchemy's public Row API
+                    return Lease(url, study_name, token, took_over=dict(row._mapping))  # noqa: SLF001 - SQLAlchemy's public Row API
         raise InputError(f"study {study_name!r}: another driver is claiming it at this moment; try again", url)
     finally:
         engine.dispose()

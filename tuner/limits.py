@@ -77,11 +77,11 @@ def local_gpus() -> int | None:
 
 def gpus(requested: int | None, replay: bool, ray_address: str | None) -> None:
     """Refuse a GPU count that cannot be met, before Ray starts (a cluster is checked once joined)."""
-    if ray_address or (requested is None and replay):
+    if ray_address:
         return
     if replay:
         bound = max_replay_workers()
-        if requested > bound:
+        if requested is not None and requested > bound:
             raise InputError(
                 f"--gpus {requested}: a replay runs one process per logical GPU; at most {bound} "
                 f"on this machine (4 × {os.cpu_count()} cores)"

@@ -90,7 +90,8 @@ def _pareto_png(study: optuna.Study) -> bytes:
     y_all, y_front = [throughput(study, t) for t in trials], [throughput(study, t) for t in front]
     regs, smem = column(trials, "registers"), column(trials, "smem_bytes")
     smem_kib = [v / 1024 for v in smem]
-    panels = [
+    # per panel: name, x of all, x of the front, colour, colour label, x label, (blocks/SM, budget), note, unit
+    panels: list[tuple[str, list[float], list[float], list[float], str, str, list[tuple[int, float]], str, str]] = [
         (
             "registers",
             regs,

@@ -130,7 +130,10 @@ def render(
             f"template syntax error: {exc.message}", exc.filename or family.template, exc.lineno
         ) from None
     except jinja2.TemplateNotFound as exc:
-        raise TemplateError(f"template {exc.name!r} not found in {env.loader.searchpath}") from None
+        # environment() builds a FileSystemLoader; a caller's own environment may hold another loader
+        loader = env.loader
+        searched = loader.searchpath if isinstance(loader, jinja2.FileSystemLoader) else loader
+        raise TemplateError(f"template {exc.name!r} not found in {searched}") from None
     except jinja2.UndefinedError as exc:
         where, line = _template_frame(sys.exc_info()[2], family.template)
         raise TemplateError(f"undefined variable: {exc.message}", where, line) from None

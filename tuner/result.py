@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Failure:
     kind = "failure"
 
     @property
-    def ok(self) -> bool:
+    def ok(self) -> Literal[False]:
         return False
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,7 +142,7 @@ class Measurement:
     kind = "ok"
 
     @property
-    def ok(self) -> bool:
+    def ok(self) -> Literal[True]:
         return True
 
     @property

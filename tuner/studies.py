@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -32,6 +32,9 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import InputError
 from tuner.gpu import GpuFacts
 from tuner.result import StudyAttr, TrialAttr
+
+if TYPE_CHECKING:
+    from tuner.render import Source
 
 STUDIES_DIR = Path("studies")
 """Where `tuner study` puts `<kernel>.db` by default (relative to the working directory, like its URL)."""
@@ -472,7 +475,7 @@ def study_context(study: optuna.Study) -> StudyContext:
     return ctx
 
 
-def render_trial(ctx: StudyContext, trial: FrozenTrial):
+def render_trial(ctx: StudyContext, trial: FrozenTrial) -> Source:
     """The rendered `Source` of a trial's config. InputError when the space is unavailable (see
     `ctx.space_note`)."""
     from tuner.render import render

@@ -218,7 +218,8 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
     else:
         out["timing"] = "screening"
-    ids = a.get(TrialAttr.ARTIFACTS) if isinstance(a.get(TrialAttr.ARTIFACTS), dict) else {}
+    recorded = a.get(TrialAttr.ARTIFACTS)
+    ids = recorded if isinstance(recorded, dict) else {}
     if artifact_dir is None:
         try:
             artifact_dir = artifact_dir_for(storage_url(study))

@@ -29,11 +29,15 @@ import multiprocessing
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.kernels.base import Family
-from tuner.result import LaunchFailed, Result, TimedOut
+from tuner.result import Failure, LaunchFailed, Result, TimedOut
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnProcess
 
 __all__ = ["IsolatedEvaluator", "WorkerError"]
 
@@ -143,8 +147,8 @@ class IsolatedEvaluator:
         self.restarts = 0  # children started after the first
         self.poisoned = False  # never: a poisoned child is replaced (the attribute mirrors GpuEvaluator's)
         self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
-        self._conn = None
+        self._proc: SpawnProcess | None = None
+        self._conn: Connection | None = None
         self._children = 0
         self._dying: list = []  # retired children still releasing their GPU context
 
@@ -244,16 +248,22 @@ class IsolatedEvaluator:
             pass
 
     # -- requests -------------------------------------------------------------------------------------------
-    def _request(self, message: tuple, timeout_s: float) -> tuple | Result:
-        """Send one request; the reply tuple, or the TimedOut / LaunchFailed that replaced a lost child."""
+    def _connection(self) -> Connection:
+        """The pipe to the child, starting one if none is running."""
         self.start()
+        assert self._conn is not None  # start() leaves a running child and its pipe, or raises
+        return self._conn
+
+    def _request(self, message: tuple, timeout_s: float) -> tuple | Failure:
+        """Send one request; the reply tuple, or the TimedOut / LaunchFailed that replaced a lost child."""
+        conn = self._connection()
         try:
-            self._conn.send(message)
+            conn.send(message)
         except OSError:  # the child left while idle: nothing of this request ran, so start afresh and resend
             self._retire()
-            self.start()
-            self._conn.send(message)
-        if not self._conn.poll(timeout_s):
+            conn = self._connection()
+            conn.send(message)
+        if not conn.poll(timeout_s):
             self._retire(kill=True, wait_s=2.0)
             return TimedOut(
                 reason=f"no answer from the GPU worker within {timeout_s:g} s (a hung kernel?); "
@@ -261,7 +271,7 @@ class IsolatedEvaluator:
                 details={"timeout_s": timeout_s},
             )
         try:
-            reply = self._conn.recv()
+            reply = conn.recv()
         except (EOFError, OSError):
             code = self._retire()
             return LaunchFailed(

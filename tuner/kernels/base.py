@@ -20,6 +20,8 @@ import numpy as np
 
 Config = dict[str, Any]
 Problem = dict[str, Any]
+#: What `Family.outputs` returns: output name → (shape, dtype name).
+Outputs = dict[str, tuple[tuple[int, ...], str]]
 
 DTYPES = {
     "float32": ("float", 4),
@@ -111,7 +113,7 @@ class Family:
         """Fresh random inputs on `xp` (numpy or cupy); `rng` is that module's random Generator."""
         raise NotImplementedError
 
-    def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
+    def outputs(self, problem: Problem, config: Config) -> Outputs:
         """Output names → (shape, dtype); bench poisons them with NaN before each checked launch. Scratch
         buffers that intermediate launches write (e.g. an unfused stage) are outputs too."""
         raise NotImplementedError

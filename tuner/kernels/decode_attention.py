@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from tuner.kernels import bf16
-from tuner.kernels.base import Config, Family, Launch, Problem
+from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 
 
 class DecodeAttention(Family):
@@ -140,7 +140,7 @@ class DecodeAttention(Family):
 
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         B, hq, D = problem["B"], problem["heads_q"], problem["head_dim"]
-        out = {"out": ((B, hq, D), "bfloat16")}
+        out: Outputs = {"out": ((B, hq, D), "bfloat16")}
         if config["splits"] > 1:
             out["ws_acc"] = ((B, hq, config["splits"], D), "float32")
             out["ws_ml"] = ((B, hq, config["splits"], 2), "float32")

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.kernels import bf16
-from tuner.kernels.base import Config, Family, Launch, Problem
+from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 
 #: y = SCALE * gelu(x + bias); the template writes the same literal.
 SCALE = 1.5
@@ -104,7 +104,7 @@ class Elementwise(Family):
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         shape = (problem["rows"], problem["cols"])
         n_scratch = len(kernel_stages(int(config["fusion"]))) - 1
-        out = {"y": (shape, problem["dtype"])}
+        out: Outputs = {"y": (shape, problem["dtype"])}
         for name in ("t1", "t2")[:n_scratch]:
             out[name] = (shape, problem["dtype"])
         return out

@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner.expr import ceil_div
 from tuner.kernels import bf16
-from tuner.kernels.base import Config, Family, Launch, Problem
+from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 
 #: Threads per block of the split-K reduction kernel (fixed in the template), and elements per thread.
 REDUCE_THREADS = 256
@@ -150,7 +150,7 @@ class Gemv(Family):
 
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         M, N = problem["M"], problem["N"]
-        out = {"y": ((M, N), "bfloat16")}
+        out: Outputs = {"y": ((M, N), "bfloat16")}
         if config["split_k"] > 1:
             out["part"] = ((config["split_k"], M, N), "float32")  # scratch: fp32 partial sums per split
         return out

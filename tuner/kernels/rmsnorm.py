@@ -21,7 +21,7 @@ weight is 1 + N(0, 1) / 2.
 from __future__ import annotations
 
 from tuner.kernels import bf16
-from tuner.kernels.base import Config, Family, Launch, Problem
+from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 from tuner.kernels.softmax import add_spikes, geometry, row_scales
 
 
@@ -70,7 +70,7 @@ class RMSNorm(Family):
 
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         shape = (problem["rows"], problem["cols"])
-        out = {"y": (shape, problem["dtype"])}
+        out: Outputs = {"y": (shape, problem["dtype"])}
         if has_residual(problem):
             out["h"] = (shape, problem["dtype"])
         return out
