@@ -565,11 +565,11 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     from rich.text import Text
 
-    from tuner.console import print_lines
+    from tuner.console import Cell, print_lines
 
     unit = best["throughput_unit"]
     fraction = best.get("fraction_of_ceiling")
-    lines = [
+    lines: list[Cell] = [
         Text.assemble(
             (str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})"
         ),

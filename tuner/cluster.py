@@ -178,7 +178,11 @@ class Pool:
         self.compile_slots = compile_slots or max(1, cpus - want)
         self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
         # num_cpus=0: an actor reserves a CPU by default, and 8 GPU actors must fit on a 2-core host.
-        self._actor_cls = ray.remote(num_gpus=1, num_cpus=0, max_restarts=0, max_concurrency=1)(_GpuActor)
+        # Ray's typed overload of remote(**options) lists only task options; max_concurrency is an actor option
+        # that Ray documents and accepts, hence the ignore.
+        self._actor_cls = ray.remote(num_gpus=1, num_cpus=0, max_restarts=0, max_concurrency=1)(  # type: ignore[call-overload]
+            _GpuActor
+        )
         self._actor_args = (evaluator,)
         t1 = time.perf_counter()
         self.slots = self._start_actors(want)

@@ -31,9 +31,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    from tuner.worker import IsolatedEvaluator
 
 LESSONS = ("coalescing", "bank-conflicts", "registers", "fusion", "ncu")
 STUDY_HELP = "a study's name or its kernel's (found in studies/*.db, or in --storage), or a .db path"
@@ -135,7 +138,7 @@ class Bench:
 
     def __init__(self, gpu: int = 0, ncu: bool = False, budget_ms: float = 25.0, timeout_s: float = 120.0):
         self.gpu, self.use_ncu, self.budget_ms, self.timeout_s = gpu, ncu, budget_ms, timeout_s
-        self._evaluator = None
+        self._evaluator: IsolatedEvaluator | None = None
         self.info: dict[str, Any] = {}
         if ncu:
             from tuner.ncu import find_ncu

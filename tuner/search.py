@@ -19,6 +19,7 @@ Two things the study driver (`tuner.study`) needs from here:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
@@ -99,7 +100,7 @@ class Codec:
         )
 
 
-def worst_values(values: list[list[float]], directions: list[str]) -> list[float] | None:
+def worst_values(values: list[list[float]], directions: Sequence[str]) -> list[float] | None:
     """Per objective, the worst value among `values` (the measured trials so far); None when there are none."""
     if not values:
         return None

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -66,7 +66,12 @@ METRICS = (
     "smem_bytes",
     "spill_bytes",
 )
-DEFAULT_OBJECTIVES = (("throughput", "maximize"), ("registers", "minimize"), ("smem_bytes", "minimize"))
+Direction = Literal["maximize", "minimize"]
+DEFAULT_OBJECTIVES: tuple[tuple[str, Direction], ...] = (
+    ("throughput", "maximize"),
+    ("registers", "minimize"),
+    ("smem_bytes", "minimize"),
+)
 #: what a string value must look like: it selects a variant in a template, it is never pasted into CUDA as text
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_RANGE = 10**6
@@ -117,7 +122,7 @@ class Problem:
 @dataclass(frozen=True)
 class Objective:
     name: str
-    direction: str  # "maximize" | "minimize"
+    direction: Direction
 
 
 @dataclass
@@ -406,7 +411,7 @@ def load(space: str | Path) -> SearchSpace:
             raise fail(f"derived value {name!r} has the name of a problem symbol", "derived", name)
     objectives = _load_objectives(data.get("objectives"), fail)
 
-    space = SearchSpace(
+    loaded = SearchSpace(
         path=path,
         name=path.stem,
         kernel=kernel,
@@ -420,27 +425,27 @@ def load(space: str | Path) -> SearchSpace:
         text=text,
         family_ref=family.ref or family.name,
     )
-    space._plan = _plan(space, fail)  # noqa: SLF001 - the loader builds the space it owns
+    loaded._plan = _plan(loaded, fail)  # noqa: SLF001 - the loader builds the space it owns
 
     default = data.get("default")
     if default is not None:
         if not isinstance(default, dict):
             raise fail("'default' must be a mapping of param: value", "default")
-        reason = space.validate({**{n: v[0] for n, v in params.items()}, **default})
+        reason = loaded.validate({**{n: v[0] for n, v in params.items()}, **default})
         if any(name not in params for name in default) or reason is not None:
             raise fail(f"default config is not valid: {reason}", "default")
-        space.default = {**{n: v[0] for n, v in params.items()}, **default}
+        loaded.default = {**{n: v[0] for n, v in params.items()}, **default}
     for problem in problems:
-        if space.default and space.validate(space.default, problem) is None:
+        if loaded.default and loaded.validate(loaded.default, problem) is None:
             continue
         errors: list[str] = []
         try:
-            first = next(space.enumerate(problem, budget=WALK_BUDGET, errors=errors), None)
+            first = next(loaded.enumerate(problem, budget=WALK_BUDGET, errors=errors), None)
         except WalkBudgetExceeded:
             hint = f"; {errors[0]}" if errors else ""
             raise SpaceError(
                 f"no valid config for problem {problem.name!r} found among the first {WALK_BUDGET:,} "
-                f"partial configs of {space.cartesian:,} Cartesian ones{hint} (if valid configs "
+                f"partial configs of {loaded.cartesian:,} Cartesian ones{hint} (if valid configs "
                 f"exist, name one under 'default:')",
                 where,
             ) from None
@@ -449,14 +454,14 @@ def load(space: str | Path) -> SearchSpace:
                 raise SpaceError(f"no valid configs for problem {problem.name!r}: {errors[0]}", where)
             raise SpaceError(
                 f"no valid configs for problem {problem.name!r}: the constraints rule out all "
-                f"{space.cartesian:,} Cartesian configs",
+                f"{loaded.cartesian:,} Cartesian configs",
                 where,
             )
-        if default is None and not space.default:
-            space.default = first
+        if default is None and not loaded.default:
+            loaded.default = first
     if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
-        family.validate_space(space, fail)
-    return space
+        family.validate_space(loaded, fail)
+    return loaded
 
 
 class _Loader(yaml.SafeLoader):
@@ -606,25 +611,27 @@ def _expand_range(name: str, spec: dict, fail) -> list[Any]:
     )
 
 
-def _load_exprs(spec: Any, key: str, fail):
+def _load_exprs(spec: Any, key: str, fail) -> dict[str, Expr] | list[Expr] | Any:
+    """A mapping of name: expression, or a list of expressions, parsed; anything else is returned as given for
+    the caller to refuse in its own words."""
     if isinstance(spec, dict):
-        out = {}
+        named: dict[str, Expr] = {}
         for name, text in spec.items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise fail(f"{key}: name {name!r} is not an identifier", key, name)
             try:
-                out[name] = Expr.parse(text)
+                named[name] = Expr.parse(text)
             except ExprError as exc:
                 raise fail(f"{key} {name!r}: {exc}", key, name) from None
-        return out
+        return named
     if isinstance(spec, list):
-        out = []
+        listed: list[Expr] = []
         for i, text in enumerate(spec):
             try:
-                out.append(Expr.parse(text))
+                listed.append(Expr.parse(text))
             except ExprError as exc:
                 raise fail(f"{key}: {exc}", key, i) from None
-        return out
+        return listed
     return spec
 
 

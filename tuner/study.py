@@ -26,7 +26,7 @@ import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner import kernels, limits
 from tuner import space as space_mod
@@ -38,6 +38,13 @@ from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, worst_values
 from tuner.space import params_key
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.samplers import BaseSampler
+    from optuna.storages import BaseStorage, RDBStorage
+
+    from tuner.lease import Lease
 
 SAMPLERS = limits.SAMPLERS
 ENGINES = limits.ENGINES
@@ -95,7 +102,7 @@ def default_storage(kernel: str) -> str:
     return f"sqlite:///studies/{kernel}.db"
 
 
-def open_storage(url: str):
+def open_storage(url: str) -> RDBStorage:
     """An Optuna RDBStorage; SQLite gets WAL so the writer's commits stay cheap. Errors are InputErrors."""
     import optuna
     from sqlalchemy import event
@@ -127,11 +134,12 @@ def open_storage(url: str):
     return storage
 
 
-def default_study_name(space: space_mod.SearchSpace, problem, gpu: str) -> str:
+def default_study_name(space: space_mod.SearchSpace, problem: space_mod.Problem, gpu: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{space.kernel}-{problem.label()}-{gpu}")
 
 
-def make_sampler(name: str, seed: int | None, n_objectives: int):
+def make_sampler(name: str, seed: int | None, n_objectives: int) -> BaseSampler:
+    """The Optuna sampler `name` (one of SAMPLERS); InputError for an unknown one or a missing extra."""
     import optuna
 
     # Optuna 5 samplers read each trial's constraints (trial.set_constraint) themselves.
@@ -331,14 +339,14 @@ class Driver:
         if self.url != ":memory:":
             check_storage(self.url)
         limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
-        self.storage = None
-        self.lease = None
+        self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
+        self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None):
+    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
         import optuna
 
         from tuner.compile import versions
@@ -360,8 +368,9 @@ class Driver:
         if gpu_facts is not None:
             attrs[StudyAttr.GPU_FACTS] = gpu_facts
         directions = [o.direction for o in self.objectives]
+        storage = self._opened_storage()
         try:
-            existing = optuna.load_study(study_name=name, storage=self.storage)
+            existing = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             existing = None
         if existing is not None:
@@ -387,7 +396,7 @@ class Driver:
                 raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
             durable = existing
         else:
-            durable = optuna.create_study(study_name=name, storage=self.storage, directions=directions)
+            durable = optuna.create_study(study_name=name, storage=storage, directions=directions)
             for key, value in attrs.items():
                 durable.set_user_attr(key, value)
             durable.set_metric_names([o.name for o in self.objectives])
@@ -396,17 +405,22 @@ class Driver:
     def _study_name(self, gpu: str) -> str:
         return self.opts.study_name or default_study_name(self.space, self.problem, gpu)
 
-    def _recover(self, durable) -> list[dict[str, Any]]:
+    def _opened_storage(self) -> BaseStorage:
+        assert self.storage is not None, "the durable storage opens at the start of run()"
+        return self.storage
+
+    def _recover(self, durable: optuna.Study) -> list[dict[str, Any]]:
         """Fail trials a killed driver left RUNNING; return their configs to run again."""
         from optuna.trial import TrialState
 
         again = []
-        study_id = self.storage.get_study_id_from_name(durable.study_name)
+        storage = self._opened_storage()
+        study_id = storage.get_study_id_from_name(durable.study_name)
         for trial in durable.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-            self.storage.set_trial_user_attr(trial_id, TrialAttr.FAILURE, INTERRUPTED)
-            self.storage.set_trial_user_attr(trial_id, TrialAttr.REASON, "the driver stopped before this finished")
-            self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.set_trial_user_attr(trial_id, TrialAttr.FAILURE, INTERRUPTED)
+            storage.set_trial_user_attr(trial_id, TrialAttr.REASON, "the driver stopped before this finished")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
             again.append(dict(trial.params))
         return again
 
@@ -561,9 +575,10 @@ class Driver:
                 unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if k in repair.keys)
                 target = min(target, counted + unexplored)
 
-        study_id = self.storage.get_study_id_from_name(durable.study_name)
+        storage = self._opened_storage()
+        study_id = storage.get_study_id_from_name(durable.study_name)
         if mirror is None:
-            mirror = _InlineMirror(self.storage, study_id)
+            mirror = _InlineMirror(storage, study_id)
         else:
             mirror.bind(study_id)
         self._setting_up = None
