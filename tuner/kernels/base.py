@@ -14,6 +14,7 @@ package can register it under the entry point group ``tuner.families``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,10 @@ Config = dict[str, Any]
 Problem = dict[str, Any]
 #: What `Family.outputs` returns: output name → (shape, dtype name).
 Outputs = dict[str, tuple[tuple[int, ...], str]]
+#: The array module a family computes with: numpy on the host (CPU tests), cupy on the GPU (`bench.py`).
+ArrayModule = ModuleType
+#: An array of that module. CuPy ships no type information, so no narrower type covers both.
+Array = Any
 
 DTYPES = {
     "float32": ("float", 4),
@@ -109,7 +114,7 @@ class Family:
         raise NotImplementedError
 
     # -- data ---------------------------------------------------------------------------------------------------
-    def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
+    def inputs(self, xp: ArrayModule, problem: Problem, rng: Any) -> dict[str, Array]:
         """Fresh random inputs on `xp` (numpy or cupy); `rng` is that module's random Generator."""
         raise NotImplementedError
 
@@ -124,7 +129,9 @@ class Family:
         after the launch; its reference is computed before the launch."""
         return ()
 
-    def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict[str, Any]:
+    def reference(
+        self, xp: ArrayModule, inputs: dict[str, Array], problem: Problem, config: Config | None = None
+    ) -> dict[str, Array]:
         """Expected outputs (name → array of the output's shape), computed in float64 (or the best the backend
         offers) on `xp`. The evaluator passes the resolved config; most families compute the same function for
         every config and ignore it (copy's expected output depends on its stride and vec). May raise
@@ -136,7 +143,7 @@ class Family:
         gives one tolerance per checked output name."""
         return {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}[problem["dtype"]]
 
-    def checked_value(self, xp, name: str, array, dtype: str | None):
+    def checked_value(self, xp: ArrayModule, name: str, array: Array, dtype: str | None) -> Array:
         """What the check compares with ``reference()[name]``: the stored `array` of output `name` (`dtype` as
         `outputs` declares it; None for an input updated in place), bf16 bits decoded to float32 by default.
         Families that store other encodings (fp8 codes) map them to the scale their reference uses."""
@@ -161,10 +168,12 @@ class Family:
     # -- helpers ----------------------------------------------------------------------------------------------
     @staticmethod
     def elem_bytes(problem: Problem) -> int:
+        """Bytes per element of the problem's dtype."""
         return DTYPES[problem["dtype"]][1]
 
     @staticmethod
-    def np_dtype(problem: Problem):
+    def np_dtype(problem: Problem) -> np.dtype | type[np.generic]:
+        """The NumPy dtype of the problem's dtype (ml_dtypes' bfloat16 type for bfloat16)."""
         if problem["dtype"] == "bfloat16":
             import ml_dtypes  # optional: only families that offer bf16 need it
 
