@@ -176,10 +176,10 @@ def write_trials(study: optuna.Study, path: str | Path) -> Path:
 
 def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) -> dict[str, Any]:
     """The fastest measured trial as a dict: study, number, uri, params, throughput (+unit), tbps, tflops,
-    fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes, blocks_per_sm, warps_per_sm, occupancy
-    (warps_per_sm over the GPU's max warps per SM), and where its source is: "source_path" (its artifact,
-    when attached and present) or
-    "render_command" (a `tuner render` command line that prints it)."""
+    fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes,
+    blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), and where its source
+    is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
+    line that prints it)."""
     t = best_trial(study)
     a = t.user_attrs
     warps = a.get("warps_per_sm")
