@@ -19,14 +19,16 @@ fastest configs are re-timed with a longer budget; then, on the same GPU with th
 - both: a cudaMemcpy device-to-device copy that moves the same bytes (read + write) as the problem, beside the
   worker's 2 GiB ceiling.
 
---probe also times a fixed list of decode-attention configs (`ATTENTION_PROBES`: the register path against the
-cp.async ring, the combine launch against the fused combine, several split counts) on every attention problem,
-each verified against the reference first, so that the knobs are compared head to head whatever the sampler
-visits; they are recorded as impl ``probe <changes>``.
+--probe also times a fixed list of decode-attention configs (`ATTENTION_PROBES`: each problem's last winner
+against the same config with a combine launch, a fused combine and a cluster combine, other split counts, larger
+tiles) on every attention problem, each verified against the reference first, so that the knobs are compared
+head to head whatever the sampler visits; they are recorded as impl ``probe <config>`` (``probe default``: the
+space's default).
 
 Every TB/s counts the family's minimal bytes (`Family.bytes_moved`). Writes ``decode_b-<date>.json`` (records:
 kernel, shape, impl, TBps, median_ms, ceiling_TBps, same_bytes_copy_TBps, gpu, date, command, ...) and
-``decode_b-<date>.md`` under --out (default $OUT, else benchmarks/results).
+``decode_b-<date>.md`` under --out (default $OUT, else benchmarks/results), beside the studies' SQLite file; the
+studies' per-trial artifact folder is deleted at the end unless --keep-artifacts.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import math
 import os
 import random
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,24 +60,31 @@ TARGETS = [
 ]
 
 
-# changes to the space's default, timed by --probe on each decode_attention problem (invalid ones are skipped)
+# the fastest config of each problem in the last H200 run (decode_b-2026-11-30: 0.788x, 0.925x and 1.017x the
+# same-bytes copy at b8_s4096, b16_s8192 and b64_s8192), as changes to the space's default
+_B8 = {"splits": 4, "threads": 128, "vec": 4, "tile": 2, "min_blocks": 4, "stages": 4, "combine": "fused"}
+_B16 = {"splits": 2, "vec": 4, "tile": 2, "min_blocks": 2, "stages": 4, "combine": "fused"}
+_B64 = {"splits": 8, "threads": 128, "tile": 2, "min_blocks": 4, "stages": 4, "combine": "launch"}
+
+# changes to the space's default, timed by --probe on each decode_attention problem (invalid ones are skipped):
+# each problem's last winner against the same config with the splits merged in a thread block cluster (no
+# workspace round trip, no fence or atomic, one launch), other split counts under the cluster, and larger tiles
+# with 3 stages
 ATTENTION_PROBES = [
     {},
-    {"stages": 2},
-    {"stages": 3},
-    {"stages": 3, "tile": 2},
-    {"stages": 4, "tile": 2},
-    {"stages": 2, "tile": 8},
-    {"combine": "fused"},
-    {"stages": 2, "combine": "fused"},
-    {"stages": 3, "tile": 2, "combine": "fused"},
-    {"stages": 2, "splits": 4},
-    {"stages": 2, "splits": 4, "combine": "fused"},
-    {"stages": 2, "splits": 16, "combine": "fused"},
-    {"stages": 2, "splits": 32, "combine": "fused"},
-    {"stages": 3, "lanes": 32, "vec": 4},  # 80 registers: 3 blocks of 256 threads per SM
-    {"stages": 3, "threads": 128, "combine": "fused"},
-    {"stages": 4, "threads": 128, "tile": 2, "combine": "fused"},
+    _B8,
+    {**_B8, "combine": "cluster"},
+    {**_B8, "combine": "launch"},
+    {**_B8, "splits": 8, "combine": "cluster"},
+    {**_B8, "splits": 8, "stages": 3, "tile": 4, "min_blocks": 2, "combine": "cluster"},
+    _B16,
+    {**_B16, "combine": "cluster"},
+    {**_B16, "splits": 4, "combine": "cluster"},
+    {**_B16, "vec": 8, "stages": 3, "combine": "cluster"},
+    _B64,
+    {**_B64, "combine": "cluster"},
+    {**_B64, "stages": 3, "tile": 4, "min_blocks": 2, "combine": "cluster"},
+    {**_B64, "splits": 4, "combine": "cluster"},
 ]
 
 
@@ -208,20 +218,26 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
     """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
     from tuner.evaluate import evaluate_config
+    from tuner.render import render
     from tuner.result import Measurement
+
+    family = kernels.get("decode_attention")
 
     records = []
     for change in ATTENTION_PROBES:
         params = {**space.default, **change}
-        name = "probe " + (" ".join(f"{k}={v}" for k, v in change.items()) or "default")
-        if (fault := space.validate(params, problem)) is not None:
-            print(f"{'decode_attention':16s} {problem.name:12s} {name:28s} invalid here ({fault})", flush=True)
+        name = "probe default"
+        if (fault := space.validate(params, problem)) is None and change:
+            uri = render(family, params, space.resolve(params, problem), problem.env).uri
+            name = "probe " + uri.removeprefix(family.name + "_")
+        if fault is not None:
+            print(f"{'decode_attention':16s} {problem.name:12s} {name:48s} invalid here ({fault})", flush=True)
             continue
         result = evaluate_config(space, params, problem, evaluator=ev, budget_ms=200.0)
         if not isinstance(result, Measurement):
             reason = getattr(result, "reason", type(result).__name__)
             records.append({**base, "impl": name, "TBps": None, "median_ms": None, "note": reason, "config": params})
-            print(f"{'decode_attention':16s} {problem.name:12s} {name:28s} FAILED: {reason}", flush=True)
+            print(f"{'decode_attention':16s} {problem.name:12s} {name:48s} FAILED: {reason}", flush=True)
             continue
         records.append(
             {
@@ -239,7 +255,7 @@ def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict
             }
         )
         print(
-            f"{'decode_attention':16s} {problem.name:12s} {name:28s} {result.tbps:.3f} TB/s "
+            f"{'decode_attention':16s} {problem.name:12s} {name:48s} {result.tbps:.3f} TB/s "
             f"{result.tbps / copy_tbps:.3f}x same-bytes copy ({result.median_ms:.4f} ms, {result.registers} regs, "
             f"{result.smem_dynamic_bytes} B smem, {result.blocks_per_sm} blocks/SM)",
             flush=True,
@@ -256,6 +272,11 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="render and compile only (no GPU)")
     parser.add_argument("--sample", type=int, default=6, help="configs compiled per target by --dry-run")
     parser.add_argument("--probe", action="store_true", help="also time ATTENTION_PROBES on each attention problem")
+    parser.add_argument(
+        "--keep-artifacts",
+        action="store_true",
+        help="keep the studies' per-trial source/PTX artifacts (<db>.artifacts/ under --out; deleted by default)",
+    )
     args = parser.parse_args()
     targets = [t for t in TARGETS if not args.only or t[0] in args.only or t[1] in args.only]
     if args.dry_run:
@@ -268,6 +289,7 @@ def main() -> int:
     import torch
 
     from tuner.bench import GpuEvaluator, _time_copy, benchmark
+    from tuner.studies import artifact_dir_for
     from tuner.study import StudyOptions, run_study
 
     date = dt.date.today().isoformat()
@@ -420,6 +442,9 @@ def main() -> int:
             f"{r['median_ms']:.4f} | {r.get('tuner_speedup') or ''} | {r.get('uri', '')} |"
         )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    if not args.keep_artifacts:
+        # one source and one PTX file per measured trial: thousands of small files nobody reads from a results folder
+        shutil.rmtree(artifact_dir_for(f"sqlite:///{out}/{stem}.db"), ignore_errors=True)
     print("\n".join(lines))
     print(f"total {time.time() - started:.0f} s")
     return 0

@@ -196,11 +196,14 @@ def test_sampled_configs_compile(fam, spc):
         {"combine": "fused"},
         {"stages": 2, "combine": "fused", "splits": 32},
         {"stages": 3, "lanes": 32, "vec": 4},
+        {"combine": "cluster"},
+        {"stages": 4, "threads": 128, "tile": 2, "splits": 4, "combine": "cluster"},
     ],
 )
 def test_ring_and_fused_combine_compile_without_spills(fam, spc, problem_name, change):
-    """The cp.async ring and the fused combine compile for sm_90 with the default's register budget (NVRTC:
-    126-128 registers, no spill at 256 threads), and the fused config has no combine kernel."""
+    """The cp.async ring and the fused and cluster combines compile for sm_90 with the default's register budget
+    (NVRTC: 114-128 registers, no spill at 256 threads), and neither merge in the main launch has a combine
+    kernel; the cluster config asks for one cluster of `splits` blocks."""
     problem = spc.problem(problem_name)
     params = {**spc.default, **change}
     assert spc.validate(params, problem) is None
@@ -209,7 +212,10 @@ def test_ring_and_fused_combine_compile_without_spills(fam, spc, problem_name, c
     assert ("cp_async(slot" in source.text) == (config["stages"] > 0)
     result = tcompile.compile_source(source)
     assert result.ok, result.reason
-    fused = change.get("combine") == "fused"
+    fused = change.get("combine") in ("fused", "cluster")
+    ptx = result.ptx.decode()
+    clustered = f".reqnctapercluster {config['splits']}, 1, 1" in ptx and "mapa.shared::cluster" in ptx
+    assert clustered == (change.get("combine") == "cluster")
     assert set(result.functions) == ({source.entry} if fused else {source.entry, source.entry + "_combine"})
     assert 0 < result.main.registers <= 128 and result.spill_bytes == 0
 
@@ -220,7 +226,8 @@ def test_ring_smem_matches_the_space_and_fits(fam, spc):
     problem = spc.problem("b16_s8192")
     seen = set()
     for config in spc.enumerate(problem):
-        key = (config["threads"], config["lanes"], config["tile"], config["q_per_pass"], config["stages"])
+        key = (config["combine"], config["threads"], config["lanes"], config["tile"], config["q_per_pass"])
+        key += (config["stages"],)
         if key in seen:
             continue
         seen.add(key)
@@ -251,6 +258,20 @@ def test_fused_launch_and_bad_knobs(fam, spc):
         fam.launches("e", {**config, "stages": 1}, problem)
     with pytest.raises(ValueError, match="combine='atomic'"):
         fam.launches("e", {**config, "combine": "atomic"}, problem)
+
+
+def test_cluster_combine_launch_smem_and_limits(fam, spc):
+    """The cluster combine is one launch with no workspace (q, k, v, out), its partial in SMEM after the ring, and
+    at most 8 splits (a portable cluster): the space and the family both refuse 16."""
+    problem = {**spc.problem("b8_s4096").sizes, "dtype": "bfloat16"}
+    config = config_for(spc, {**spc.default, "combine": "cluster", "stages": 3}, problem)
+    (main,) = fam.launches("e", config, problem)
+    assert main.args == ("q", "k", "v", "out") and main.grid == (8, 8, 8)
+    assert main.smem_dynamic == 16640 + 3 * 2 * 64 * 128 * 2 + 4 * 130 * 4
+    assert set(fam.outputs(problem, config)) == {"out"} and config["workspace_bytes"] == 0
+    with pytest.raises(ValueError, match="2 to 8 splits"):
+        fam.launches("e", {**config, "splits": 16}, problem)
+    assert "cluster" in spc.validate({**spc.default, "combine": "cluster", "splits": 16}, spc.problem("b8_s4096"))
 
 
 def test_configs_recorded_before_the_ring_render_the_register_path(fam, spc):

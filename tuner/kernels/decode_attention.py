@@ -11,8 +11,10 @@ writes each split's unnormalized output and its (max, sum) to the fp32 workspace
 and ``ws_ml`` [B, HQ, splits, 2] (scratch outputs: every element written exactly once), and with
 ``combine: launch`` ``{entry}_combine`` (grid B·HQ, D threads) merges them into ``out``; with ``combine: fused``
 the last block of each (b, query-head group) to finish merges them in the same launch, counting arrivals in the
-int32 input ``counters`` [B, HQ] (zero on entry, left zero on exit). A lost or doubled split shows up as a wrong
-or unwritten ``out``: a failed trial.
+int32 input ``counters`` [B, HQ] (zero on entry, left zero on exit); with ``combine: cluster`` (splits <= 8) the
+splits of one (b, query-head group) are one thread block cluster that merges its partials through distributed
+shared memory (no workspace: the launch takes q, k, v, out). A lost or doubled split shows up as a wrong or
+unwritten ``out``: a failed trial.
 
 ``stages`` >= 2 streams K and V through a cp.async ring of that many tiles in SMEM (dynamic SMEM grows by
 stages · 2 · (threads / lanes) · tile · D · 2 bytes); 0 loads them into registers.
@@ -79,8 +81,11 @@ class DecodeAttention(Family):
         stages = config.get("stages", 0)
         if stages == 1 or stages < 0:
             faults.append(f"stages={stages}: 0 (registers) or a ring of at least 2 tiles")
-        if config.get("combine", "launch") not in ("launch", "fused"):
-            faults.append(f"combine={config.get('combine')!r} is neither 'launch' nor 'fused'")
+        combine = config.get("combine", "launch")
+        if combine not in ("launch", "fused", "cluster"):
+            faults.append(f"combine={combine!r} is not 'launch', 'fused' or 'cluster'")
+        elif combine == "cluster" and not 1 < splits <= 8:
+            faults.append(f"combine='cluster' takes 2 to 8 splits (a portable cluster), not {splits}")
         if faults:
             raise ValueError("decode_attention: " + "; ".join(faults))
 
@@ -88,23 +93,30 @@ class DecodeAttention(Family):
     def smem_bytes(config: Config, problem: Problem) -> int:
         """Dynamic SMEM of the main kernel: one (acc, m, l) slot per warp and query head of the block (rounded up
         to 16 bytes), then with stages >= 2 the cp.async ring: stages slots of (threads / lanes) · tile rows of K
-        and of V, bf16."""
+        and of V, bf16; then with the cluster combine the block's partial (QH · (D + 2) floats, rounded up to 16
+        bytes)."""
         D = problem["head_dim"]
         red = -(-(config["threads"] // 32) * config["q_per_pass"] * (D + 2) // 4) * 16
         rows = (config["threads"] // config["lanes"]) * config["tile"]
-        return red + config.get("stages", 0) * 2 * rows * D * 2
+        part = -(-config["q_per_pass"] * (D + 2) // 4) * 16 if DecodeAttention.clustered(config) else 0
+        return red + config.get("stages", 0) * 2 * rows * D * 2 + part
 
     @staticmethod
     def fused(config: Config) -> bool:
         """Whether the splits are merged inside the main launch (no combine launch)."""
         return config["splits"] > 1 and config.get("combine", "launch") == "fused"
 
+    @staticmethod
+    def clustered(config: Config) -> bool:
+        """Whether the splits are merged through distributed shared memory (one cluster per head group)."""
+        return config["splits"] > 1 and config.get("combine", "launch") == "cluster"
+
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         self.check(config, problem)
         B, hq, D = problem["B"], problem["heads_q"], problem["head_dim"]
         splits = config["splits"]
         grid = (splits, hq // config["q_per_pass"], B)
-        if splits == 1:
+        if splits == 1 or self.clustered(config):
             main_out: tuple[str, ...] = ("out",)
         elif self.fused(config):
             main_out = ("ws_acc", "ws_ml", "counters", "out")
@@ -119,7 +131,7 @@ class DecodeAttention(Family):
                 smem_dynamic=self.smem_bytes(config, problem),
             )
         ]
-        if splits > 1 and not self.fused(config):
+        if splits > 1 and config.get("combine", "launch") == "launch":
             out.append(
                 Launch(entry=f"{entry}_combine", grid=(B * hq, 1, 1), block=(D, 1, 1), args=("ws_acc", "ws_ml", "out"))
             )
@@ -141,7 +153,7 @@ class DecodeAttention(Family):
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         B, hq, D = problem["B"], problem["heads_q"], problem["head_dim"]
         out: Outputs = {"out": ((B, hq, D), "bfloat16")}
-        if config["splits"] > 1:
+        if config["splits"] > 1 and not self.clustered(config):
             out["ws_acc"] = ((B, hq, config["splits"], D), "float32")
             out["ws_ml"] = ((B, hq, config["splits"], 2), "float32")
         return out
