@@ -13,7 +13,10 @@ protocol (`tuner.bench.benchmark`: L2 flushed, CUDA events, median) on the same 
   minimal bytes, the fair ceiling for a problem of this size) and of 2 GiB (the study's ceiling).
 
 Every figure counts the family's minimal bytes (`Family.bytes_moved`), so TB/s compare across implementations.
-Writes ``decode-<date>.json`` (one record per figure) and ``decode-<date>.md`` under --out and prints the table.
+Writes ``decode-<date>.json`` (one record per figure), ``decode-<date>.md`` and the studies' SQLite database
+``decode-<date>.db`` under --out and prints the table. The per-trial artifacts the studies attach (sources and
+compile logs, thousands of small files in ``decode-<date>.artifacts/``) are deleted after each study: the
+database keeps every trial's config, figures and reasons, and a config's source re-renders from them.
 The default targets and 60 trials take about 8 minutes on an H200.
 """
 
@@ -25,6 +28,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -160,6 +164,7 @@ def main() -> int:
     from tuner import kernels
     from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark, measure_ceiling
+    from tuner.studies import artifact_dir_for
     from tuner.study import StudyOptions, run_study
 
     date = dt.date.today().isoformat()
@@ -188,6 +193,9 @@ def main() -> int:
                 seed=0,
             )
         )
+        artifacts = artifact_dir_for(url)
+        if artifacts is not None:
+            shutil.rmtree(artifacts, ignore_errors=True)
         best = summary["best"]
         gpu = summary["gpus"][0]["gpu"]
         ceiling_2g = summary["gpus"][0]["ceiling_tbps"]

@@ -49,7 +49,7 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
     M, N, K = problem["M"], problem["N"], problem["K"]
     launches = family.launches("e", config, problem)
     main = launches[0]
-    mma, split_k = config["mma"], config["split_k"]
+    mma, split_k, cluster = config["mma"], config["split_k"], config["cluster"]
     threads, k_warps = config["threads"], config["k_warps"]
     warps = threads // 32
     n_warps = warps // k_warps
@@ -75,6 +75,7 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
     part_terms: dict[tuple[int, int, int], np.ndarray] = {}
     y_writes = np.zeros((M, N), dtype=int)
     part_writes = np.zeros((split_k, M, N), dtype=int)
+    cluster_red: dict[tuple[int, int, int], dict] = {}  # (bx, by, rank) -> that block's red
 
     def iteration_order():
         """The (buffer, iteration) pairs of the template's K loop in execution order: loads then computes."""
@@ -190,6 +191,9 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                             "slice 0 must write every cell of red before anyone reads it"
                         )
 
+                if cluster:
+                    cluster_red[(bx, by, split)] = red
+                    continue
                 # The block's tile: consecutive threads on consecutive n.
                 for tid in range(threads):
                     for idx in range(tid, m_tile * rpb, threads):
@@ -203,7 +207,25 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                                 part_writes[split, m, n] += 1
                                 part_terms[(split, m, n)] = value
 
-    if split_k > 1:
+    if cluster:
+        # Rank r of each cluster sums cells r·share .. of the tile over the red of ranks 0, 1, ... in order.
+        assert len(launches) == 1 and main.args == ("x", "W", "y", "M", "N", "K") and gz == split_k
+        cells = m_tile * rpb
+        share = -(-cells // split_k)
+        for bx in range(gx):
+            for by in range(gy):
+                for rank in range(split_k):
+                    end = min((rank + 1) * share, cells)
+                    for tid in range(threads):
+                        for idx in range(rank * share + tid, end, threads):
+                            m, n = bx * m_tile + idx // rpb, by * rpb + idx % rpb
+                            if m < M:
+                                y_writes[m, n] += 1
+                                cell = (idx // rpb, idx % rpb)
+                                out_terms[(m, n)] = np.concatenate(
+                                    [cluster_red[(bx, by, r)][cell] for r in range(split_k)]
+                                )
+    elif split_k > 1:
         assert (part_writes == 1).all(), "every fp32 partial is written exactly once"
         reduce_launch = launches[1]
         assert reduce_launch.args == ("part", "y", "M", "N")
@@ -362,6 +384,7 @@ BASE = {
     "w_cache": "na",
     "min_blocks": 1,
     "stages": 2,
+    "cluster": 0,
 }
 
 EMULATED = [
@@ -393,6 +416,20 @@ EMULATED = [
         {"mma": 2, "rows_per_warp": 32, "m_tile": 16, "k_warps": 1, "unroll": 4, "stages": 4, "split_k": 2},
     ),  # 4 tiles per split: the ring wraps
     ((16, 32, 1536), {"mma": 2, "rows_per_warp": 16, "m_tile": 16, "threads": 256, "k_warps": 4, "stages": 6}),
+    # cluster split-K: the split blocks of a tile sum through DSMEM (shares that do not divide the tile, M tail,
+    # eight ranks with k_warps 8).
+    (
+        (3, 64, 1536),
+        {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 1, "split_k": 3, "cluster": 1, "stages": 2},
+    ),
+    (
+        (9, 32, 4096),
+        {"mma": 2, "rows_per_warp": 16, "m_tile": 16, "threads": 256, "k_warps": 8, "split_k": 8, "cluster": 1},
+    ),
+    (
+        (4, 128, 2048),
+        {"mma": 2, "rows_per_warp": 64, "m_tile": 8, "threads": 128, "k_warps": 2, "split_k": 2, "cluster": 1},
+    ),
 ]
 
 
@@ -409,6 +446,7 @@ def test_emulated_index_math_sums_each_term_once(family, shape, overrides):
         {},
         {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2},
         {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "stages": 3},
+        {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "stages": 2, "split_k": 2, "cluster": 1},
     ],
 )
 def test_emulator_catches_a_dropped_iteration(family, overrides):
@@ -544,6 +582,10 @@ PIPE = {
         ("m64", {"split_k": 4, "threads": 512, "rows_per_warp": 16, "stages": 3}),
         ("down_m64", {"split_k": 4, "stages": 3, "w_cache": "na256"}),
         ("m8", {"split_k": 4, "k_warps": 2, "unroll": 4, "stages": 3, "w_cache": "cs"}),
+        # 64-row warp tiles (x read from SMEM once per 64 W rows); cluster split-K with 128 and 256 rows a block
+        ("m64", {"split_k": 1, "threads": 256, "k_warps": 8, "rows_per_warp": 64, "unroll": 1, "stages": 3}),
+        ("m64", {"split_k": 2, "k_warps": 4, "rows_per_warp": 64, "unroll": 1, "stages": 3, "cluster": 1}),
+        ("down_m64", {"split_k": 4, "stages": 4, "cluster": 1, "w_cache": "cs"}),
     ],
 )
 def test_pipe_engine_compiles_within_its_budgets(family, gemv_space, problem_name, overrides):
@@ -560,8 +602,13 @@ def test_pipe_engine_compiles_within_its_budgets(family, gemv_space, problem_nam
     assert config["smem_dynamic"] == max(ring, config["red_bytes"]) > 48 * 1024
     source = render.render(family, params, config, problem.env)
     assert "cp.async.cg.shared.global" in source.text and "cp.async.wait_group" in source.text
+    assert ("mapa.shared::cluster" in source.text) == bool(params["cluster"])
     result = tcompile.compile_source(source)
     assert result.ok, result.reason
+    if params["cluster"]:  # one launch: the split blocks reduce in the cluster, no partials buffer
+        assert [launch.entry for launch in launches] == ["e"] and launches[0].args[2] == "y"
+        assert set(result.functions) == {source.entry} and "part" not in family.outputs(problem.env, config)
+        assert f"__cluster_dims__(1, 1, {params['split_k']})" in source.text
     assert result.spill_bytes == 0 and result.smem_static_bytes == 0
     assert 0 < result.main.registers <= config["est_regs"] + 24
 
@@ -589,6 +636,14 @@ def test_pipe_engine_constraints(family, gemv_space):
     rows128 = {"threads": 128, "rows_per_warp": 32, "split_k": 2}  # 64 blocks of 128 rows × 2 splits
     assert gemv_space.validate({**ok, **rows128, "stages": 3}, problem) is None
     assert "blocks >= sm_count" in reason(**rows128, mma=1, stages=2, unroll=1)
+    # cluster: engine 2 with 2 to 8 splits; it lifts the bound on the (now SMEM-resident) partials
+    assert "cluster == 0 or (split_k >= 2" in reason(cluster=1, split_k=1)
+    assert "cluster == 0 or mma == 2" in reason(cluster=1, mma=1, rows_per_warp=16, unroll=2, stages=2)
+    wide = {"k_warps": 1, "rows_per_warp": 32, "unroll": 1, "split_k": 8, "stages": 3}
+    assert "split_k * M * 32 <= K" in reason(**wide)  # 8 splits: 16 MiB of fp32 partials in HBM
+    assert gemv_space.validate({**ok, **wide, "cluster": 1}, problem) is None
+    with pytest.raises(ValueError, match="cluster needs"):
+        family.launches("e", {**gemv_space.resolve(ok, problem), "split_k": 1, "cluster": 1}, problem.env)
     with pytest.raises(ValueError, match="stages >= 2"):
         family.launches("e", {**gemv_space.resolve(ok, problem), "stages": 1}, problem.env)
     with pytest.raises(ValueError, match="not an engine"):

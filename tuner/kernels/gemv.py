@@ -9,8 +9,11 @@ capped at M (with mma: at M rounded up to 8, the rows past M being zeros): grid 
 N / rows_per_block, split_k). With split_k = 1 it writes y itself (one launch); otherwise it writes fp32
 partial sums to the scratch output ``part`` (split_k × M × N, every element written exactly once, so no
 zeroing is needed under NaN-poisoned outputs) and ``{entry}_reduce`` sums the slices in order and rounds to
-bf16 (grid ceil(M·N / 1024), 256 threads, 4 elements a thread). Engine 2 (mma 2: tensor cores fed by a
-cp.async ring of W and x tiles) takes `smem_dynamic` bytes of dynamic SMEM; engines 0 and 1 take none.
+bf16 (grid ceil(M·N / 1024), 256 threads, 4 elements a thread) — unless `cluster` is 1: then the split_k blocks
+of a tile form a thread-block cluster (compile-time ``__cluster_dims__(1, 1, split_k)``, so a plain launch) and
+sum their partials through distributed shared memory into y; one launch, no ``part``. Engine 2 (mma 2: tensor
+cores fed by a cp.async ring of W and x tiles) takes `smem_dynamic` bytes of dynamic SMEM; engines 0 and 1 take
+none.
 
 Kernel signatures (scalars are 32-bit ``int``, looked up by name in the problem):
     {entry}(x, W, y or part, M, N, K)        {entry}_reduce(part, y, M, N)
@@ -52,6 +55,7 @@ class Gemv(Family):
         "w_cache": "wc",
         "min_blocks": "lb",
         "stages": "st",
+        "cluster": "cl",
     }
 
     # -- geometry --------------------------------------------------------------------------------------------
@@ -107,7 +111,9 @@ class Gemv(Family):
                 faults.append("mma needs vec 8, rows_per_warp % 16 == 0 and m_tile % 8 == 0")
         elif M % self.m_rows(config, problem):
             faults.append(f"M={M} is not a multiple of m_rows={self.m_rows(config, problem)}")
-        if split_k > 1 and (M * N) % REDUCE_VEC:
+        if config.get("cluster", 0) and not 2 <= split_k <= 8:
+            faults.append(f"cluster needs 2 <= split_k <= 8 (a portable cluster of split blocks; got {split_k})")
+        if split_k > 1 and not config.get("cluster", 0) and (M * N) % REDUCE_VEC:
             faults.append(f"M*N={M * N} is not a multiple of {REDUCE_VEC} (split-K reduction)")
         if faults:
             raise ValueError("gemv: " + "; ".join(faults))
@@ -118,7 +124,8 @@ class Gemv(Family):
         M, N = problem["M"], problem["N"]
         split_k = config["split_k"]
         grid = (ceil_div(M, self.m_rows(config, problem)), N // self.rows_per_block(config), split_k)
-        main_out = "y" if split_k == 1 else "part"
+        reduce_kernel = split_k > 1 and not config.get("cluster", 0)
+        main_out = "part" if reduce_kernel else "y"
         out = [
             Launch(
                 entry=entry,
@@ -128,7 +135,7 @@ class Gemv(Family):
                 smem_dynamic=self.smem_dynamic(config, problem),
             )
         ]
-        if split_k > 1:
+        if reduce_kernel:
             out.append(
                 Launch(
                     entry=f"{entry}_reduce",
@@ -151,7 +158,7 @@ class Gemv(Family):
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         M, N = problem["M"], problem["N"]
         out: Outputs = {"y": ((M, N), "bfloat16")}
-        if config["split_k"] > 1:
+        if config["split_k"] > 1 and not config.get("cluster", 0):
             out["part"] = ((config["split_k"], M, N), "float32")  # scratch: fp32 partial sums per split
         return out
 
