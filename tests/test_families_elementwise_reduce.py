@@ -74,7 +74,9 @@ def test_default_uris(ew_space, red_space):
     assert render.uri(kernels.get("elementwise"), ew_space.default) == (
         "elementwise_fuse3_vec8_t256_it4_mb4_hintstream_mathtanh"
     )
-    assert render.uri(kernels.get("reduce"), red_space.default) == "reduce_vec8_t256_rpb1_it4_mb0_hintstream_persist0_pf0"
+    assert render.uri(kernels.get("reduce"), red_space.default) == (
+        "reduce_vec8_t256_rpb1_it4_mb0_hintstream_persist0_pf0"
+    )
 
 
 @pytest.mark.parametrize("kernel,dtype", [("elementwise", "float16"), ("reduce", "float16"), ("elementwise", "int8")])
