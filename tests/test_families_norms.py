@@ -72,7 +72,7 @@ def test_default_uris():
     )
     assert (
         render.uri(kernels.get("rmsnorm"), space.load("rmsnorm").default)
-        == "rmsnorm_vec8_t512_rpb1_reg_bf16_plain_we0_mb4"
+        == "rmsnorm_vec8_t512_rpb1_reg_bf16_plain_we0_mb4_persist0_pf0"
     )
     assert (
         render.uri(kernels.get("layernorm"), space.load("layernorm").default)
@@ -134,7 +134,10 @@ def test_launches_cover_every_problem_exactly(name):
             (launch,) = family.launches("k", config, _problem(prob))
             rpb, threads, vec = params["rows_per_block"], params["threads"], params["vec"]
             assert launch.block == (threads, 1, 1) and launch.grid[1:] == (1, 1)
-            assert launch.grid[0] * rpb == rows
+            if params.get("persist", 0):  # a persistent grid: persist blocks per SM, never more than the units
+                assert launch.grid[0] == min(params["persist"] * prob.gpu.sm_count, rows // rpb)
+            else:
+                assert launch.grid[0] * rpb == rows
             tpr = config["threads_per_row"]
             assert tpr % 32 == 0 and tpr * rpb == threads
             assert (cols // (tpr * vec)) * tpr * vec == cols

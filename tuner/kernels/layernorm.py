@@ -29,7 +29,8 @@ from tuner.kernels.softmax import add_spikes, row_scales
 class LayerNorm(RMSNorm):
     name = "layernorm"
     template = "layernorm.cu.j2"
-    uri_names = {"algo": "", **RMSNorm.uri_names}
+    # the persistent grid and its look-ahead are RMSNorm's knobs only
+    uri_names = {"algo": "", **{k: v for k, v in RMSNorm.uri_names.items() if k not in ("persist", "prefetch")}}
     eps = 1e-5
     params_vectors = ("weight", "bias")
 

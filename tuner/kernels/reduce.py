@@ -9,7 +9,11 @@ in one pass). A tuning study therefore never trades one computation for another.
 Knobs: `vec` (elements per load, up to 16 bytes), `threads` per block, `rows_per_block` (rows a block reduces;
 threads / rows_per_block threads, whole warps, per row: 1 row per block up to 1 row per warp), `items`
 (independent loads in flight per thread per iteration), `min_blocks` (second `__launch_bounds__` argument, 0:
-none) and `hint` ("stream": ``__ldcs`` evict-first loads; "none": ``__ldg``).
+none), `hint` ("stream": ``__ldcs`` evict-first loads; "none": ``__ldg``; "noalloc":
+``ld.global.nc.L1::no_allocate``), `persist` (0: one block per `rows_per_block` rows; k > 0: a persistent grid
+of k blocks per SM, the space's derived ``blocks``, walking the rows with a grid stride) and `prefetch` (1: the
+next step's loads are issued before the current step is summed). Configs recorded before `persist` and
+`prefetch` existed mean 0 for both.
 
 Kernel signature (rows/cols are 32-bit `int`, unused by the code):
     {entry}(x, [sum if op & 1], [max if op & 2], rows, cols)
@@ -48,6 +52,8 @@ class Reduce(Family):
         "items": "it",
         "min_blocks": "mb",
         "hint": "hint",
+        "persist": "persist",
+        "prefetch": "pf",
     }
 
     # -- launching ---------------------------------------------------------------------------------------
@@ -60,10 +66,16 @@ class Reduce(Family):
                 f"reduce: vec {vec} x threads {threads} / rows_per_block {rpb} x items {items} does not tile "
                 f"{rows}x{cols} {problem['dtype']}"
             )
+        grid = rows // rpb
+        if config.get("persist", 0):
+            # the persistent grid depends on the GPU's SM count: the space's derived `blocks` carries it
+            if "blocks" not in config or not 1 <= config["blocks"] <= grid:
+                raise ValueError(f"reduce: persist {config['persist']} needs the resolved `blocks`, 1..{grid}")
+            grid = config["blocks"]
         return [
             Launch(
                 entry=entry,
-                grid=(rows // rpb, 1, 1),
+                grid=(grid, 1, 1),
                 block=(threads, 1, 1),
                 args=("x", *op_outputs(problem), "rows", "cols"),
             )

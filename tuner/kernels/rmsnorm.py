@@ -8,7 +8,9 @@ a problem without residual leaves the key out (space files take positive integer
 Knobs (templates/rmsnorm.cu.j2) as softmax's — `vec`, `threads`, `rows_per_block`, `cache` (reg/smem),
 `keep` (bf16 bits / fp32 values of a register-resident row), `hint` (plain __ldg/__stwb or streaming
 __ldcs/__stcs for the row data), `min_blocks` — plus `weight_early` (load the weight chunks with the row,
-or after the reduction).
+or after the reduction), `persist` (0: one block per `rows_per_block` rows; k > 0: a persistent grid of k blocks
+per SM, the space's derived ``blocks``) and `prefetch` (with persist: the block's next row is loaded before the
+current row's reduction). Configs recorded before `persist` and `prefetch` existed mean 0 for both.
 
 Inputs: rows z * s_r with z ~ N(0, 1) plus 4 spikes of +-32 per row (at random columns), s_r log-uniform
 in [1e-4, 10): rows with mean(x^2) far below eps make a misplaced eps visible (sqrt(ms) + eps vs
@@ -44,6 +46,8 @@ class RMSNorm(Family):
         "hint": "",
         "weight_early": "we",
         "min_blocks": "mb",
+        "persist": "persist",
+        "prefetch": "pf",
     }
     eps = 1e-6
     #: per-row parameter vectors (cols elements each) besides the rows themselves
@@ -52,6 +56,11 @@ class RMSNorm(Family):
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         res = has_residual(problem)
         grid, threads, smem = geometry(config, problem, buffers=2 if res else 1)
+        if config.get("persist", 0):
+            # the persistent grid depends on the GPU's SM count: the space's derived `blocks` carries it
+            if config["cache"] != "reg" or "blocks" not in config or not 1 <= config["blocks"] <= grid[0]:
+                raise ValueError(f"persist {config['persist']} needs cache reg and the resolved `blocks`, 1..{grid[0]}")
+            grid = (config["blocks"], 1, 1)
         vectors = self.params_vectors
         args = ("x", "r", *vectors, "y", "h") if res else ("x", *vectors, "y")
         return [Launch(entry=entry, grid=grid, block=(threads, 1, 1), args=(*args, "rows", "cols"), smem_dynamic=smem)]
