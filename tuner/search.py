@@ -14,13 +14,29 @@ Two things the study driver (`tuner.study`) needs from here:
   told COMPLETE with the worst value of each objective measured so far and constraint 1.0 (infeasible), which
   every sampler learns from; the durable record keeps its true state (PRUNED for a constraint violation, FAIL
   for a kernel failure) and its `failure` attr.
+- `ValidIndex`: the valid configs of a space for one problem on one GPU, as rows of value indices, which the
+  driver's repair of unmeasurable proposals searches. Listing a large space takes seconds (gemm.yaml: 268k valid
+  configs of 960k), so the index is kept on disk under the tuner cache dir, keyed by what validity depends on
+  (`index_key`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import io
+import json
+import threading
+import zipfile
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tuner.space import Problem, SearchSpace
 
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
 FAILURE_ATTR = "failure"
@@ -109,3 +125,171 @@ def worst_values(values: list[list[float]], directions: Sequence[str]) -> list[f
         column = [v[i] for v in values]
         out.append(min(column) if direction == "maximize" else max(column))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the valid set, cached
+
+#: bump when the file format or the meaning of a row changes
+INDEX_VERSION = "1"
+
+
+class ValidIndex:
+    """The valid configs of a space for one problem, each a row of indices into the params' declared values
+    (columns in the space's param order), in `SearchSpace.enumerate`'s order. `complete` is False when the
+    space is too large to list within `space.WALK_BUDGET` (then there are no rows, and the sampler alone finds
+    valid configs)."""
+
+    def __init__(self, space: SearchSpace, rows: np.ndarray, complete: bool):
+        import numpy as np
+
+        self.names = list(space.params)
+        self.values = [space.params[n] for n in self.names]
+        self.rows, self.complete = rows, complete
+        #: per param, value → index in its declared values
+        self.position = [{v: i for i, v in enumerate(vs)} for vs in self.values]
+        # A row's code in mixed radix (the lengths of the params' value lists), sorted: membership by bisection.
+        self._radix = np.cumprod([1] + [len(vs) for vs in self.values[:0:-1]], dtype=np.int64)[::-1]
+        codes = rows.astype(np.int64) @ self._radix if len(rows) else np.zeros(0, dtype=np.int64)
+        self._order = np.argsort(codes, kind="stable")
+        self._sorted = codes[self._order]
+        self._rows_of: dict[str, int | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def config(self, row: int) -> dict[str, Any]:
+        """The config (real values, the space's param order) of row `row`."""
+        return {n: vs[i] for n, vs, i in zip(self.names, self.values, self.rows[row].tolist(), strict=True)}
+
+    def point(self, params: dict[str, Any]) -> list[int]:
+        """`params` as value indices (KeyError for a value outside the space)."""
+        return [pos[params[n]] for n, pos in zip(self.names, self.position, strict=True)]
+
+    def row_of(self, key: str) -> int | None:
+        """The row of the config whose `space.params_key` is `key`, or None when it is not valid."""
+        if key not in self._rows_of:
+            import numpy as np
+
+            try:
+                code = int(np.dot(self.point(json.loads(key)), self._radix))
+            except (KeyError, TypeError, ValueError):
+                code = -1
+            at = int(np.searchsorted(self._sorted, code))
+            found = at < len(self._sorted) and self._sorted[at] == code
+            self._rows_of[key] = int(self._order[at]) if found else None
+        return self._rows_of[key]
+
+
+def index_key(space: SearchSpace, problem: Problem, budget: int) -> str:
+    """What a space's valid set depends on: the space file's text, the problem's sizes and dtype with the GPU
+    facts expressions see (`Problem.expression_env`), the walk's budget, and the code that reads and evaluates
+    spaces. Any change is a miss."""
+    import tuner
+
+    here = Path(tuner.__file__).parent
+    blob = hashlib.sha256(INDEX_VERSION.encode())
+    for module in ("space.py", "expr.py", "gpu.py"):
+        blob.update((here / module).read_bytes())
+    blob.update(space.text.encode())
+    blob.update(json.dumps({"env": problem.expression_env, "budget": budget}, sort_keys=True, default=str).encode())
+    return blob.hexdigest()
+
+
+def _index_path(key: str) -> Path:
+    from tuner.compile import cache_dir
+
+    return cache_dir() / "valid" / f"{key}.npz"
+
+
+def _read_index(space: SearchSpace, path: Path) -> ValidIndex | None:
+    """The index stored at `path`, or None when there is none or it is not a whole, well-formed index of this
+    space (a damaged file is rebuilt, never trusted)."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            rows, complete = data["rows"], bool(data["complete"])
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+    lengths = np.array([len(v) for v in space.params.values()])
+    if rows.dtype != np.int16 or rows.ndim != 2 or rows.shape[1] != len(lengths):
+        return None
+    if len(rows) and (rows.min() < 0 or (rows.max(axis=0) >= lengths).any()):
+        return None
+    return ValidIndex(space, rows, complete)
+
+
+def _build_index(space: SearchSpace, problem: Problem, budget: int) -> ValidIndex:
+    import numpy as np
+
+    from tuner import space as space_mod
+
+    position = [{v: i for i, v in enumerate(vs)} for vs in space.params.values()]
+    names = list(space.params)
+    pairs = list(zip(names, position, strict=True))
+    try:
+        flat = [pos[c[n]] for c in space.enumerate(problem, budget=budget) for n, pos in pairs]
+        complete = True
+    except space_mod.WalkBudgetExceeded:
+        flat, complete = [], False
+    rows = np.array(flat, dtype=np.int16).reshape(-1, len(names))
+    return ValidIndex(space, rows, complete)
+
+
+def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None) -> ValidIndex:
+    """The valid set of `space` for `problem`, from the tuner cache dir when it was listed before; else listed
+    now and stored (an atomic write under a per-key lock, so two processes list it once). A cache that cannot
+    be written is skipped."""
+    import numpy as np
+
+    from tuner import space as space_mod
+    from tuner.errors import InputError
+    from tuner.files import atomic_write, locked
+
+    budget = space_mod.WALK_BUDGET if budget is None else budget
+    path = _index_path(index_key(space, problem, budget))
+    if (hit := _read_index(space, path)) is not None:
+        return hit
+    try:
+        lock = locked(path.with_suffix(".lock"))
+        lock.__enter__()  # a second process waits here, then finds the first's index
+    except InputError:  # a cache dir that cannot be written: list the space, keep nothing
+        return _build_index(space, problem, budget)
+    try:
+        if (hit := _read_index(space, path)) is not None:
+            return hit
+        index = _build_index(space, problem, budget)
+        buffer = io.BytesIO()
+        np.savez(buffer, rows=index.rows, complete=np.array(index.complete))
+        with contextlib.suppress(InputError):
+            atomic_write(path, buffer.getvalue(), make_parents=True)
+        return index
+    finally:
+        lock.__exit__(None, None, None)
+
+
+class IndexBuild:
+    """`valid_index` in a background thread, started at once: the driver starts it while its GPU workers start
+    and takes the result (`result`) when the study loop needs it. The listing holds the GIL in bursts, so it is
+    started where the driver's own thread mostly waits."""
+
+    def __init__(self, space: SearchSpace, problem: Problem):
+        self.space, self.problem = space, problem
+        self._result: ValidIndex | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="valid-index", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = valid_index(self.space, self.problem)
+        except BaseException as exc:  # re-raised in the caller's thread by `result`
+            self._error = exc
+
+    def result(self) -> ValidIndex:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

@@ -36,7 +36,7 @@ from tuner.evaluator import EvaluatorFactory
 from tuner.gpu import GpuFacts
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
-from tuner.search import Codec, worst_values
+from tuner.search import Codec, IndexBuild, ValidIndex, valid_index, worst_values
 from tuner.space import params_key
 
 if TYPE_CHECKING:
@@ -489,6 +489,9 @@ class Driver:
         from optuna.trial import TrialState
 
         mirror: Any = None  # _Mirror (a process), or _InlineMirror for an in-process study
+        # The valid set (for the repair of unmeasurable proposals) is listed, or read from the cache, beside the
+        # set-up: with this process's problem (the default GPU facts), checked against the workers' facts below.
+        index_build = IndexBuild(self.space, self.problem) if self.opts.sampler != "grid" else None
         if self.opts.in_process:
             from tuner.replay import ReplayPool
 
@@ -554,6 +557,7 @@ class Driver:
             fast.enqueue_trial(self.codec.encode(dict(self.space.default)))
         repair = None
         grid_left: int | None = None  # grid: configs still queued; the study ends when they are spent
+        index_wait_s = 0.0
         if self.opts.sampler == "grid":
             # Every valid config not yet evaluated, once (the interrupted ones are queued above already).
             done_keys = {params_key(t.params) for t in past if _counts(t)}
@@ -567,12 +571,16 @@ class Driver:
         else:
             # Random search draws its replacements uniformly too: the nearest config would skew it towards the
             # edges of the valid set.
-            repair = _Repair(
-                self.space, self.problem, self.opts.seed, nearest=self.opts.repair and self.opts.sampler != "random"
-            )
+            t_index = time.perf_counter()
+            assert index_build is not None
+            index = index_build.result()
+            if index_build.problem.expression_env != self.problem.expression_env:  # another GPU: list it for this
+                index = valid_index(self.space, self.problem)
+            index_wait_s = time.perf_counter() - t_index
+            repair = _Repair(index, self.opts.seed, nearest=self.opts.repair and self.opts.sampler != "random")
             if repair.complete:
                 # Proposals that cannot be measured do not count: the study ends when the valid set is spent.
-                unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if k in repair.keys)
+                unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if repair.contains(k))
                 target = min(target, counted + unexplored)
 
         storage = self._opened_storage()
@@ -661,6 +669,8 @@ class Driver:
             pool_startup = {
                 "imports_s": round(self.t_imports, 3),
                 "storage_s": round(storage_s, 3),
+                # the set-up's wait for the valid set (listed beside the set-up, or read from the cache)
+                "valid_index_wait_s": round(index_wait_s, 3),
                 **pool.startup,
                 **_worker_startup(gpus),
                 "study_ready_s": round(loop_started - self.t0 + self.t_imports, 3),
@@ -899,53 +909,53 @@ class _Repair:
     proposal is still told to the sampler (so it learns where the feasible, unexplored region is), and the next
     trial measures the valid config closest to the proposal: fewest steps along each param's ordered list of
     values (L1 over value indices), ties broken by a seeded draw, configs already measured, failed or in flight
-    skipped. With `nearest` False, a uniform draw among those configs instead. The valid set is enumerated once
-    (a space too large to list within `space.WALK_BUDGET` gets no repair).
+    skipped. With `nearest` False, a uniform draw among those configs instead. The valid set is
+    `tuner.search.ValidIndex` (a space too large to list within `space.WALK_BUDGET` gets no repair).
     """
 
-    def __init__(self, space, problem, seed: int | None, nearest: bool = True):
+    def __init__(self, index: ValidIndex, seed: int | None, nearest: bool = True):
         import numpy as np
 
-        self.space, self.problem = space, problem
         self.rng = np.random.default_rng(seed)
         self.use_nearest = nearest
-        self.index: dict[str, dict[Any, int]] = {n: {v: i for i, v in enumerate(vs)} for n, vs in space.params.items()}
-        try:
-            self.configs = list(self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET))
-            #: whether `configs` is the whole valid set (else the space is too large to list, and the sampler
-            #: alone finds valid configs)
-            self.complete = True
-        except space_mod.WalkBudgetExceeded:
-            self.configs, self.complete = [], False
-        self.keys = {params_key(c): i for i, c in enumerate(self.configs)}
-        self.valid = np.array([[self.index[n][c[n]] for n in self.index] for c in self.configs], dtype=np.int16)
+        self.index = index
+        #: whether the index is the whole valid set (else the space is too large to list, and the sampler alone
+        #: finds valid configs)
+        self.complete = index.complete
+        self.valid = index.rows  # value indices: "nearest" counts steps along each param's declared values
 
     def size(self) -> int:
-        return len(self.configs)
+        return len(self.index)
+
+    def contains(self, key: str) -> bool:
+        return self.index.row_of(key) is not None
 
     def nearest(self, params: dict[str, Any], exclude: set[str]) -> dict[str, Any] | None:
         import numpy as np
 
+        count = len(self.index)
         if self.use_nearest:
-            point = np.array([self.index[n][params[n]] for n in self.index], dtype=np.int16)
+            point = np.array(self.index.point(params), dtype=np.int16)
             distance = np.abs(self.valid - point).sum(axis=1).astype(np.float64)
             distance += self.rng.random(len(distance)) * 0.5  # seeded tie-break below one step
         else:
-            distance = self.rng.random(len(self.configs))
-        if not self.configs:
+            distance = self.rng.random(count)
+        if not count:
             return None
-        if len(exclude) < len(self.configs) // 2:
-            for i in np.argsort(distance)[: 4 * len(exclude) + 64]:
-                if params_key(self.configs[i]) not in exclude:
-                    return dict(self.configs[i])
-        free = np.ones(len(self.configs), dtype=bool)
-        for key in exclude:
-            if key in self.keys:
-                free[self.keys[key]] = False
+        rows = {r for r in map(self.index.row_of, exclude) if r is not None}
+        if len(exclude) < count // 2:
+            k = min(4 * len(exclude) + 64, count)
+            # The k nearest in order, without sorting the whole set (hundreds of thousands of rows in GEMM).
+            head = np.argpartition(distance, k - 1)[:k] if k < count else np.arange(count)
+            for i in head[np.argsort(distance[head])].tolist():
+                if i not in rows:
+                    return self.index.config(i)
+        free = np.ones(count, dtype=bool)
+        free[list(rows)] = False
         if not free.any():
             return None
         distance[~free] = np.inf
-        return dict(self.configs[int(np.argmin(distance))])
+        return self.index.config(int(np.argmin(distance)))
 
 
 def _replay_copy(recording, delay_s: float, gpu_index: int):
