@@ -14,6 +14,7 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -181,15 +182,22 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
     driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
     recovered on the rerun). The first message names the study ("study", id): the writer is started early, to
     import while the driver sets up, and opens the storage only once the driver has created it."""
-    import optuna  # noqa: F401 — the slow part of the writer's start, done while the driver is busy too
+    import optuna
 
     from tuner.lease import get_unless_orphaned
+
+    # The slow part of the writer's start, done while the driver sets up: Optuna, and what its RDB storage imports
+    # on first use (SQLAlchemy, Alembic, its ORM models), loaded by opening a throwaway in-memory database.
+    optuna.storages.RDBStorage("sqlite://", heartbeat_interval=None).engine.dispose()
 
     first = get_unless_orphaned(inbox, parent)
     if first is None or first[0] != "study":
         return
     study_id = first[1]
+    bound_at = time.time()
     storage = open_storage(url)
+    # what the driver's summary reports of the writer (epoch seconds; the driver makes them relative)
+    stats: dict[str, Any] = {"bound_at": bound_at, "opened_at": time.time(), "trials": 0, "write_s": 0.0}
     trial_ids: dict[int, int] = {}
     held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
     finals: dict[int, Any] = {}  # results of held trials
@@ -216,6 +224,7 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
             elif kind == "finish" and msg[1] in held:
                 finals[msg[1]] = msg[2]
             elif kind == "finish":
+                started = time.perf_counter()
                 number, frozen = msg[1], msg[2]
                 trial_id = trial_ids[number]
                 for key, value in frozen.user_attrs.items():
@@ -223,14 +232,19 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
                 for key, value in frozen.system_attrs.items():
                     storage.set_trial_system_attr(trial_id, key, value)
                 storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
+                stats["write_s"] += time.perf_counter() - started
         while held:
             number, (frozen, since) = next(iter(held.items()))
             if number not in finals and not stop and now - since < WRITER_HOLD_S:
                 break  # later trials wait behind it: numbers must agree with the driver's
             del held[number]
+            started = time.perf_counter()
             trial_ids[number] = storage.create_new_trial(study_id, template_trial=finals.pop(number, frozen))
-        if batch:
-            done.put(len(batch))
+            stats["write_s"] += time.perf_counter() - started
+            stats["trials"] += 1
+            stats.setdefault("first_write_at", time.time())
+    stats["done_at"] = time.time()
+    done.put(stats)
 
 
 class _Mirror:
@@ -257,11 +271,24 @@ class _Mirror:
         self.inbox.put(("stop",))
         self.proc.join(10.0)
 
-    def close(self, timeout: float = 300.0) -> None:
+    def close(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Stop the writer once it has written every trial; its timings (epoch seconds, `_writer_main`), or {}."""
         self.inbox.put(("stop",))
+        stats: dict[str, Any] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                stats = self.done.get(timeout=0.2)
+                break
+            except queue_mod.Empty:
+                if not self.proc.is_alive():  # it ended without its timings (it failed: exitcode below)
+                    with contextlib.suppress(queue_mod.Empty):
+                        stats = self.done.get_nowait()
+                    break
         self.proc.join(timeout)
         if self.proc.exitcode not in (0, None):
             raise RuntimeError(f"study writer exited with code {self.proc.exitcode}")
+        return stats
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -523,6 +550,9 @@ class Driver:
         again = self._recover(durable)
         storage_s += time.perf_counter() - t_storage
         past = durable.get_trials(deepcopy=False)
+        study_id = self._opened_storage().get_study_id_from_name(durable.study_name)
+        if mirror is not None:
+            mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
 
         memory = optuna.storages.InMemoryStorage()
@@ -583,12 +613,8 @@ class Driver:
                 unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if repair.contains(k))
                 target = min(target, counted + unexplored)
 
-        storage = self._opened_storage()
-        study_id = storage.get_study_id_from_name(durable.study_name)
         if mirror is None:
-            mirror = _InlineMirror(storage, study_id)
-        else:
-            mirror.bind(study_id)
+            mirror = _InlineMirror(self._opened_storage(), study_id)
         self._setting_up = None
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
@@ -679,7 +705,7 @@ class Driver:
         finally:
             pool.close()
             flush_started = time.perf_counter()
-            mirror.close()
+            writer = mirror.close()
         after_start = loop_end - started
         evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
         asked = len(fast.get_trials(deepcopy=False)) - len(past)
@@ -703,6 +729,7 @@ class Driver:
             "after_start_s": round(after_start, 3),
             "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
             "writer_flush_s": round(time.perf_counter() - flush_started, 3),
+            **({"writer": _writer_summary(writer, self.t0 - self.t_imports)} if writer else {}),
             "best": stats.best,
             "finalists": finalists,
         }
@@ -837,6 +864,20 @@ class Driver:
         return 0 if SCREENED in trial.user_attrs else 1
 
 
+def _writer_summary(stats: dict[str, Any], command_start: float) -> dict[str, Any]:
+    """The writer process's timings (`_writer_main`) in seconds from the command's start (`command_start`, on
+    `time.perf_counter`'s clock), with its cost per trial written."""
+    offset = time.time() - time.perf_counter() + command_start  # the command's start in epoch seconds
+    out: dict[str, Any] = {
+        f"{name.removesuffix('_at')}_s": round(stats[name] - offset, 3)
+        for name in ("bound_at", "opened_at", "first_write_at", "done_at")
+        if name in stats
+    }
+    out["trials_written"] = stats["trials"]
+    out["ms_per_trial"] = round(1000 * stats["write_s"] / stats["trials"], 2) if stats["trials"] else None
+    return out
+
+
 def _evaluation_failed(trial) -> bool:
     """A recorded trial whose evaluation failed (compile, launch, wrong result, timeout, or an invalid answer of
     the evaluator), as opposed to an interrupted one."""
@@ -862,8 +903,8 @@ class _InlineMirror:
             self.storage.set_trial_system_attr(trial_id, key, value)
         self.storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
 
-    def close(self, timeout: float = 0.0) -> None:
-        pass
+    def close(self, timeout: float = 0.0) -> dict[str, Any]:
+        return {}
 
 
 class _ArtifactWriter:
