@@ -35,7 +35,11 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=500)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"),
+        help="folder for the JSON and table (default: $OUT when set, else benchmarks/results)",
+    )
     parser.add_argument(
         "--caches",
         choices=("fresh", "warm"),
@@ -93,6 +97,7 @@ def main() -> int:
                 "evaluated_per_s": summary["evaluated_per_s"],
                 "gpu_busy_fraction": summary["gpu_busy_fraction"],
                 "writer_flush_s": summary.get("writer_flush_s"),
+                "writer": summary.get("writer"),
             }
         )
         print(
@@ -109,6 +114,14 @@ def main() -> int:
         path = out / f"study_gemm-startup-{args.caches}-{date}.json"
         path.write_text(json.dumps({"command": command, "date": date, "runs": runs}, indent=1) + "\n")
         print(f"wrote {path}")
+        print("| caches | process wall s | first result s | valid-set wait s | study ready s | GPU busy |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for run in runs:
+            stages = run["startup"]
+            print(
+                f"| {run['caches']} | {run['process_wall_s']:.1f} | {run['cold_start_s']} | "
+                f"{stages.get('valid_index_wait_s')} | {stages.get('study_ready_s')} | {run['gpu_busy_fraction']} |"
+            )
         return 0
 
     import optuna

@@ -5,21 +5,25 @@ process, no Ray) over the H200 recording in tests/data (see tests/data/README.md
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import io
 import json
 import shutil
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
+from tuner import compile as compile_mod
 from tuner import kt
 from tuner import space as space_mod
 from tuner.cli import main as cli_main
 from tuner.replay import load_records, params_key
-from tuner.search import Codec
+from tuner.search import Codec, index_key, valid_index
 from tuner.study import Driver, StudyOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,3 +336,81 @@ def test_replay_over_a_partial_recording_searches_the_recorded_subset():
     assert fraction(1) < 0.2
     assert fraction(25) >= 0.9
     assert fraction(40) == 1.0
+
+
+# -- the valid set, cached on disk -------------------------------------------------------------------------------
+
+
+def _listed(space, problem):
+    return list(space.enumerate(problem))
+
+
+def test_valid_index_is_the_valid_set_and_a_second_call_reads_the_cache(tmp_path, monkeypatch):
+    space = space_mod.load(SPACE)
+    problem = space.problem()
+    first = valid_index(space, problem)
+    assert first.complete
+    assert [first.config(i) for i in range(len(first))] == _listed(space, problem)
+    assert _cache_files() == [index_path(space, problem)]
+
+    def no_walk(*_args, **_kw):
+        raise AssertionError("the space was listed again")
+
+    monkeypatch.setattr(space_mod.SearchSpace, "enumerate", no_walk)
+    again = valid_index(space, problem)
+    assert again.rows.tolist() == first.rows.tolist()
+    assert again.row_of(params_key(space.default)) is not None
+    assert again.row_of(params_key({**space.default, "threads": 1})) is None  # not a param of the space
+    assert again.row_of(params_key({**space.default, "tile": 48})) is None  # not a value of the space
+    assert again.row_of(params_key({**space.default, "tile": 16, "vec": 1, "rows_per_thread": 16})) is None  # 16 threads
+
+
+def test_valid_index_misses_on_a_changed_space_or_other_gpu_facts(tmp_path):
+    space = space_mod.load(SPACE)
+    problem = space.problem()
+    valid_index(space, problem)
+    edited = tmp_path / "transpose.yaml"
+    edited.write_text(SPACE.read_text().replace("threads <= 1024", "threads <= 256"))
+    narrower = space_mod.load(edited)
+    index = valid_index(narrower, narrower.problem())
+    assert [index.config(i) for i in range(len(index))] == _listed(narrower, narrower.problem())
+    assert len(index) < len(valid_index(space, problem))
+    small_gpu = dataclasses.replace(problem, gpu=dataclasses.replace(problem.gpu, max_threads_per_block=128))
+    assert index_path(space, small_gpu) != index_path(space, problem)
+    assert len(_cache_files()) == 2
+    valid_index(space, small_gpu)
+    assert len(_cache_files()) == 3
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "out_of_range"])
+def test_a_damaged_index_file_is_rebuilt_not_trusted(damage):
+    space = space_mod.load(SPACE)
+    problem = space.problem()
+    good = valid_index(space, problem).rows.tolist()
+    path = index_path(space, problem)
+    if damage == "garbage":
+        path.write_bytes(b"not an index")
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        buffer = io.BytesIO()
+        np.savez(buffer, rows=np.full((3, len(space.params)), 99, dtype=np.int16), complete=np.array(True))
+        path.write_bytes(buffer.getvalue())
+    index = valid_index(space, problem)
+    assert index.rows.tolist() == good
+    assert valid_index(space, problem).rows.tolist() == good  # and the file was written whole again
+
+
+def test_a_study_over_the_cached_index_proposes_what_a_fresh_one_does(tmp_path):
+    _, cold = run(tmp_path, trials=40, seed=5)
+    assert _cache_files()
+    _, warm = run(tmp_path, trials=40, seed=5)
+    assert [t.params for t in warm.trials] == [t.params for t in cold.trials]
+
+
+def index_path(space, problem) -> Path:
+    return compile_mod.cache_dir() / "valid" / f"{index_key(space, problem, space_mod.WALK_BUDGET)}.npz"
+
+
+def _cache_files() -> list[Path]:
+    return sorted((compile_mod.cache_dir() / "valid").glob("*.npz"))

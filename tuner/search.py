@@ -172,7 +172,8 @@ class ValidIndex:
             import numpy as np
 
             try:
-                code = int(np.dot(self.point(json.loads(key)), self._radix))
+                params = json.loads(key)
+                code = int(np.dot(self.point(params), self._radix)) if len(params) == len(self.names) else -1
             except (KeyError, TypeError, ValueError):
                 code = -1
             at = int(np.searchsorted(self._sorted, code))
