@@ -362,7 +362,8 @@ def test_valid_index_is_the_valid_set_and_a_second_call_reads_the_cache(tmp_path
     assert again.row_of(params_key(space.default)) is not None
     assert again.row_of(params_key({**space.default, "threads": 1})) is None  # not a param of the space
     assert again.row_of(params_key({**space.default, "tile": 48})) is None  # not a value of the space
-    assert again.row_of(params_key({**space.default, "tile": 16, "vec": 1, "rows_per_thread": 16})) is None  # 16 threads
+    sixteen_threads = {**space.default, "tile": 16, "vec": 1, "rows_per_thread": 16}
+    assert again.row_of(params_key(sixteen_threads)) is None  # breaks threads >= 32
 
 
 def test_valid_index_misses_on_a_changed_space_or_other_gpu_facts(tmp_path):
@@ -414,3 +415,36 @@ def index_path(space, problem) -> Path:
 
 def _cache_files() -> list[Path]:
     return sorted((compile_mod.cache_dir() / "valid").glob("*.npz"))
+
+
+# -- replay recordings, cached on disk --------------------------------------------------------------------------
+
+
+def test_a_recording_is_read_once_then_from_the_cache(tmp_path, monkeypatch):
+    from tuner import replay
+
+    path = tmp_path / "rec.db"
+    shutil.copy(RECORDING, path)
+    monkeypatch.setattr(replay, "_LOADED", {})
+    first = replay.load_recording(str(path))
+    assert len(first[0]) > 100
+    cached = sorted((compile_mod.cache_dir() / "recordings").glob("*.json"))
+    assert len(cached) == 1
+
+    def no_read(*_args, **_kw):
+        raise AssertionError("the recording was read again")
+
+    monkeypatch.setattr(replay, "_LOADED", {})
+    with monkeypatch.context() as m:
+        m.setattr(replay, "_load_recording", no_read)
+        assert replay.load_recording(str(path)) == first
+
+    cached[0].write_text('{"records": [1, 2')  # damaged: read the recording again, and write it whole
+    monkeypatch.setattr(replay, "_LOADED", {})
+    assert replay.load_recording(str(path)) == first
+
+    shutil.copy(RECORDING.with_name("transpose_h200_tpe40.db"), path)  # other bytes, same path: a miss
+    monkeypatch.setattr(replay, "_LOADED", {})
+    other = replay.load_recording(str(path))
+    assert other[0] != first[0]
+    assert len(sorted((compile_mod.cache_dir() / "recordings").glob("*.json"))) == 2

@@ -164,8 +164,47 @@ def load_recording(
         return _load_recording(path, study_name)
     key = (str(Path(path).resolve()), study_name, stat.st_size, stat.st_mtime_ns)
     if key not in _LOADED:
-        _LOADED[key] = _load_recording(path, study_name)
+        _LOADED[key] = _load_recording_cached(path, study_name)
     return _LOADED[key]
+
+
+#: bump when what `_load_recording` keeps of a recording changes
+RECORDING_CACHE_VERSION = "1"
+
+
+def _load_recording_cached(path: str, study_name: str | None):
+    """`_load_recording` of a study database file through a cache under the tuner cache dir, keyed by the file's
+    bytes (with its SQLite write-ahead log, which readers see too) and the study's name: reading a recording
+    through Optuna costs most of a second (its storage's schema checks, every trial's attributes), the cached
+    JSON a few milliseconds. Kernel Tuner caches are JSON already and are read directly."""
+    import hashlib
+
+    from tuner import kt
+    from tuner.compile import cache_dir
+    from tuner.files import atomic_write
+
+    if kt.is_cache_path(path):
+        return _load_recording(path, study_name)
+    digest = hashlib.sha256(f"{RECORDING_CACHE_VERSION}\0{study_name}\0".encode())
+    for part in (Path(path), Path(f"{path}-wal")):
+        try:
+            digest.update(part.read_bytes())
+        except FileNotFoundError:
+            digest.update(b"\0no file\0")
+        except OSError:
+            return _load_recording(path, study_name)
+    cached = cache_dir() / "recordings" / f"{digest.hexdigest()}.json"
+    try:
+        data = json.loads(cached.read_text())
+        return {k: (state, attrs) for k, (state, attrs) in data["records"].items()}, data["attrs"], data["params"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, or damaged: read the recording
+    records, attrs, names = _load_recording(path, study_name)
+    try:
+        atomic_write(cached, json.dumps({"records": records, "attrs": attrs, "params": names}), make_parents=True)
+    except InputError:  # a cache dir that cannot be written: read the recording again next time
+        pass
+    return records, attrs, names
 
 
 def _load_recording(
