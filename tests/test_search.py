@@ -448,3 +448,15 @@ def test_a_recording_is_read_once_then_from_the_cache(tmp_path, monkeypatch):
     other = replay.load_recording(str(path))
     assert other[0] != first[0]
     assert len(sorted((compile_mod.cache_dir() / "recordings").glob("*.json"))) == 2
+
+
+def test_a_recorded_subset_is_never_answered_from_the_full_spaces_cache():
+    from tuner.replay import recorded_subspace
+
+    space = space_mod.load(SPACE)
+    problem = space.problem()
+    full = valid_index(space, problem)
+    subset = recorded_subspace(space, load_records(str(RECORDING.with_name("transpose_h200_tpe40.db"))), problem)
+    index = valid_index(subset, problem)
+    assert [index.config(i) for i in range(len(index))] == list(subset.enumerate(problem))
+    assert 0 < len(index) < len(full)

@@ -183,9 +183,9 @@ class ValidIndex:
 
 
 def index_key(space: SearchSpace, problem: Problem, budget: int) -> str:
-    """What a space's valid set depends on: the space file's text, the problem's sizes and dtype with the GPU
-    facts expressions see (`Problem.expression_env`), the walk's budget, and the code that reads and evaluates
-    spaces. Any change is a miss."""
+    """What a space's valid set depends on: the space file's text and its params' values (as loaded), the
+    problem's sizes and dtype with the GPU facts expressions see (`Problem.expression_env`), the walk's budget, and
+    the code that reads and evaluates spaces. Any change is a miss."""
     import tuner
 
     here = Path(tuner.__file__).parent
@@ -193,7 +193,8 @@ def index_key(space: SearchSpace, problem: Problem, budget: int) -> str:
     for module in ("space.py", "expr.py", "gpu.py"):
         blob.update((here / module).read_bytes())
     blob.update(space.text.encode())
-    blob.update(json.dumps({"env": problem.expression_env, "budget": budget}, sort_keys=True, default=str).encode())
+    facts = {"env": problem.expression_env, "budget": budget, "params": {n: list(v) for n, v in space.params.items()}}
+    blob.update(json.dumps(facts, sort_keys=True, default=repr).encode())
     return blob.hexdigest()
 
 
@@ -241,7 +242,8 @@ def _build_index(space: SearchSpace, problem: Problem, budget: int) -> ValidInde
 def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None) -> ValidIndex:
     """The valid set of `space` for `problem`, from the tuner cache dir when it was listed before; else listed
     now and stored (an atomic write under a per-key lock, so two processes list it once). A cache that cannot
-    be written is skipped."""
+    be written is skipped; a subclass of `SearchSpace` (which may narrow validity beyond its text) is listed
+    every time."""
     import numpy as np
 
     from tuner import space as space_mod
@@ -249,6 +251,8 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
     from tuner.files import atomic_write, locked
 
     budget = space_mod.WALK_BUDGET if budget is None else budget
+    if type(space) is not space_mod.SearchSpace:  # a subclass (a replay's recorded subset) decides validity itself
+        return _build_index(space, problem, budget)
     path = _index_path(index_key(space, problem, budget))
     if (hit := _read_index(space, path)) is not None:
         return hit
