@@ -975,7 +975,9 @@ class _Repair:
         #: whether the index is the whole valid set (else the space is too large to list, and the sampler alone
         #: finds valid configs)
         self.complete = index.complete
-        self.valid = index.rows  # value indices: "nearest" counts steps along each param's declared values
+        # Value indices, one contiguous column per param: "nearest" counts steps along each param's declared
+        # values, summed column by column (a few ms over GEMM's 268k configs, where a row-wise sum takes 13).
+        self.columns = [np.ascontiguousarray(index.rows[:, j]) for j in range(index.rows.shape[1])]
 
     def size(self) -> int:
         return len(self.index)
@@ -988,9 +990,11 @@ class _Repair:
 
         count = len(self.index)
         if self.use_nearest:
-            point = np.array(self.index.point(params), dtype=np.int16)
-            distance = np.abs(self.valid - point).sum(axis=1).astype(np.float64)
-            distance += self.rng.random(len(distance)) * 0.5  # seeded tie-break below one step
+            steps = np.zeros(count, dtype=np.int32)
+            for column, at in zip(self.columns, self.index.point(params), strict=True):
+                steps += np.abs(column - np.int16(at))
+            distance = steps.astype(np.float64)
+            distance += self.rng.random(count) * 0.5  # seeded tie-break below one step
         else:
             distance = self.rng.random(count)
         if not count:
