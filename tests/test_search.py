@@ -295,7 +295,7 @@ def test_tpe_replay_reaches_the_optimum_early(tmp_path, in_flight):
     assert fraction_of_optimum(study, 40) == 1.0
 
 
-GEMV_M64 = ROOT / "benchmarks" / "data" / "grid" / "gemv_m64.db.gz"
+GEMV_M64 = ROOT / "tests" / "data" / "gemv_m64_partial_h200.db.gz"  # see tests/data/README.md
 GEMV_M64_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_m64.yaml"
 
 
@@ -460,3 +460,40 @@ def test_a_recorded_subset_is_never_answered_from_the_full_spaces_cache():
     index = valid_index(subset, problem)
     assert [index.config(i) for i in range(len(index))] == list(subset.enumerate(problem))
     assert 0 < len(index) < len(full)
+
+
+KT_H200 = ROOT / "tests" / "data" / "kt" / "kt_transpose_h200.json"
+
+
+def test_a_cache_kernel_tuner_itself_wrote_on_the_h200(tmp_path):
+    """tests/data/kt/kt_transpose_h200.json was written by Kernel Tuner 1.5.0 (its CuPy backend, brute force with
+    `answer`) over the transpose space on an H200: `import-kt` turns it into a space of its 45 configs and a
+    study replays it, each figure the one Kernel Tuner measured."""
+    data = json.loads(KT_H200.read_text())
+    assert data["device_name"] == "NVIDIA H200" and len(data["cache"]) == 45
+    space_file = tmp_path / "kt.yaml"
+    assert cli_main(["import-kt", str(KT_H200), "-o", str(space_file)]) == 0
+    imported = space_mod.load(space_file)
+    assert imported.count_valid() == 45
+    records = load_records(str(KT_H200))
+    assert len(records) == 45 and all(state == "COMPLETE" for state, _ in records.values())
+    url = f"sqlite:///{tmp_path}/kt.db"
+    driver = Driver(
+        StudyOptions(
+            kernel="kt",
+            space=str(space_file),
+            trials=50,
+            storage=url,
+            seed=0,
+            replay=str(KT_H200),
+            in_process=True,
+            progress=False,
+        )
+    )
+    summary = driver.run()
+    assert summary["trials"] == 45  # the study ends when the cache's configs are spent
+    study = optuna.load_study(study_name=summary["study"], storage=url)
+    fastest = min(float(e["time"]) for e in data["cache"].values())
+    measured = [t for t in study.trials if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    assert len(measured) == 45
+    assert min(t.user_attrs["median_ms"] for t in measured) == fastest

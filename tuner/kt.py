@@ -68,6 +68,15 @@ def read_cache(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _objective(data: dict[str, Any]) -> str:
+    """The cache's objective: a name (Kernel Tuner 0.4/1.0), or a list of names (1.5 writes ``["time"]``), of which
+    the first is the one it optimised."""
+    objective = data.get("objective") or "time"
+    if isinstance(objective, list):
+        objective = objective[0] if objective else "time"
+    return str(objective)
+
+
 def _failure(entry: dict[str, Any], objective: str) -> str | None:
     value = entry.get(objective, entry.get("time"))
     if isinstance(value, str):
@@ -86,7 +95,7 @@ def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[s
     from tuner.space import params_key
 
     keys = list(data["tune_params_keys"])
-    objective = data.get("objective") or "time"
+    objective = _objective(data)
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for cache_key, entry in data["cache"].items():
         if not isinstance(entry, dict) or any(k not in entry for k in keys):
@@ -181,7 +190,7 @@ def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
             raise InputError(f"tunable param {name!r} is not an identifier; the space cannot name it", source)
     values = {k: list(data["tune_params"][k]) for k in keys}
-    objective = data.get("objective") or "time"
+    objective = _objective(data)
     valid = set()
     for entry in data["cache"].values():
         if _failure(entry, objective) != "invalid":
