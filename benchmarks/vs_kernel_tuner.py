@@ -836,7 +836,8 @@ def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
         "",
         "- tuner: `tuner study --sampler grid` (the default local engine; compiles on CPUs while the GPU "
         "measures; every config verified on the GPU). Trials/GPU-min after start-up = measured / "
-        "((wall_s - cold_start_s) / 60), over the full wall_s alongside; wall_s starts in the driver, the process wall includes imports.",
+        "((wall_s - cold_start_s) / 60), over the full wall_s alongside; wall_s starts in the driver, the "
+        "process wall includes imports.",
         f"- kernel_tuner: `tune_kernel`, CuPy backend, brute force, {KT_ITERATIONS} iterations; 'answer' "
         "checks every config against numpy on the host, 'unverified' checks nothing. Trials/GPU-min = "
         "configs / (tune_kernel wall / 60).",
