@@ -497,3 +497,41 @@ def test_a_cache_kernel_tuner_itself_wrote_on_the_h200(tmp_path):
     measured = [t for t in study.trials if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
     assert len(measured) == 45
     assert min(t.user_attrs["median_ms"] for t in measured) == fastest
+
+
+def test_the_default_goes_out_before_the_wait_for_the_valid_set(tmp_path, monkeypatch):
+    """A new study submits the space default before it waits for the valid-set listing (seconds on a fresh
+    machine), and the listing's timing does not change what the sampler proposes."""
+    import threading
+
+    from tuner import replay as replay_mod
+    from tuner import search as search_mod
+
+    _, reference = run(tmp_path, trials=30, seed=5)
+    events: list[str] = []
+    release = threading.Event()
+    original_run, original_submit = search_mod.IndexBuild._run, replay_mod.ReplayPool.submit
+
+    def slow_listing(self):
+        release.wait(30)  # the listing finishes only once the default has been submitted
+        original_run(self)
+
+    def submit(self, number, params, budget_ms=25.0):
+        events.append("submit")
+        release.set()
+        return original_submit(self, number, params, budget_ms)
+
+    def result(self):
+        events.append("index")
+        self._thread.join()
+        assert self._result is not None
+        return self._result
+
+    monkeypatch.setattr(search_mod.IndexBuild, "_run", slow_listing)
+    monkeypatch.setattr(search_mod.IndexBuild, "result", result)
+    monkeypatch.setattr(replay_mod.ReplayPool, "submit", submit)
+    summary, study = run(tmp_path, trials=30, seed=5)
+    assert events[:2] == ["submit", "index"]
+    assert study.trials[0].params == reference.trials[0].params  # the space default, first
+    assert [t.params for t in study.trials] == [t.params for t in reference.trials]
+    assert summary["trials"] == 30

@@ -292,6 +292,10 @@ class IndexBuild:
         except BaseException as exc:  # re-raised in the caller's thread by `result`
             self._error = exc
 
+    def done(self) -> bool:
+        """Whether the listing has finished (`result` would not wait)."""
+        return not self._thread.is_alive()
+
     def result(self) -> ValidIndex:
         self._thread.join()
         if self._error is not None:

@@ -610,21 +610,32 @@ class Driver:
                     fast.enqueue_trial(self.codec.encode(params))
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             target = min(target, counted + grid_left)
-        else:
-            # Random search draws its replacements uniformly too: the nearest config would skew it towards the
-            # edges of the valid set.
+
+        def take_index() -> None:
+            """Wait for the valid set (listed in the background, or read from the cache), then set up the repair
+            and cap the target at the configs left to evaluate."""
+            nonlocal repair, target, index_wait_s
             t_index = time.perf_counter()
             assert index_build is not None
             index = index_build.result()
             if index_build.problem.expression_env != self.problem.expression_env:  # another GPU: list it for this
                 index = valid_index(self.space, self.problem)
             index_wait_s = time.perf_counter() - t_index
+            # Random search draws its replacements uniformly too: the nearest config would skew it towards the
+            # edges of the valid set.
             repair = _Repair(index, self.opts.seed, nearest=self.opts.repair and self.opts.sampler != "random")
             if repair.complete:
                 # Proposals that cannot be measured do not count: the study ends when the valid set is spent.
                 unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if repair.contains(k))
                 target = min(target, counted + unexplored)
 
+        # A new study's first config is the space default, enqueued above: it needs no repair, so it goes out
+        # before the wait for the valid set, whose listing (seconds on a fresh machine) then overlaps its
+        # measurement. The sampler's proposals are the same either way.
+        index_pending = self.opts.sampler != "grid"
+        if index_pending and (past or index_build is None or index_build.done()):
+            take_index()
+            index_pending = False
         if mirror is None:
             mirror = _InlineMirror(self._opened_storage(), study_id)
         self._setting_up = None
@@ -636,6 +647,7 @@ class Driver:
         progress = _Progress(self.opts.progress, target, counted, stats, where=_where(durable.study_name, self.url))
         first_result_at = None
         submitted = counted  # counted plus configs in flight
+        drawn = False  # a proposal has been drawn in this run
         # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
         loop_started = time.perf_counter()
         try:
@@ -644,6 +656,13 @@ class Driver:
                     if grid_left == 0 and pool.in_flight == 0:
                         break  # every queued config is answered; a config that did not count is not re-drawn
                     while submitted < target and pool.in_flight < pool.capacity and grid_left != 0:
+                        if index_pending and drawn:
+                            take_index()  # the default is out; later proposals may need the repair
+                            index_pending = False
+                            progress.set_total(target)
+                            if submitted >= target:
+                                break
+                        drawn = True
                         if grid_left is not None:
                             grid_left -= 1
                         started = time.perf_counter()
@@ -672,6 +691,10 @@ class Driver:
                             submitted += 1
                             continue
                         # The proposal cannot be measured: measure the nearest unexplored valid config next.
+                        if index_pending:
+                            take_index()
+                            index_pending = False
+                            progress.set_total(target)
                         nearest = (
                             repair.nearest(params, set(measured) | set(failed) | set(running))
                             if repair is not None
@@ -1147,6 +1170,10 @@ class _Progress:
 
     def __exit__(self, *exc):
         self.bar.__exit__(*exc)
+
+    def set_total(self, total: int) -> None:
+        """The study's target, once the valid set has capped it."""
+        self.bar.update(self.task, total=total)
 
     def update(self, done: int) -> None:
         s = self.stats
