@@ -600,6 +600,7 @@ class Driver:
         repair = None
         grid_left: int | None = None  # grid: configs still queued; the study ends when they are spent
         index_wait_s = 0.0
+        index_pending = self.opts.sampler != "grid"  # the repair's valid set not yet taken (`take_index`)
         if self.opts.sampler == "grid":
             # Every valid config not yet evaluated, once (the interrupted ones are queued above already).
             done_keys = {params_key(t.params) for t in past if _counts(t)}
@@ -614,7 +615,8 @@ class Driver:
         def take_index() -> None:
             """Wait for the valid set (listed in the background, or read from the cache), then set up the repair
             and cap the target at the configs left to evaluate."""
-            nonlocal repair, target, index_wait_s
+            nonlocal repair, target, index_wait_s, index_pending
+            index_pending = False
             t_index = time.perf_counter()
             assert index_build is not None
             index = index_build.result()
@@ -632,10 +634,8 @@ class Driver:
         # A new study's first config is the space default, enqueued above: it needs no repair, so it goes out
         # before the wait for the valid set, whose listing (seconds on a fresh machine) then overlaps its
         # measurement. The sampler's proposals are the same either way.
-        index_pending = self.opts.sampler != "grid"
         if index_pending and (past or index_build is None or index_build.done()):
             take_index()
-            index_pending = False
         if mirror is None:
             mirror = _InlineMirror(self._opened_storage(), study_id)
         self._setting_up = None
@@ -658,7 +658,6 @@ class Driver:
                     while submitted < target and pool.in_flight < pool.capacity and grid_left != 0:
                         if index_pending and drawn:
                             take_index()  # the default is out; later proposals may need the repair
-                            index_pending = False
                             progress.set_total(target)
                             if submitted >= target:
                                 break
@@ -693,7 +692,6 @@ class Driver:
                         # The proposal cannot be measured: measure the nearest unexplored valid config next.
                         if index_pending:
                             take_index()
-                            index_pending = False
                             progress.set_total(target)
                         nearest = (
                             repair.nearest(params, set(measured) | set(failed) | set(running))
