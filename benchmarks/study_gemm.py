@@ -127,29 +127,22 @@ def main() -> int:
     import optuna
     import torch
 
-    from tuner import kernels
     from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.evaluate import evaluate_config
 
     study = optuna.load_study(study_name=summary["study"], storage=url)
     space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")
     problem = space.problem()
-    family = kernels.get("gemm")
     best = summary["best"]
     params = best["params"]
-    config = space.resolve(params, problem)
     ev = GpuEvaluator()
     info = ev.start()
-    compiled = compile_source(render(family, params, config, problem.env), ev.arch)
-    final = ev.evaluate(compiled, family, config, problem.env, budget_ms=500.0)
+    final = evaluate_config(space, params, problem, evaluator=ev, budget_ms=500.0)
     assert final.ok, final
     # The space's default (trial 0 of every new study), re-timed by the same protocol: the search must beat it.
     default_params = dict(space.default)
-    default_config = space.resolve(default_params, problem)
-    default_compiled = compile_source(render(family, default_params, default_config, problem.env), ev.arch)
-    default = ev.evaluate(default_compiled, family, default_config, problem.env, budget_ms=500.0)
+    default = evaluate_config(space, default_params, problem, evaluator=ev, budget_ms=500.0)
     assert default.ok, default
 
     torch.backends.cuda.matmul.allow_tf32 = False
