@@ -300,7 +300,7 @@ class FakeEvaluator:
     def start(self):
         return {"gpu": "fake", "arch": "sm_90", "ceiling_tbps": self.ceiling_tbps, "pid": os.getpid()}
 
-    def evaluate(self, compiled, family, config, problem, seed, budget_ms, min_reps):
+    def evaluate(self, compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms=None):
         mode = config["mode"]
         if mode == "hang":
             time.sleep(3600)

@@ -6,10 +6,12 @@ and implements the timing protocol of DESIGN.md once, for every caller:
 * correctness first: fresh random inputs (a fresh seed per check), outputs poisoned with NaN (all bytes 0xFF,
   a NaN in every IEEE float format), every launch of the config run, the outputs compared on the GPU with the
   family's reference: ``|out - ref| / max(|ref|, 1) <= tolerance`` element-wise, and any NaN fails;
-* timing: one warm-up, a first estimate from 3 repetitions, then enough repetitions for ``budget_ms`` of
-  timed work (at least ``min_reps``); before each repetition a write of a buffer twice the L2 size flushes L2,
-  outside the timed region; one CUDA event pair per repetition around all the config's launches, on one
-  stream; the median and p20/p80 are reported;
+* timing: one warm-up (the correctness launch serves as it), a first estimate from 3 repetitions, then enough
+  repetitions for ``budget_ms`` of timed work (at least ``min_reps``) — unless the estimate is already above
+  ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not a contender, and its
+  3-repetition median is figure enough to steer the search); before each repetition a write of a buffer twice
+  the L2 size flushes L2, outside the timed region; one CUDA event pair per repetition around all the config's
+  launches, on one stream; the median and p20/p80 are reported;
 * the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per GPU: the
   figure is kept in ``ceilings.json`` under the tuner cache dir, keyed by the GPU's UUID and name, the driver and
   the CuPy version (`ceiling_cache_key`), and reused while they hold (``tuner ceiling`` measures afresh);
@@ -212,11 +214,19 @@ def benchmark(
     max_reps: int = 10_000,
     flush: Callable[[], None] | None = None,
     sync: Callable[[], None] | None = None,
+    cutoff_ms: float | None = None,
+    warm: bool = False,
 ) -> Timing:
-    """The protocol around `time_launches`: one warm-up, an estimate from 3 repetitions, then the budget."""
-    run()
-    (sync or stream.synchronize)()
-    estimate = summarize(time_launches(run, stream=stream, reps=3, flush=flush, sync=sync)).median_ms
+    """The protocol around `time_launches`: one warm-up (skipped when `warm`: the caller has just run it), an
+    estimate from 3 repetitions, then the budget. When the estimate's median exceeds `cutoff_ms`, the estimate
+    is the result (3 repetitions) and the budget is not spent."""
+    if not warm:
+        run()
+        (sync or stream.synchronize)()
+    first = summarize(time_launches(run, stream=stream, reps=3, flush=flush, sync=sync))
+    if cutoff_ms is not None and first.median_ms > cutoff_ms:
+        return first
+    estimate = first.median_ms
     reps = repetitions(estimate, budget_ms, min_reps, max_reps)
     return summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync))
 
@@ -614,11 +624,13 @@ class GpuEvaluator:
         seed: int | None = None,
         budget_ms: float = 25.0,
         min_reps: int = 10,
+        cutoff_ms: float | None = None,
     ) -> Result:
-        """Check, then time one compiled config. `family` is a Family or a registered family's name;
-        `config` the resolved config (params + derived); `problem` a Problem or its env dict (sizes, dtype).
-        Returns a Measurement, LaunchFailed, WrongResult or TimedOut; raises EvaluatorPoisoned once a sticky
-        error has destroyed the context, and anything else that is a bug."""
+        """Check, then time one compiled config (`benchmark`'s protocol: `budget_ms`, `min_reps`, `cutoff_ms`).
+        `family` is a Family or a registered family's name; `config` the resolved config (params + derived);
+        `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed, WrongResult or
+        TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and anything else that
+        is a bug."""
         if self.poisoned:
             raise EvaluatorPoisoned(
                 f"GPU {self.gpu_index}: CUDA context lost earlier "
@@ -631,7 +643,7 @@ class GpuEvaluator:
         phase = ["load"]
         try:
             with self._device:
-                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, phase)
+                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase)
         except CUDA_ERRORS as exc:
             failure = cuda_failure(exc, phase[0])
             if failure is None:
@@ -649,7 +661,7 @@ class GpuEvaluator:
             return hung
 
     def _evaluate(
-        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, phase: list[str]
+        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase: list[str]
     ) -> Result:
         import cupy
 
@@ -800,6 +812,8 @@ class GpuEvaluator:
             max_reps=self.max_reps,
             flush=self._flush,
             sync=self._sync,
+            cutoff_ms=cutoff_ms,
+            warm=True,  # the correctness launch above ran every launch of the config once
         )
 
         seconds = timing.median_ms * 1e-3

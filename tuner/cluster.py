@@ -75,6 +75,7 @@ class Job:
     compiled: Any = None
     budget_ms: float = 25.0
     source: Any = None
+    screening: bool = True
 
 
 def _compile_task(source, arch):
@@ -123,10 +124,11 @@ class _GpuActor:
         seed: int | None = None,
         budget_ms: float = 25.0,
         min_reps: int = 10,
+        cutoff_ms: float | None = None,
     ) -> Result:
         started = time.perf_counter()
         try:
-            return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps)
+            return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
         finally:
             self.busy_s += time.perf_counter() - started
 
@@ -188,6 +190,8 @@ class Pool:
         self.slots = self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self.measures = bool(self.slots[0].info["measures"])
+        #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
+        self.cutoff_ms: float | None = None
         self.arch = arch or str(self.slots[0].info["arch"])
         self.compiling: dict[Any, Job] = {}
         self.ready: collections.deque[Job] = collections.deque()
@@ -235,10 +239,11 @@ class Pool:
     def in_flight(self) -> int:
         return len(self.compiling) + len(self.ready) + sum(len(s.queue) for s in self.slots)
 
-    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
-        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more)."""
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
+        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
+        screening job is timed under the pool's `cutoff_ms` as it stands when the job goes to its actor."""
         config = self.space.resolve(params, self.problem)
-        job = Job(number=number, params=params, config=config, budget_ms=budget_ms)
+        job = Job(number=number, params=params, config=config, budget_ms=budget_ms, screening=screening)
         if not self.measures:  # it answers without running the kernel: nothing to compile
             self.ready.append(job)
             return
@@ -311,7 +316,12 @@ class Pool:
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
                 ref = slot.actor.evaluate.remote(
-                    job.compiled, self.space.family_ref, job.config, self.problem.env, budget_ms=job.budget_ms
+                    job.compiled,
+                    self.space.family_ref,
+                    job.config,
+                    self.problem.env,
+                    budget_ms=job.budget_ms,
+                    cutoff_ms=self.cutoff_ms if job.screening else None,
                 )
                 if not slot.queue:
                     slot.head_started = time.perf_counter()

@@ -5,12 +5,15 @@ Four evaluators implement it with one signature: `tuner.bench.GpuEvaluator` (in-
 evaluator on one cluster GPU) and `tuner.replay.ReplayEvaluator` (answers from a recorded study). The study
 driver and `tuner.cluster.Pool` take any of them and never ask which.
 
-The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms, min_reps)``:
+The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)``:
 
 * `compiled` is the `tuner.compile.Compiled` of the config, or None for an evaluator whose `measures` is
   False (it answers without running anything, so nothing is compiled for it);
 * `family` is a `Family` or a registered family's name; `config` the resolved config (params + derived);
   `problem` a `Problem` or its env dict;
+* `budget_ms`, `min_reps` and `cutoff_ms` are the timing protocol's (`tuner.bench.benchmark`): a config whose
+  3-repetition estimate exceeds `cutoff_ms` is reported from those 3 repetitions; an evaluator that does not
+  time anything ignores them;
 * it returns a `Measurement` or a typed `Failure` for anything the config did (refused launch, wrong
   result, hang, ...); it raises only for a bug in our own code or a lost evaluator.
 
@@ -48,6 +51,7 @@ class Evaluator(Protocol):
         seed: int | None = None,
         budget_ms: float = 25.0,
         min_reps: int = 10,
+        cutoff_ms: float | None = None,
     ) -> Result: ...
 
     def close(self) -> None: ...

@@ -62,6 +62,7 @@ class _Job:
     budget_ms: float
     source: Any = None
     compiled: Any = None
+    screening: bool = True
 
 
 class _Gpu:
@@ -114,8 +115,10 @@ class _Gpu:
         try:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
             family = pool.space.family_ref or pool.family
+            # The cut-off is read now, not at submit: results that came in while the job waited count.
+            cutoff_ms = pool.cutoff_ms if job.screening else None
             result = self.evaluator.evaluate(
-                job.compiled, family, job.config, pool.problem.env, budget_ms=job.budget_ms
+                job.compiled, family, job.config, pool.problem.env, budget_ms=job.budget_ms, cutoff_ms=cutoff_ms
             )
         except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
             result = LaunchFailed(
@@ -164,6 +167,8 @@ class LocalPool:
         self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
         self._turn = 0
+        #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
+        self.cutoff_ms: float | None = None
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         self.startup: dict[str, Any] = {"engine": "local", "pool_start_s": round(time.perf_counter() - t0, 3)}
         self._t0 = t0
@@ -219,10 +224,11 @@ class LocalPool:
         if key not in self._prefetched:
             self._prefetched[key] = self._compiler.submit(_compile, source, arch)
 
-    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
-        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more)."""
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
+        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
+        screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job."""
         config = self.space.resolve(params, self.problem)
-        job = _Job(number=number, params=params, config=config, budget_ms=budget_ms)
+        job = _Job(number=number, params=params, config=config, budget_ms=budget_ms, screening=screening)
         self._queued += 1
         if not self.measures:  # it answers without running the kernel: nothing to compile
             self.ready.put(job)

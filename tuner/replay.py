@@ -74,6 +74,7 @@ class ReplayEvaluator:
         seed: int | None = None,
         budget_ms: float = 25.0,
         min_reps: int = 10,
+        cutoff_ms: float | None = None,
     ) -> Result:
         """The recorded result of the config whose params `config` holds (its derived values are ignored)."""
         if self.delay_s:
@@ -300,7 +301,7 @@ class ReplayPool:
     def in_flight(self) -> int:
         return len(self.queue)
 
-    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0) -> None:
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
         self.queue.append((number, params))
 
     def poll(self, timeout: float = 0.0) -> list[tuple[int, Result]]:

@@ -85,6 +85,10 @@ class StudyOptions:
     #: how many of the fastest configs to re-time with `final_budget_ms` at the end (not in replay)
     finalists: int = 5
     final_budget_ms: float = 300.0
+    #: multi-fidelity screening: a config whose 3-repetition estimate is over this many times the best median
+    #: so far is reported from those 3 repetitions and not timed further (`tuner.bench.benchmark`); its figure
+    #: steers the search, and the finalists are re-timed in full anyway. None: every config gets the budget
+    screen_cutoff: float | None = 1.25
     #: take the study over from a driver that holds its lease (see tuner.lease)
     takeover: bool = False
     #: what the sampler optimises: "first" = the space's first objective alone (throughput; the Pareto front of
@@ -648,6 +652,7 @@ class Driver:
         first_result_at = None
         submitted = counted  # counted plus configs in flight
         drawn = False  # a proposal has been drawn in this run
+        self._set_cutoff(pool, stats)  # a resumed study screens against its best so far from the start
         # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
         loop_started = time.perf_counter()
         try:
@@ -716,6 +721,7 @@ class Driver:
                         running.pop(key, None)
                         counted += self._tell(fast, mirror, trial, result, stats)
                         (measured if result.ok else failed)[key] = trial.number
+                        self._set_cutoff(pool, stats)
                         for dup in waiting.pop(key, []):
                             self._tell_duplicate(fast, mirror, dup, trial.number, stats)
                     progress.update(counted)
@@ -748,6 +754,8 @@ class Driver:
             "trials": counted,
             "measured_this_run": stats.measured,
             "duplicates_this_run": stats.duplicates,
+            # measured from the 3-repetition estimate alone: over `screen_cutoff` × the best so far
+            "cut_short_this_run": stats.cut_short,
             "failures_this_run": dict(stats.failures),
             # Proposals answered without evaluation (not counted as trials), by why.
             "screened_this_run": dict(stats.screened),
@@ -787,7 +795,7 @@ class Driver:
         if not top:
             return []
         for i, t in enumerate(top):
-            pool.submit(-1 - i, self.codec.decode(t.params), budget_ms=self.opts.final_budget_ms)
+            pool.submit(-1 - i, self.codec.decode(t.params), budget_ms=self.opts.final_budget_ms, screening=False)
         results: dict[int, Any] = {}
         while len(results) < len(top):
             for number, result in pool.poll():
@@ -825,6 +833,11 @@ class Driver:
         finalists.sort(key=lambda e: e.get(unit_key, -1.0), reverse=True)
         durable.set_user_attr(StudyAttr.FINALISTS, finalists)
         return finalists
+
+    def _set_cutoff(self, pool, stats: _Stats) -> None:
+        """Screen later configs against the best median so far (`StudyOptions.screen_cutoff`)."""
+        if self.opts.screen_cutoff and pool.measures and stats.best is not None:
+            pool.cutoff_ms = self.opts.screen_cutoff * stats.best["median_ms"]
 
     # -- telling ------------------------------------------------------------------------------------------------
     def _frozen(self, number: int):
@@ -1069,6 +1082,7 @@ class _Stats:
         self.duplicates = 0
         self.failures: Counter[str] = Counter()
         self.screened: Counter[str] = Counter()
+        self.cut_short = 0  # measurements cut off after the estimate (fewer than the protocol's 10 repetitions)
         self.best: dict[str, Any] | None = None
         for t in past:
             if t.state.name == "COMPLETE" and TrialAttr.DUPLICATE_OF not in t.user_attrs:
@@ -1095,6 +1109,7 @@ class _Stats:
 
     def add(self, number, params, result) -> None:
         self.measured += 1
+        self.cut_short += result.repetitions < 10
         self._consider(number, params, result.to_dict())
 
     def fail(self, kind: str) -> None:

@@ -15,7 +15,7 @@ over the pipe; what crosses is picklable by construction: the `Compiled` (cubin 
 family's *name* (or, for a family that is not registered, the Family object itself: its class must be
 importable by the child), the resolved config, the problem's env dict, the seed and the budget.
 
-    parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps)
+    parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
                      ("ceiling",)   ("stop",)
     child → parent   ("ready", info)   ("result", Result, exiting)   ("value", float)
                      ("error", type name, message, traceback)   — a bug in the child; it then exits
@@ -307,11 +307,13 @@ class IsolatedEvaluator:
         seed: int | None = None,
         budget_ms: float = 25.0,
         min_reps: int = 10,
+        cutoff_ms: float | None = None,
         timeout_s: float | None = None,
     ) -> Result:
         """GpuEvaluator.evaluate in the child, bounded by `timeout_s` (default: the instance's)."""
         problem_env = dict(getattr(problem, "env", problem))
-        message = ("evaluate", compiled, self._family_ref(family), dict(config), problem_env, seed, budget_ms, min_reps)
+        family_ref = self._family_ref(family)
+        message = ("evaluate", compiled, family_ref, dict(config), problem_env, seed, budget_ms, min_reps, cutoff_ms)
         reply = self._request(message, self.timeout_s if timeout_s is None else timeout_s)
         if not isinstance(reply, tuple):
             return reply

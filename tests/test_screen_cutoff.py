@@ -1,0 +1,98 @@
+"""Multi-fidelity screening: the study times a config in full only while it could be a contender.
+
+The real driver and local engine (real NVRTC compiles in threads) run over an evaluator that answers from the H200
+transpose recording (tests/data/README.md) but, like a GPU evaluator, `measures` (so configs are compiled, the
+cut-off applies and the finalists are re-timed) and honours `cutoff_ms` as `tuner.bench.benchmark` does: a config
+whose recorded time is over the cut-off comes back with the 3 repetitions of the estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+
+import pytest
+
+from tuner import limits, local
+from tuner.replay import ReplayEvaluator
+from tuner.study import Driver, StudyOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
+SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+
+
+class CutoffProbe(ReplayEvaluator):
+    """A recorded answer, cut short as the GPU evaluator would cut it; every call's cut-off is kept."""
+
+    measures = True
+    calls: list[tuple[str, float | None, float]] = []
+    lock = threading.Lock()
+
+    def evaluate(self, compiled, family, config, problem, seed=None, budget_ms=25.0, min_reps=10, cutoff_ms=None):
+        assert compiled is not None and compiled.ok  # a measuring evaluator gets the real cubin
+        result = super().evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
+        with self.lock:
+            self.calls.append((result.uri if result.ok else "", cutoff_ms, budget_ms))
+        if result.ok and cutoff_ms is not None and result.median_ms > cutoff_ms:
+            return dataclasses.replace(result, repetitions=3)
+        return result
+
+
+@pytest.fixture
+def probe(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    CutoffProbe.calls = []
+    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
+    monkeypatch.setattr(limits, "local_gpus", lambda: 1)  # the probe stands in for one GPU
+    return CutoffProbe
+
+
+def _study(tmp_path, **kw):
+    opts = dict(
+        kernel="transpose",
+        space=str(SPACE),
+        trials=30,
+        storage=f"sqlite:///{tmp_path / 'cut.db'}",
+        seed=0,
+        gpus=1,
+        progress=False,
+        finalists=3,
+    )
+    opts.update(kw)
+    return Driver(StudyOptions(**opts)).run()
+
+
+def test_configs_behind_the_best_are_cut_short_and_finalists_never(probe, tmp_path):
+    summary = _study(tmp_path)
+    screening, finals = probe.calls[:-3], probe.calls[-3:]
+    assert len(screening) == summary["trials"] == 30
+    # The space default goes out before anything is known: no cut-off.
+    assert screening[0][1] is None
+    cutoffs = [c for _, c, _ in screening if c is not None]
+    assert cutoffs and all(b <= a for a, b in zip(cutoffs, cutoffs[1:], strict=False))  # only tightens
+    # Each cut-off is 1.25x a median measured in this study, never below the study's best.
+    medians = {_median(probe, uri) for uri, _, _ in screening if uri}
+    assert all(any(c == pytest.approx(1.25 * m) for m in medians) for c in set(cutoffs))
+    assert min(cutoffs) >= 1.25 * summary["best"]["screening"]["median_ms"] * (1 - 1e-9)
+    assert summary["cut_short_this_run"] > 0
+    assert summary["cut_short_this_run"] == sum(
+        1 for uri, c, _ in screening if c is not None and _median(probe, uri) > c
+    )
+    # The finalists are timed in full, with the long budget.
+    assert all(c is None and budget == 300.0 for _, c, budget in finals)
+
+
+def test_cutoff_off_times_every_config_in_full(probe, tmp_path):
+    summary = _study(tmp_path, screen_cutoff=None)
+    assert all(c is None for _, c, _ in probe.calls)
+    assert summary["cut_short_this_run"] == 0
+
+
+def _median(probe, uri: str) -> float:
+    replay = ReplayEvaluator(RECORDING)
+    for _, attrs in replay.records.values():
+        if attrs.get("uri") == uri:
+            return attrs["median_ms"]
+    raise KeyError(uri)
