@@ -98,6 +98,11 @@ def main() -> int:
                 "gpu_busy_fraction": summary["gpu_busy_fraction"],
                 "writer_flush_s": summary.get("writer_flush_s"),
                 "writer": summary.get("writer"),
+                "trials": summary["trials"],
+                "cut_short": summary.get("cut_short_this_run"),
+                "screened": summary.get("screened_this_run"),
+                "sampler_ms_per_proposal": summary.get("sampler_ms_per_proposal"),
+                "best_screening_tflops": (summary.get("best") or {}).get("tflops"),
             }
         )
         print(

@@ -88,7 +88,7 @@ class StudyOptions:
     #: multi-fidelity screening: a config whose 3-repetition estimate is over this many times the best median
     #: so far is reported from those 3 repetitions and not timed further (`tuner.bench.benchmark`); its figure
     #: steers the search, and the finalists are re-timed in full anyway. None: every config gets the budget
-    screen_cutoff: float | None = 1.25
+    screen_cutoff: float | None = 1.1
     #: take the study over from a driver that holds its lease (see tuner.lease)
     takeover: bool = False
     #: what the sampler optimises: "first" = the space's first objective alone (throughput; the Pareto front of
