@@ -31,6 +31,7 @@ def evaluate_config(
     *,
     budget_ms: float = 25.0,
     min_reps: int = 10,
+    cutoff_ms: float | None = None,
     seed: int | None = None,
     family: Family | None = None,
     env: jinja2.Environment | None = None,
@@ -70,7 +71,14 @@ def evaluate_config(
         if not compiled.ok:
             return compiled
         return evaluator.evaluate(
-            compiled, family, resolved, problem.env, seed=seed, budget_ms=budget_ms, min_reps=min_reps
+            compiled,
+            family,
+            resolved,
+            problem.env,
+            seed=seed,
+            budget_ms=budget_ms,
+            min_reps=min_reps,
+            cutoff_ms=cutoff_ms,
         )
     finally:
         if owned:
