@@ -302,3 +302,98 @@ class IndexBuild:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# proposals inside the valid set
+
+
+class ValidSetSampler:
+    """An Optuna sampler that proposes only valid configs not yet explored, around any base sampler.
+
+    Until `attach` hands it the valid set (a fresh machine lists it in the background) it is the base sampler,
+    and the driver screens and repairs what the base proposes. Attached:
+
+    - when the base proposes a whole config (TPE after its start-up trials, NSGA-II's children, GP, CMA-ES), a
+      valid, unexplored proposal is taken as it is; otherwise the base is asked again (its RNG moves on) up to
+      `retries` times, then the nearest unexplored valid config of the last proposal is taken (the driver's
+      repair, `nearest`);
+    - when the base proposes nothing (TPE's start-up trials, the random sampler, NSGA-II's first generation),
+      a uniform draw among the unexplored valid configs (`draw`): random search is then uniform sampling without
+      replacement over the valid set;
+    - its relative search space is the whole space from the first trial on, so even proposals made while
+      nothing has completed are drawn inside the valid set.
+
+    Screened proposals never reach the study, so the base learns only from evaluated configs (and failures,
+    told as before). The contract of `repair`: ``contains(key)``, ``nearest(params, exclude)`` and
+    ``draw(exclude)`` (real-valued configs, None when nothing is left); `explored()` gives the keys
+    (`space.params_key`) of the configs measured, failed or in flight. It implements the public methods of
+    `optuna.samplers.BaseSampler` and calls only those of the base (duck-typed: importing this module does not
+    import Optuna).
+    """
+
+    def __init__(self, base, codec: Codec, retries: int = 0):
+        self.base, self.codec, self.retries = base, codec, retries
+        self._repair: Any = None
+        self._explored: Any = None
+        self._single = {n: d.to_external_repr(0) for n, d in codec.sampler_dists.items() if d.single()}
+        self._varied = set(codec.sampler_dists) - set(self._single)
+        #: trial number → the base's own relative search space (inferred once per trial)
+        self._base_space: dict[int, dict[str, Any]] = {}
+
+    def attach(self, repair, explored) -> None:
+        """Start proposing inside the valid set of `repair` (a complete one), skipping `explored()`."""
+        self._repair, self._explored = repair, explored
+
+    @property
+    def attached(self) -> bool:
+        return self._repair is not None
+
+    def __str__(self) -> str:
+        return f"ValidSetSampler({self.base})"
+
+    # -- BaseSampler --------------------------------------------------------------------------------------------
+    def infer_relative_search_space(self, study, trial) -> dict[str, Any]:
+        base_space = self.base.infer_relative_search_space(study, trial)
+        if not self.attached:
+            return base_space
+        self._base_space = {trial.number: base_space}
+        # Every param is sampled here (a whole valid config), so every param must be in the relative space.
+        return dict(self.codec.sampler_dists)
+
+    def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
+        from tuner.space import params_key
+
+        if not self.attached:
+            return self.base.sample_relative(study, trial, search_space)
+        base_space = self._base_space.pop(trial.number, None)
+        if base_space is None:
+            base_space = self.base.infer_relative_search_space(study, trial)
+        exclude = set(self._explored())
+        proposal: dict[str, Any] = {}
+        for _ in range(1 + self.retries):
+            sampled = self.base.sample_relative(study, trial, base_space) if base_space else {}
+            if not self._varied <= set(sampled):
+                break  # the base proposes nothing whole (start-up, random): drawn uniformly below
+            # A param of one value is never in a base's relative space (Optuna suggests it directly).
+            sampled = {**self._single, **sampled}
+            proposal = self.codec.decode(sampled)
+            key = params_key(proposal)
+            if key not in exclude and self._repair.contains(key):
+                return sampled
+        chosen = self._repair.nearest(proposal, exclude) if proposal else self._repair.draw(exclude)
+        if chosen is None:  # nothing unexplored is left: the driver's screen answers the base's proposal
+            return self.base.sample_relative(study, trial, base_space) if base_space else {}
+        return self.codec.encode(chosen)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()

@@ -37,7 +37,7 @@ from tuner.evaluator import EvaluatorFactory
 from tuner.gpu import GpuFacts
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
-from tuner.search import Codec, IndexBuild, ValidIndex, valid_index, worst_values
+from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
 from tuner.space import params_key
 
 if TYPE_CHECKING:
@@ -76,6 +76,10 @@ class StudyOptions:
     repair: bool = True
     #: numeric params as ordered (index) distributions for the sampler (see `tuner.search.Codec`)
     ordered: bool = True
+    #: once the valid set is listed (and small enough to list), the sampler proposes only valid configs not yet
+    #: measured, failed or in flight (`tuner.search.ValidSetSampler`); False: every proposal is screened and
+    #: repaired by the driver instead
+    inside_valid_set: bool = True
     #: answer replayed configs in this process (no Ray, no writer process): `replay_in_flight` configs in flight
     in_process: bool = False
     replay_in_flight: int = 1
@@ -385,6 +389,8 @@ class Driver:
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
         self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
+        if opts.inside_valid_set and opts.sampler != "grid":
+            self.sampler = ValidSetSampler(self.sampler, self.codec)
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
@@ -602,6 +608,7 @@ class Driver:
             # must beat, and a floor under what it reports.
             fast.enqueue_trial(self.codec.encode(dict(self.space.default)))
         repair = None
+        running: dict[str, int] = {}  # params key → trial number in flight
         grid_left: int | None = None  # grid: configs still queued; the study ends when they are spent
         index_wait_s = 0.0
         index_pending = self.opts.sampler != "grid"  # the repair's valid set not yet taken (`take_index`)
@@ -634,6 +641,8 @@ class Driver:
                 # Proposals that cannot be measured do not count: the study ends when the valid set is spent.
                 unexplored = repair.size() - sum(1 for k in set(measured) | set(failed) if repair.contains(k))
                 target = min(target, counted + unexplored)
+                if isinstance(self.sampler, ValidSetSampler):
+                    self.sampler.attach(repair, lambda: measured.keys() | failed.keys() | running.keys())
 
         # A new study's first config is the space default, enqueued above: it needs no repair, so it goes out
         # before the wait for the valid set, whose listing (seconds on a fresh machine) then overlaps its
@@ -645,7 +654,6 @@ class Driver:
         self._setting_up = None
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
-        running: dict[str, int] = {}  # params key → trial number in flight
         waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
         stats = _Stats(self.family.throughput_unit, past)
         progress = _Progress(self.opts.progress, target, counted, stats, where=_where(durable.study_name, self.url))
@@ -1019,6 +1027,19 @@ class _Repair:
     def contains(self, key: str) -> bool:
         return self.index.row_of(key) is not None
 
+    def draw(self, exclude: set[str]) -> dict[str, Any] | None:
+        """A uniform draw among the valid configs not in `exclude` (keys), or None when none is left."""
+        count = len(self.index)
+        # A few rejection draws first: cheap while most of the set is unexplored (GEMM: 268k configs).
+        for _ in range(16):
+            if not count:
+                return None
+            row = int(self.rng.integers(count))
+            config = self.index.config(row)
+            if params_key(config) not in exclude:
+                return config
+        return self._pick(self.rng.random(count), exclude)
+
     def nearest(self, params: dict[str, Any], exclude: set[str]) -> dict[str, Any] | None:
         import numpy as np
 
@@ -1033,6 +1054,13 @@ class _Repair:
             distance = self.rng.random(count)
         if not count:
             return None
+        return self._pick(distance, exclude)
+
+    def _pick(self, distance, exclude: set[str]) -> dict[str, Any] | None:
+        """The config of least `distance` (one per row) whose key is not in `exclude`."""
+        import numpy as np
+
+        count = len(self.index)
         rows = {r for r in map(self.index.row_of, exclude) if r is not None}
         if len(exclude) < count // 2:
             k = min(4 * len(exclude) + 64, count)
