@@ -602,3 +602,10 @@ def test_screened_and_repaired_without_the_valid_set_sampler(tmp_path):
     summary, study = run(tmp_path, trials=60, inside_valid_set=False)
     assert summary["trials"] == 60
     assert sum(summary["screened_this_run"].values()) == sum("screened" in t.user_attrs for t in study.trials) > 0
+    # A repeat is answered from the first trial of its config, never measured again.
+    by_number = {t.number: t for t in study.trials}
+    dups = [t for t in study.trials if "duplicate_of" in t.user_attrs]
+    assert dups, "TPE re-proposes measured configs on a space of this size"
+    for t in dups:
+        first = by_number[t.user_attrs["duplicate_of"]]
+        assert t.params == first.params and t.values == first.values
