@@ -317,7 +317,8 @@ class ValidSetSampler:
     - when the base proposes a whole config (TPE after its start-up trials, NSGA-II's children, GP, CMA-ES), a
       valid, unexplored proposal is taken as it is; otherwise the base is asked again (its RNG moves on) up to
       `retries` times, then the nearest unexplored valid config of the last proposal is taken (the driver's
-      repair, `nearest`);
+      repair, `nearest`). By default there is no retry: on the recorded spaces two retries doubled TPE's time
+      per proposal and found nothing sooner;
     - when the base proposes nothing (TPE's start-up trials, the random sampler, NSGA-II's first generation),
       a uniform draw among the unexplored valid configs (`draw`): random search is then uniform sampling without
       replacement over the valid set;
