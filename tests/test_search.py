@@ -142,7 +142,12 @@ def test_a_failed_config_is_never_evaluated_again(tmp_path, inside_valid_set):
     (the path before the valid set is listed, or for a space too large to list), it is answered from its
     failure, never evaluated."""
     cache = _cache_with_failures(tmp_path)
-    summary, study = run(tmp_path, trials=150, replay=str(cache), sampler="tpe", inside_valid_set=inside_valid_set)
+    # Told its failures, TPE rarely proposes one again: at seed 1 it does once in 150 trials on the screened path
+    # (seeds 0 and 5 never do), which this test needs to see answered from the failure.
+    seed = 0 if inside_valid_set else 1
+    summary, study = run(
+        tmp_path, trials=150, replay=str(cache), sampler="tpe", inside_valid_set=inside_valid_set, seed=seed
+    )
     evaluated = Counter(params_key(t.params) for t in study.trials if "screened" not in t.user_attrs)
     assert max(evaluated.values()) == 1
     failed = {
