@@ -275,9 +275,13 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
 
 
 class IndexBuild:
-    """`valid_index` in a background thread, started at once: the driver starts it while its GPU workers start
-    and takes the result (`result`) when the study loop needs it. The listing holds the GIL in bursts, so it is
-    started where the driver's own thread mostly waits."""
+    """`valid_index`, started at once beside the driver's set-up; `result` takes it when the study loop needs it.
+
+    A space not listed before on this machine is listed in a child process (spawned, so it shares no GIL with the
+    driver: listing gemm.yaml is seconds of pure Python, which in a thread stretched the driver's own set-up on a
+    fresh machine by as much), which stores it in the tuner cache dir; the waiting thread then reads it from
+    there. A space the child cannot load as the driver did (an index key that differs, a subclass such as a
+    replay's recorded subset, a cache that cannot be written) is listed in the thread, as before."""
 
     def __init__(self, space: SearchSpace, problem: Problem):
         self.space, self.problem = space, problem
@@ -288,9 +292,30 @@ class IndexBuild:
 
     def _run(self) -> None:
         try:
+            self._list_in_child()
             self._result = valid_index(self.space, self.problem)
         except BaseException as exc:  # re-raised in the caller's thread by `result`
             self._error = exc
+
+    def _list_in_child(self) -> None:
+        """List the space in a spawned process when it is a plain space file whose index is not cached yet."""
+        from tuner import space as space_mod
+
+        if type(self.space) is not space_mod.SearchSpace:
+            return
+        key = index_key(self.space, self.problem, space_mod.WALK_BUDGET)
+        if _index_path(key).exists():
+            return
+        import multiprocessing as mp
+
+        child = mp.get_context("spawn").Process(
+            target=_list_into_cache,
+            args=(str(self.space.path), self.problem, key),
+            name="tuner-valid-index",
+            daemon=True,
+        )
+        child.start()
+        child.join()
 
     def done(self) -> bool:
         """Whether the listing has finished (`result` would not wait)."""
@@ -302,6 +327,19 @@ class IndexBuild:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+def _list_into_cache(path: str, problem: Problem, key: str) -> None:
+    """In a child process: load the space at `path` and store its valid set for `problem` in the cache, if its
+    index key is `key` (what the parent loaded). Any fault is left to the parent, which lists it itself."""
+    from tuner import space as space_mod
+
+    try:
+        space = space_mod.load(path)
+        if index_key(space, problem, space_mod.WALK_BUDGET) == key:
+            valid_index(space, problem)
+    except Exception:  # noqa: S110 - the parent finds no cached index and lists the space in its own thread
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------------
