@@ -27,7 +27,7 @@ import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tuner import kernels, limits
 from tuner import space as space_mod
@@ -394,7 +394,7 @@ class Driver:
         self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
-        self.sampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
+        self.sampler: BaseSampler | ValidSetSampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
         if opts.inside_valid_set and opts.sampler != "grid":
             self.sampler = ValidSetSampler(self.sampler, self.codec)
 
@@ -585,7 +585,10 @@ class Driver:
 
         memory = optuna.storages.InMemoryStorage()
         directions = [o.direction for o in self.objectives]
-        fast = optuna.create_study(storage=memory, directions=directions, sampler=self.sampler)
+        # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.search imports no
+        # Optuna), which Optuna, calling only those methods, accepts.
+        sampler = cast("BaseSampler", self.sampler)
+        fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
         self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
         measured: dict[str, int] = {}  # params key → the trial that measured it
         failed: dict[str, int] = {}  # params key → the trial whose evaluation failed (never evaluated again)
