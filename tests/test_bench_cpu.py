@@ -261,7 +261,7 @@ def test_evaluate_config_hands_the_compiled_config_to_the_evaluator(toy_space):
     assert family is FAMILY
     assert config == {"block": 128, "broken": False, "grid": 32}
     assert problem == {"n": 4096, "dtype": "float32", "elem_bytes": 4}
-    assert kwargs == {"seed": 5, "budget_ms": 50.0, "min_reps": 10}
+    assert kwargs == {"seed": 5, "budget_ms": 50.0, "min_reps": 10, "cutoff_ms": None}
 
 
 # ------------------------------------------------------------------------------------------------------------

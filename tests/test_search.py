@@ -49,6 +49,19 @@ def run(tmp_path, **kw):
     return summary, optuna.load_study(study_name=summary["study"], storage=driver.storage)
 
 
+def _gemv_m64(recording: Path, **kw):
+    """The default search over a GEMV M=64 recording's configs (`replay_recorded_only`), 100 evaluated, seed 0."""
+    return run(
+        None,
+        kernel="gemv",
+        space=str(GEMV_M64_SPACE),
+        trials=100,
+        replay=str(recording),
+        replay_recorded_only=True,
+        **kw,
+    )
+
+
 def fraction_of_optimum(study, evaluated: int) -> float:
     records = load_records(str(RECORDING))
     t_opt = min(a["median_ms"] for s, a in records.values() if s == "COMPLETE")
@@ -322,21 +335,7 @@ def test_replay_over_a_partial_recording_searches_the_recorded_subset():
     records = load_records(str(GEMV_M64))
     times = {k: a["median_ms"] for k, (s, a) in records.items() if s == "COMPLETE"}
     assert len(records) == 250
-    driver = Driver(
-        StudyOptions(
-            kernel="gemv",
-            space=str(GEMV_M64_SPACE),
-            trials=100,
-            storage=":memory:",
-            seed=0,
-            replay=str(GEMV_M64),
-            in_process=True,
-            progress=False,
-            replay_recorded_only=True,
-        )
-    )
-    summary = driver.run()
-    study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    summary, study = _gemv_m64(GEMV_M64)
     assert summary["trials"] == 100
     evaluated = [
         t for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number) if "screened" not in t.user_attrs
@@ -565,22 +564,7 @@ def test_a_sparse_space_is_searched_without_screened_proposals(in_flight):
     nothing has completed (8 in flight behind the default) are valid and distinct."""
     records = load_records(str(GEMV_M64_GRID))
     times = {k: a["median_ms"] for k, (s, a) in records.items() if s == "COMPLETE"}
-    driver = Driver(
-        StudyOptions(
-            kernel="gemv",
-            space=str(GEMV_M64_SPACE),
-            trials=100,
-            storage=":memory:",
-            seed=0,
-            replay=str(GEMV_M64_GRID),
-            in_process=True,
-            replay_in_flight=in_flight,
-            progress=False,
-            replay_recorded_only=True,
-        )
-    )
-    summary = driver.run()
-    study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    summary, study = _gemv_m64(GEMV_M64_GRID, replay_in_flight=in_flight)
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     screened = [t for t in trials if "screened" in t.user_attrs]
     assert summary["trials"] == 100
