@@ -175,6 +175,8 @@ derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile *
     ),
     ("replay-delay-negative", (*REPLAY, "--replay-delay", "-1"), {}, "--replay-delay"),
     ("replay-delay-nan", (*REPLAY, "--replay-delay", "nan"), {}, "--replay-delay"),
+    ("screen-cutoff-below-1", (*REPLAY, "--screen-cutoff", "0.9"), {}, "--screen-cutoff"),
+    ("screen-cutoff-word", (*REPLAY, "--screen-cutoff", "fast"), {}, "--screen-cutoff"),
     ("storage-in-memory", (*REPLAY, "--storage", "sqlite://"), {}, "in-memory"),
     ("storage-in-memory-named", (*REPLAY, "--storage", "sqlite:///:memory:"), {}, "in-memory"),
     ("check-arch-bogus", ("check", "copy", "--sample", "1", "--arch", "sm_bogus"), {}, "--arch sm_bogus"),

@@ -96,3 +96,19 @@ def _median(probe, uri: str) -> float:
         if attrs.get("uri") == uri:
             return attrs["median_ms"]
     raise KeyError(uri)
+
+
+def test_the_command_sets_the_cutoff(probe, tmp_path):
+    """`tuner study --screen-cutoff X` reaches the driver; `off` times every config in full."""
+    from tuner.cli import main
+
+    storage = f"sqlite:///{tmp_path / 'cli.db'}"
+    base = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
+    assert main([*base, "--storage", storage, "--screen-cutoff", "1.5"]) == 0
+    cutoffs = {c for _, c, budget in probe.calls if c is not None and budget == 25.0}
+    assert cutoffs and all(
+        any(c == pytest.approx(1.5 * _median(probe, u)) for u, _, _ in probe.calls if u) for c in cutoffs
+    )
+    probe.calls.clear()
+    assert main([*base, "--storage", storage + "2", "--screen-cutoff", "off"]) == 0
+    assert probe.calls and all(c is None for _, c, _ in probe.calls)

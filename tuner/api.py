@@ -148,6 +148,7 @@ def study(
     objectives: str = "first",
     repair: str = "nearest",
     ordered: bool = True,
+    screen_cutoff: float | None = 1.05,
     takeover: bool = False,
     progress: bool = False,
 ) -> StudyResult:
@@ -156,13 +157,16 @@ def study(
     keyword is the flag of that name: ``--replay-delay`` is `replay_delay`, ``--categorical`` is
     ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
     answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
-    "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all". Storage defaults to
+    "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
+    (`tuner.study.StudyOptions.screen_cutoff`) or None. Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
     from tuner.study import StudyOptions, run_study
 
     if repair not in ("nearest", "random"):
         raise InputError(f"repair {repair!r}: choose nearest or random")
+    if screen_cutoff is not None and not screen_cutoff > 1:
+        raise InputError(f"screen_cutoff {screen_cutoff!r}: a factor above 1, or None")
     if isinstance(space, SearchSpace):
         where, kernel = str(space.path), kernel or space.kernel
     else:
@@ -192,6 +196,7 @@ def study(
                 progress=progress,
                 repair=repair != "random",
                 ordered=ordered,
+                screen_cutoff=screen_cutoff,
                 in_process=in_process,
                 objectives=objectives,
                 engine=engine,

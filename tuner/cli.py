@@ -58,6 +58,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _screen_cutoff(text: str) -> float | None:
+    """--screen-cutoff: a factor above 1, or 0 / off for none."""
+    if text.strip().lower() in ("0", "off", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a factor above 1 or off, got {text!r}") from None
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"must be above 1 (or off), got {text}: below, even a new best is cut")
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # spaces / render / check
 
@@ -331,6 +344,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         objectives=args.objectives,
         repair=args.repair,
         ordered=not args.categorical,
+        screen_cutoff=args.screen_cutoff,
         takeover=args.takeover,
         progress=not args.json,
     ).summary
@@ -761,6 +775,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--categorical",
         action="store_true",
         help="show the sampler every param as categorical (default: numeric params are ordered)",
+    )
+    p.add_argument(
+        "--screen-cutoff",
+        type=_screen_cutoff,
+        default=1.05,
+        metavar="X",
+        help="stop timing a config after its 3-repetition estimate when that is over X times the best median "
+        "so far (default 1.05; off: every config gets the full budget)",
     )
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
