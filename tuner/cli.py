@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from tuner.errors import InputError
@@ -38,37 +39,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _number(text: str, expected: str, ok: Callable[[float], bool], must: str) -> float:
+    """A float flag's value; an ArgumentTypeError (argparse's one-line error, exit 2) unless `ok(value)`."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
     return value
+
+
+def _seconds(text: str) -> float:
+    return _number(text, "a number of seconds", lambda v: 0 <= v < float("inf"), "a finite number ≥ 0")
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+    return _number(text, "a positive number", lambda v: v > 0, "> 0")
 
 
 def _screen_cutoff(text: str) -> float | None:
     """--screen-cutoff: a factor above 1, or 0 / off for none."""
     if text.strip().lower() in ("0", "off", "none"):
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a factor above 1 or off, got {text!r}") from None
-    if not value > 1:
-        raise argparse.ArgumentTypeError(f"must be above 1 (or off), got {text}: below, even a new best is cut")
-    return value
+    return _number(text, "a factor above 1 or off", lambda v: v > 1, "above 1 (or off): below, even a new best is cut")
 
 
 # ---------------------------------------------------------------------------------------------------------------
