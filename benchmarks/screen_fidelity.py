@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with IsolatedEvaluator(gpu=0, timeout_s=60.0) as evaluator:
+        gpu = evaluator.start()["gpu"]  # the worker's GPU, named by the worker (started once; later calls reuse it)
         for c in configs:
             short = evaluate_config(space, c, problem, evaluator=evaluator, cutoff_ms=0.0)
             full = evaluate_config(space, c, problem, evaluator=evaluator)
@@ -91,21 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"screen_fidelity-{Path(args.space).stem}-{date}.json"
     command = "python benchmarks/screen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    gpu = evaluator_gpu(rows)
     path.write_text(json.dumps({"command": command, "date": date, "gpu": gpu, **summary, "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")
     return 0
-
-
-def evaluator_gpu(rows) -> str | None:
-    """The GPU's name, from the CuPy runtime of this process (the worker ran on GPU 0 of the same host)."""
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    except Exception:  # no GPU here (a dry run): nothing to name
-        return None
 
 
 if __name__ == "__main__":

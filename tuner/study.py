@@ -1039,10 +1039,10 @@ class _Repair:
     def draw(self, exclude: set[str]) -> dict[str, Any] | None:
         """A uniform draw among the valid configs not in `exclude` (keys), or None when none is left."""
         count = len(self.index)
+        if not count:
+            return None
         # A few rejection draws first: cheap while most of the set is unexplored (GEMM: 268k configs).
         for _ in range(16):
-            if not count:
-                return None
             row = int(self.rng.integers(count))
             config = self.index.config(row)
             if params_key(config) not in exclude:
