@@ -62,7 +62,9 @@ def _screen_cutoff(text: str) -> float | None:
     """--screen-cutoff: a factor above 1, or 0 / off for none."""
     if text.strip().lower() in ("0", "off", "none"):
         return None
-    return _number(text, "a factor above 1 or off", lambda v: v > 1, "above 1 or off (at 1 or below even a new best would be cut)")
+    return _number(
+        text, "a factor above 1 or off", lambda v: v > 1, "above 1 or off (at 1 or below even a new best would be cut)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
