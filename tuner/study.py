@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -89,6 +90,9 @@ class StudyOptions:
     #: how many of the fastest configs to re-time with `final_budget_ms` at the end (not in replay)
     finalists: int = 5
     final_budget_ms: float = 300.0
+    #: ... but no more than this many repetitions' worth of it (at the screening median): a median of 200
+    #: flushed launches is steady, and 300 ms of a 0.15 ms kernel would be ~2,000 of them, ~0.5 s each finalist
+    final_reps: int = 200
     #: multi-fidelity screening: a config whose 3-repetition estimate is over this many times the best median
     #: so far is reported from those 3 repetitions and not timed further (`tuner.bench.benchmark`); its figure
     #: steers the search, and the finalists are re-timed in full anyway. None: every config gets the budget
@@ -511,12 +515,22 @@ class Driver:
         pool = LocalPool(
             self.space, self.problem, factory, gpus=count, inline=bool(opts.replay) and not opts.replay_delay_s
         )
-        if not opts.replay and opts.sampler != "grid":
-            # The first config of a new study is the space's default: compile it while the GPU worker starts
-            # (for the usual arch; a GPU of another arch recompiles it).
+        if not opts.replay:
+            # Compile while the GPU worker starts (for the usual arch; a GPU of another arch recompiles): the
+            # worker's own kernels, then the first configs the study will submit — the space's default for a
+            # search, the first configs of the listing for a grid.
             from tuner.gpu import DEFAULT_ARCH
 
-            pool.prefetch(dict(self.space.default), DEFAULT_ARCH)
+            pool.prefetch_worker_kernels(DEFAULT_ARCH)
+            first = [dict(self.space.default)]
+            if opts.sampler == "grid":
+                walk = self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET)
+                try:
+                    first = list(itertools.islice(walk, pool.compile_slots))
+                except space_mod.WalkBudgetExceeded:  # the grid itself refuses such a space, with its message
+                    first = []
+            for params in first:
+                pool.prefetch(params, DEFAULT_ARCH)
         return pool
 
     # -- the loop -----------------------------------------------------------------------------------------------
@@ -745,6 +759,7 @@ class Driver:
             loop_end = time.perf_counter()
             busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
             finalists = self._retime_finalists(fast, pool, durable) if pool.measures else []
+            finalists_s = time.perf_counter() - loop_end
             wall = loop_end - self.t0
             started = loop_started
             gpus = pool.gpus
@@ -786,7 +801,11 @@ class Driver:
             "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3) if after_start > 0 else None,
             "after_start_s": round(after_start, 3),
             "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
+            "finalists_s": round(finalists_s, 3),
             "writer_flush_s": round(time.perf_counter() - flush_started, 3),
+            # What a user waits for, up to this summary: from the command's start (imports included) through the
+            # search, the finalists' re-timing and the writer's last commit. `wall_s` is the driver's loop alone.
+            "command_wall_s": round(_process_age(), 3),
             **({"writer": _writer_summary(writer, self.t0 - self.t_imports)} if writer else {}),
             "best": stats.best,
             "finalists": finalists,
@@ -812,7 +831,11 @@ class Driver:
         if not top:
             return []
         for i, t in enumerate(top):
-            pool.submit(-1 - i, self.codec.decode(t.params), budget_ms=self.opts.final_budget_ms, screening=False)
+            median_ms = t.user_attrs.get("median_ms")
+            budget_ms = self.opts.final_budget_ms
+            if median_ms:
+                budget_ms = min(budget_ms, self.opts.final_reps * float(median_ms))
+            pool.submit(-1 - i, self.codec.decode(t.params), budget_ms=budget_ms, screening=False)
         results: dict[int, Any] = {}
         while len(results) < len(top):
             for number, result in pool.poll():
