@@ -122,6 +122,64 @@ def test_hung_worker_times_out_and_is_replaced(space, tmp_path, monkeypatch):
         pool.close()
 
 
+def _settled(pool: LocalPool, n: int, limit_s: float = 60.0) -> None:
+    """Wait until `n` speculative evaluations have finished (measured or dropped)."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        done = [s for s in pool._speculations.values() if s.result is not None or s.dropped]
+        if len(done) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("speculative evaluations did not finish")
+
+
+def test_prefetched_configs_are_measured_before_they_are_asked_for_and_only_once(space, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    configs = list(space.enumerate())[:3]
+    pool = LocalPool(space, space.problem(), _child_factory(0.6), gpus=1, arch="sm_90")
+    try:
+        for params in configs[:2]:
+            pool.prefetch(params, "sm_90", evaluate=True)  # the GPU measures them while the driver sets up
+        pool.prefetch(configs[2], "sm_80", evaluate=True)  # compiled for another GPU: never measured here
+        _settled(pool, 3)
+        assert pool.poll(0.1) == []  # nothing reaches the driver until it asks
+        busy = pool.busy_seconds()
+        assert 1.1 < busy < 2.5  # two evaluations of 0.6 s, not three
+        started = time.time()
+        pool.submit(0, configs[0])
+        pool.submit(1, configs[1])
+        results = _drain(pool, 2)
+        assert time.time() - started < 0.5  # answered from what was measured, not measured again
+        assert all(r.ok for r in results.values()) and pool.busy_seconds() == busy
+        assert set(pool.built) == {0, 1} and set(pool.ran_on) == {0, 1}
+        # a finalist (another budget) and the config prefetched for another arch are measured afresh
+        pool.submit(2, configs[2])
+        pool.submit(3, configs[0], budget_ms=300.0, screening=False)
+        results = _drain(pool, 2)
+        assert all(r.ok for r in results.values()) and pool.busy_seconds() > busy + 1.1
+    finally:
+        pool.close()
+
+
+def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    params = list(space.enumerate())[0]
+    pool = LocalPool(space, space.problem(), _child_factory(1.0), gpus=1, arch="sm_90")
+    try:
+        pool.wait_ready()
+        pool.prefetch(params, "sm_90", evaluate=True)
+        deadline = time.time() + 30
+        while pool.busy_since is None and time.time() < deadline:
+            time.sleep(0.02)  # the GPU has taken it
+        pool.submit(0, params)
+        assert _drain(pool, 1)[0].ok
+        time.sleep(1.2)
+        assert pool.poll(0.1) == [] and pool.in_flight == 0  # once, not twice
+        assert 0.9 < pool.busy_seconds() < 1.9
+    finally:
+        pool.close()
+
+
 def test_a_worker_that_cannot_start_is_reported_by_wait_ready(space):
     def broken(gpu_index: int):
         return _Broken()

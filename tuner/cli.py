@@ -318,6 +318,14 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    if (args.engine in (None, "local") and not args.ray_address) and not (args.replay or args.in_process):
+        # The local engine will need every GPU worker: start their processes before the study's own imports and
+        # set-up (Optuna, the storage), which they overlap. A study refused meanwhile stops them on exit.
+        from tuner import limits
+        from tuner.local import launch_gpu_workers
+
+        available = limits.local_gpus() or 0
+        launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
     from tuner.api import study
 
     summary = study(

@@ -12,7 +12,11 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
   (context, flush buffer, ceiling) overlaps the driver's own start-up (storage, study, sampler); `wait_ready`
   joins them;
 * compiles run in a thread pool sized to this host's cores (NVRTC and ptxas release the GIL), and `prefetch`
-  starts a config's compile before the GPU worker is up (the first config of a study: its default);
+  starts a config's compile before the GPU worker is up (the first configs of a study: its default, or a grid's
+  first configs). With ``evaluate=True`` the GPU also measures a prefetched config as soon as it is up and idle,
+  while the driver is still opening the study; the driver's later `submit` of the same config (same source,
+  arch, budget) takes that result instead of measuring again. The GPU's work is the same either way: a
+  screening evaluation with the default budget, under the cut-off in force when it runs;
 * one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
   waits for the driver's loop; results come back through a queue that `poll` drains.
 """
@@ -33,7 +37,7 @@ from tuner.evaluator import Evaluator, EvaluatorFactory
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
 
-__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator", "launch_gpu_workers"]
 
 #: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
 QUEUE_DEPTH = 2
@@ -47,10 +51,32 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
-    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.worker)."""
+#: GPU workers whose processes `launch_gpu_workers` started ahead of the study, by GPU index
+_LAUNCHED: dict[int, Any] = {}
+
+
+def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
+    """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
+    thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
+    set-up. `isolated_gpu_evaluator` hands them out; ones never taken die with this process (daemons)."""
     from tuner.worker import IsolatedEvaluator
 
+    for gpu in range(count):
+        if gpu not in _LAUNCHED:
+            evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)
+            evaluator.launch()
+            _LAUNCHED[gpu] = evaluator
+
+
+def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
+    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.worker),
+    the one `launch_gpu_workers` started if there is one."""
+    from tuner.worker import IsolatedEvaluator
+
+    launched = _LAUNCHED.pop(gpu_index, None)
+    if launched is not None:
+        launched.timeout_s = timeout_s
+        return launched
     return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
 
 
@@ -63,6 +89,22 @@ class _Job:
     source: Any = None
     compiled: Any = None
     screening: bool = True
+    #: set for a job that `prefetch(..., evaluate=True)` queued ahead of the driver (its number is then -1)
+    speculation: _Speculation | None = None
+
+
+@dataclass
+class _Speculation:
+    """A prefetched config the GPU measures before the driver asks: `result` once measured, `claimed_by` the trial
+    number whose `submit` takes it (delivered as soon as both are known), `dropped` when it cannot be used."""
+
+    arch: str
+    budget_ms: float
+    result: Any = None
+    gpu_index: int | None = None
+    worker: dict[str, Any] | None = None
+    claimed_by: int | None = None
+    dropped: bool = False
 
 
 class _Gpu:
@@ -80,6 +122,11 @@ class _Gpu:
             self._start()
         else:
             self.thread.start()
+
+    @property
+    def arch(self) -> str | None:
+        """What this GPU runs (its worker's info), once started."""
+        return self.info.get("arch") if self.info else None
 
     def worker(self) -> dict[str, Any]:
         """Who answers on this GPU now: host, pid (the child's, for a GPU worker) and node ("local")."""
@@ -108,9 +155,15 @@ class _Gpu:
             self.run(job)
 
     def run(self, job: _Job) -> None:
-        """Evaluate one job and hand its result to the driver's queue."""
+        """Evaluate one job and hand its result to the driver's queue (a speculative one: to its claimant, or keep
+        it for the `submit` that claims it)."""
         pool = self.pool
+        if job.speculation is not None and (pool.closing or job.speculation.arch != (pool.arch_requested or self.arch)):
+            pool.speculated(job, None, self)  # compiled for another GPU (or closing): a submit compiles afresh
+            return
         started = time.perf_counter()
+        if pool.busy_since is None:
+            pool.busy_since = started
         pool.startup.setdefault("first_measure_start_s", _since_command(started))
         try:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
@@ -126,6 +179,9 @@ class _Gpu:
             )
         self.busy_s += time.perf_counter() - started
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
+        if job.speculation is not None:
+            pool.speculated(job, result, self)
+            return
         pool.ran_on[job.number] = self.index
         pool.ran_by[job.number] = self.worker()
         pool.done.put((job.number, result))
@@ -153,6 +209,7 @@ class LocalPool:
         self.space, self.problem = space, problem
         self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
         self._arch = arch
+        self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         t0 = time.perf_counter()
         self.compile_slots = compile_slots or host_cores()
         self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
@@ -169,6 +226,13 @@ class LocalPool:
         self._turn = 0
         #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
         self.cutoff_ms: float | None = None
+        #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by
+        #: (source text, arch); guarded by `_lock` (the GPU threads and the driver both change them)
+        self._speculations: dict[tuple[str, str], _Speculation] = {}
+        self._lock = threading.Lock()
+        #: when the first evaluation began (perf_counter): a GPU may measure before the driver's loop starts
+        self.busy_since: float | None = None
+        self.closing = False
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         self.startup: dict[str, Any] = {"engine": "local", "pool_start_s": round(time.perf_counter() - t0, 3)}
         self._t0 = t0
@@ -215,14 +279,68 @@ class LocalPool:
     def in_flight(self) -> int:
         return self._queued
 
-    def prefetch(self, params: dict[str, Any], arch: str) -> None:
+    def prefetch(self, params: dict[str, Any], arch: str, evaluate: bool = False, budget_ms: float = 25.0) -> None:
         """Start compiling `params` for `arch` now (before the GPU worker says what its arch is); a later
-        `submit` of the same source and arch takes this compile's result instead of starting another."""
+        `submit` of the same source and arch takes this compile's result instead of starting another. With
+        `evaluate`, a GPU also measures it (a screening job of `budget_ms`) once compiled and the GPU is idle, if
+        the GPU's arch is `arch`; a later `submit` of the same source, arch and budget takes that result."""
         config = self.space.resolve(params, self.problem)
         source = render(self.family, params, config, self.problem.env)
         key = (source.text, arch)
         if key not in self._prefetched:
             self._prefetched[key] = self._compiler.submit(_compile, source, arch)
+        if evaluate and self.measures_hint and key not in self._speculations:
+            speculation = _Speculation(arch=arch, budget_ms=budget_ms)
+            self._speculations[key] = speculation
+            job = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=source)
+            job.speculation = speculation
+            self._prefetched[key].add_done_callback(functools.partial(self._compiled_ahead, job))
+
+    def _compiled_ahead(self, job: _Job, future: Future) -> None:
+        """In a compile thread: queue a speculative job for the GPUs (after any job the driver has queued)."""
+        try:
+            result = future.result()
+        except Exception:  # the driver's submit of this config meets the same error and reports it
+            result = None
+        if result is None or not result.ok:
+            self.speculated(job, None, None)
+            return
+        job.compiled = result
+        self.ready.put(job)
+
+    def speculated(self, job: _Job, result: Result | None, gpu: _Gpu | None) -> None:
+        """A speculative job finished (`result`), or cannot be used (None): deliver it to the trial that claimed
+        it, or keep it for the claim to come."""
+        speculation = job.speculation
+        assert speculation is not None
+        with self._lock:
+            if result is None:
+                speculation.dropped = True
+            else:
+                speculation.result = result
+                speculation.gpu_index = gpu.index if gpu is not None else None
+                speculation.worker = gpu.worker() if gpu is not None else None
+            claimant = speculation.claimed_by
+        if claimant is not None:
+            self._deliver(claimant, job, speculation)
+
+    def _deliver(self, number: int, job: _Job, speculation: _Speculation) -> None:
+        """Hand a claimed speculation to trial `number`: its result, or (dropped) a fresh compile and evaluation."""
+        if speculation.dropped:
+            self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
+            return
+        if speculation.gpu_index is not None:
+            self.ran_on[number] = speculation.gpu_index
+        if speculation.worker is not None:
+            self.ran_by[number] = speculation.worker
+        if job.compiled is not None:
+            self.built[number] = (job.source, job.compiled)
+        self.done.put((number, speculation.result))
+
+    @property
+    def measures_hint(self) -> bool:
+        """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
+        return all(getattr(w.evaluator, "measures", True) for w in self._workers)
 
     def prefetch_worker_kernels(self, arch: str) -> None:
         """Compile the GPU worker's own kernels (`tuner.devicekernels`) for `arch` in this process now: the worker
@@ -242,6 +360,32 @@ class LocalPool:
             self.ready.put(job)
             return
         job.source = render(self.family, params, config, self.problem.env)
+        key = (job.source.text, self.arch)
+        speculation = self._speculations.get(key)
+        if speculation is not None and screening and speculation.budget_ms == budget_ms:
+            del self._speculations[key]
+            with self._lock:
+                speculation.claimed_by = number
+                settled = speculation.dropped or speculation.result is not None
+            if settled:
+                ahead = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
+                ahead.compiled = self._prefetched_result(key)
+                self._deliver(number, ahead, speculation)
+            else:
+                # The GPU thread delivers it when it finishes (built[] is filled from its job there).
+                pass
+            return
+        self._start_job(job)
+
+    def _prefetched_result(self, key: tuple[str, str]) -> Any:
+        """The compile result of a prefetched key, if it is done (None otherwise)."""
+        future = self._prefetched.get(key)
+        return future.result() if future is not None and future.done() and future.exception() is None else None
+
+    def _start_job(self, job: _Job) -> None:
+        """Compile `job` (or take its prefetched compile) and queue it for the GPUs."""
+        if job.source is None:
+            job.source = render(self.family, job.params, job.config, self.problem.env)
         future = self._prefetched.pop((job.source.text, self.arch), None)
         if future is None:
             future = self._compiler.submit(_compile, job.source, self.arch)
@@ -296,6 +440,7 @@ class LocalPool:
 
     def close(self) -> None:
         """Stop the GPU threads and their evaluators (a GPU worker's child exits)."""
+        self.closing = True  # speculative jobs still queued are dropped, not measured
         for _ in self._workers:
             self.ready.put(None)
         self._compiler.shutdown(wait=False, cancel_futures=True)

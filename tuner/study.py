@@ -526,12 +526,27 @@ class Driver:
             if opts.sampler == "grid":
                 walk = self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET)
                 try:
-                    first = list(itertools.islice(walk, pool.compile_slots))
+                    first = list(itertools.islice(walk, min(2 * pool.compile_slots, opts.trials)))
                 except space_mod.WalkBudgetExceeded:  # the grid itself refuses such a space, with its message
                     first = []
+            # A new study also measures them while it opens its storage (a GPU that is up has nothing else to do);
+            # a resumed one may have measured them already, so it only compiles.
+            new = self._new_storage()
             for params in first:
-                pool.prefetch(params, DEFAULT_ARCH)
+                pool.prefetch(params, DEFAULT_ARCH, evaluate=new)
         return pool
+
+    def _new_storage(self) -> bool:
+        """Whether the study's storage is a SQLite file that does not exist yet (or in memory): a new study."""
+        if self.url == ":memory:":
+            return True
+        from tuner.dbfiles import sqlite_path
+
+        try:
+            path = sqlite_path(self.url)
+        except InputError:  # refused with its message when the storage opens
+            return False
+        return path is not None and not path.exists()
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -778,6 +793,8 @@ class Driver:
             flush_started = time.perf_counter()
             writer = mirror.close()
         after_start = loop_end - started
+        # The GPUs may have measured before the loop started (configs prefetched while the study opened).
+        busy_window = loop_end - min(started, getattr(pool, "busy_since", None) or started)
         evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
         asked = len(fast.get_trials(deepcopy=False)) - len(past)
         summary = {
@@ -798,7 +815,7 @@ class Driver:
             "gpus": gpus,
             "startup": pool_startup,
             # Busy = inside a GPU worker's evaluate (launch, verify, time); compiling is CPU work elsewhere.
-            "gpu_busy_fraction": round(busy / (after_start * len(gpus)), 3) if after_start > 0 else None,
+            "gpu_busy_fraction": round(busy / (busy_window * len(gpus)), 3) if busy_window > 0 else None,
             "after_start_s": round(after_start, 3),
             "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
             "finalists_s": round(finalists_s, 3),

@@ -160,10 +160,11 @@ class IsolatedEvaluator:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
 
-    def start(self) -> dict[str, Any]:
-        """Start the child if none is running; return its info (GPU name, arch, ceiling, versions, ...)."""
-        if self.alive():
-            return self.info
+    def launch(self) -> None:
+        """Start the child's process if none is running, without waiting for it to set up (`start` waits): a
+        caller that knows early that it will need the GPU starts it before its own imports and set-up."""
+        if self._proc is not None and self._proc.is_alive():
+            return
         self._retire(wait_s=1.0)
         self._bury(wait_s=30.0)  # a retired child's context must be gone before a new one is made
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
@@ -179,6 +180,16 @@ class IsolatedEvaluator:
         if self._children:
             self.restarts += 1
         self._children += 1
+        self.info = {}
+
+    def start(self) -> dict[str, Any]:
+        """Start the child if none is running (or take the one `launch` started); wait until it is set up and
+        return its info (GPU name, arch, ceiling, versions, ...)."""
+        if self.info and self.alive():
+            return self.info
+        self.launch()
+        parent_conn = self._conn
+        assert parent_conn is not None
         who = f"GPU worker for GPU {self.gpu}"
         if not parent_conn.poll(self.start_timeout_s):
             self._retire(kill=True)
