@@ -88,6 +88,7 @@ def _write_in_one_transaction(storage: Any, study_id: int, trials: Sequence[Any]
     from optuna import distributions
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import insert
 
     with _create_scoped_session(storage.scoped_session) as session:
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
@@ -105,42 +106,53 @@ def _write_in_one_transaction(storage: Any, study_id: int, trials: Sequence[Any]
         session.add_all(rows)
         session.flush()  # the trial ids, for the rows below
         first = rows[0].count_past_trials(session)
-        children: list[Any] = []
+        # The other rows go in as one executemany per table (no primary keys read back, unlike ORM objects).
+        children: dict[Any, list[dict[str, Any]]] = {
+            models.TrialValueModel: [],
+            models.TrialParamModel: [],
+            models.TrialUserAttributeModel: [],
+            models.TrialSystemAttributeModel: [],
+            models.TrialIntermediateValueModel: [],
+        }
         for offset, (row, frozen) in enumerate(zip(rows, trials, strict=True)):
             row.number = first + offset
             trial_id = row.trial_id
             for objective, value in enumerate(frozen.values or ()):
                 stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
-                children.append(
-                    models.TrialValueModel(trial_id=trial_id, objective=objective, value=stored, value_type=value_type)
+                children[models.TrialValueModel].append(
+                    {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": value_type}
                 )
             for name, value in frozen.params.items():
                 distribution = frozen.distributions[name]
-                children.append(
-                    models.TrialParamModel(
-                        trial_id=trial_id,
-                        param_name=name,
-                        param_value=distribution.to_internal_repr(value),
-                        distribution_json=distributions.distribution_to_json(distribution),
-                    )
+                children[models.TrialParamModel].append(
+                    {
+                        "trial_id": trial_id,
+                        "param_name": name,
+                        "param_value": distribution.to_internal_repr(value),
+                        "distribution_json": distributions.distribution_to_json(distribution),
+                    }
                 )
             for key, value in frozen.user_attrs.items():
-                children.append(
-                    models.TrialUserAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value))
+                children[models.TrialUserAttributeModel].append(
+                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
                 )
             for key, value in frozen.system_attrs.items():
-                children.append(
-                    models.TrialSystemAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value))
+                children[models.TrialSystemAttributeModel].append(
+                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
                 )
             for step, value in frozen.intermediate_values.items():
                 stored, value_type = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
-                children.append(
-                    models.TrialIntermediateValueModel(
-                        trial_id=trial_id, step=step, intermediate_value=stored, intermediate_value_type=value_type
-                    )
+                children[models.TrialIntermediateValueModel].append(
+                    {
+                        "trial_id": trial_id,
+                        "step": step,
+                        "intermediate_value": stored,
+                        "intermediate_value_type": value_type,
+                    }
                 )
-        session.add_all(children)
-        session.flush()
+        for model, values in children.items():
+            if values:
+                session.execute(insert(model), values)
         return [row.trial_id for row in rows]
 
 
