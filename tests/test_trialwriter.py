@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from pathlib import Path
 
 import optuna
@@ -201,3 +202,37 @@ def test_the_writer_process_mirrors_a_replay_study_exactly(tmp_path):
     sent = [driver.codec.record(driver._frozen(n)) for n in range(len(durable))]
     assert len(durable) >= 40
     assert [fields(t) for t in durable] == [fields(t) for t in sent]
+
+
+def test_the_writer_process_writes_a_late_trial_running_then_completes_it(tmp_path):
+    """A trial still running after `WRITER_HOLD_S` is written RUNNING, with the finished trials behind it in ask
+    order, and completed by its finish; a finished trial is written in one go with its neighbours."""
+    from tuner.study import _Mirror
+
+    url, storage, study_id = new_study(tmp_path, "m", 3)
+    trials = varied(3)
+    running = frozen(TrialState.RUNNING, None, 0, user_attrs={"tbps": None})
+    mirror = _Mirror(url, study_id)
+    mirror.start(0, running)
+    mirror.start(1, trials[5])
+    mirror.finish(1, trials[1])
+    deadline = time.monotonic() + 30  # the spawned writer imports Optuna first, then holds trial 0 for a while
+    while not optuna.load_study(study_name="s", storage=url).trials and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # a writer that wrote trial 0 alone would have written trial 1 by now
+    # trial 0 is written RUNNING once held WRITER_HOLD_S, and trial 1 behind it, in the same pass
+    assert [t.state for t in optuna.load_study(study_name="s", storage=url).trials] == [
+        TrialState.RUNNING,
+        TrialState.COMPLETE,
+    ]
+    mirror.finish(0, trials[0])
+    mirror.start(2, trials[5])
+    mirror.finish(2, trials[2])
+    stats = mirror.close(timeout=30)
+    assert stats["trials"] == 3
+    got = loaded(url)
+    assert [t["number"] for t in got] == [0, 1, 2]
+    assert got[0]["state"] == TrialState.COMPLETE and got[0]["values"] == trials[0].values
+    assert got[0]["user_attrs"] == trials[0].user_attrs and got[0]["system_attrs"] == trials[0].system_attrs
+    assert got[1] == fields(trials[1]) | {"number": 1}
+    assert got[2] == fields(trials[2]) | {"number": 2}
