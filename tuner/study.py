@@ -196,7 +196,8 @@ WRITER_HOLD_S = 1.0
 
 def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
     """Mirror trials into durable storage in ask order. A trial whose result comes within `WRITER_HOLD_S` of its
-    start is one insert; one still running then is written RUNNING and completed by its finish. Exits when the
+    start is written finished; one still running then is written RUNNING and completed by its finish. The trials
+    due in one pass of the loop are written together, in one transaction (`tuner.trialwriter`). Exits when the
     driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
     recovered on the rerun). The first message names the study ("study", id): the writer is started early, to
     import while the driver sets up, and opens the storage only once the driver has created it."""
@@ -211,6 +212,7 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
     import sqlalchemy.orm  # noqa: F401
 
     from tuner.lease import get_unless_orphaned
+    from tuner.trialwriter import TrialWriter
 
     first = get_unless_orphaned(inbox, parent)
     if first is None or first[0] != "study":
@@ -218,6 +220,7 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
     study_id = first[1]
     bound_at = time.time()
     storage = open_storage(url)
+    writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
     # what the driver's summary reports of the writer (epoch seconds; the driver makes them relative)
     stats: dict[str, Any] = {"bound_at": bound_at, "opened_at": time.time(), "trials": 0, "write_s": 0.0}
     trial_ids: dict[int, int] = {}
@@ -255,15 +258,19 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
                     storage.set_trial_system_attr(trial_id, key, value)
                 storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
                 stats["write_s"] += time.perf_counter() - started
+        ready: list[tuple[int, Any]] = []  # written in this pass, in ask order, in one transaction
         while held:
             number, (frozen, since) = next(iter(held.items()))
             if number not in finals and not stop and now - since < WRITER_HOLD_S:
                 break  # later trials wait behind it: numbers must agree with the driver's
             del held[number]
+            ready.append((number, finals.pop(number, frozen)))
+        if ready:
             started = time.perf_counter()
-            trial_ids[number] = storage.create_new_trial(study_id, template_trial=finals.pop(number, frozen))
+            ids = writer.write(study_id, [frozen for _, frozen in ready])
+            trial_ids.update(zip((number for number, _ in ready), ids, strict=True))
             stats["write_s"] += time.perf_counter() - started
-            stats["trials"] += 1
+            stats["trials"] += len(ready)
             stats.setdefault("first_write_at", time.time())
     storage.engine.dispose()  # closes the database (SQLite folds its write-ahead log back in)
     stats["done_at"] = time.time()

@@ -1,0 +1,175 @@
+"""Writing trials into an Optuna RDB study in bulk: a list of trials in one transaction.
+
+Optuna's public API writes one trial at a time: `RDBStorage.create_new_trial(study_id, template_trial=...)`
+issues about three statements per attribute (a SELECT of the trial, the check that it is still updatable, the
+INSERT), 81 for a trial of this tuner's 27 user attributes, 25-50 ms each on SQLite; `Study.add_trials` loops
+over it. `TrialWriter.write` writes a whole list in one session and one commit: one INSERT per trial row (its
+id is read back) and about a dozen statements besides, whatever the list's length (the other rows go in as one
+executemany per table; benchmarks/bulk_writer.py). It builds the rows with the storage's own SQLAlchemy models
+(`optuna.storages._rdb.models`) and encodings (`json.dumps` for attributes, `distribution_to_json` and
+`to_internal_repr` for params, `TrialValueModel.value_to_stored_repr` for values), so that the rows are the ones
+`create_new_trial` would write.
+
+Those models are private to Optuna. The bulk path is taken only when the database's schema is the one the
+installed models describe (its alembic revision is Optuna's head) and the installed Optuna is a release this
+module was tested with (`TESTED_OPTUNA`); otherwise each trial goes through `create_new_trial`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+#: Optuna releases (major, minor) whose RDB models this module was checked against, field by field, by
+#: tests/test_trialwriter.py
+TESTED_OPTUNA = frozenset({(5, 0)})
+
+#: how often a transaction that fails in the database (SQLite busy, a deadlock elsewhere) is tried, as Optuna
+#: tries `create_new_trial`
+_ATTEMPTS = 5
+
+
+def optuna_release() -> tuple[int, int]:
+    """The installed Optuna's (major, minor)."""
+    import optuna
+
+    major, minor = optuna.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+class TrialWriter:
+    """Writes trials (`optuna.trial.FrozenTrial`s of any state) into the studies of one `RDBStorage`.
+
+    `bulk` says which path `write` takes, decided once, when the writer is made: True when the storage's schema
+    revision is the installed Optuna's head and that Optuna's release is in `TESTED_OPTUNA`."""
+
+    def __init__(self, storage: Any):
+        self.storage = storage
+        self.bulk = bulk_supported(storage)
+
+    def write(self, study_id: int, trials: Sequence[Any]) -> list[int]:
+        """Append `trials` to study `study_id`, in order, numbered on from the study's existing trials; their
+        trial ids, in order. The bulk path writes all or nothing (one transaction); the fallback writes one
+        trial after another. A param whose distribution is incompatible with the one the study already records
+        for that name raises ValueError, as in `create_new_trial`."""
+        if not trials:
+            return []
+        if not self.bulk:
+            return [self.storage.create_new_trial(study_id, template_trial=t) for t in trials]
+        from optuna.exceptions import StorageInternalError
+
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                return _write_in_one_transaction(self.storage, study_id, trials)
+            except StorageInternalError:  # what Optuna makes of an OperationalError (busy, deadlock)
+                if attempt == _ATTEMPTS:
+                    raise
+                time.sleep(random.random() * 2.0)  # as Optuna waits before trying a trial again
+        raise AssertionError("unreachable")
+
+
+def bulk_supported(storage: Any) -> bool:
+    """Whether `storage` may be written by `_write_in_one_transaction`: an `RDBStorage` whose schema revision is
+    the installed Optuna's alembic head (the schema its models describe), under a tested Optuna release."""
+    from optuna.storages import RDBStorage
+
+    if not isinstance(storage, RDBStorage) or optuna_release() not in TESTED_OPTUNA:
+        return False
+    return storage.get_current_version() == storage.get_head_version()
+
+
+def _write_in_one_transaction(storage: Any, study_id: int, trials: Sequence[Any]) -> list[int]:
+    """The rows of `RDBStorage._get_prepared_new_trial` for each of `trials`, written in one session. The
+    study's row is locked first (FOR UPDATE where the database has it), as Optuna does, so that no other writer
+    numbers a trial of this study meanwhile; the trials are inserted before they are counted, so that on SQLite
+    the count is taken under the write lock the inserts hold."""
+    from optuna import distributions
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import insert
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        _check_distributions(session, models, distributions, study_id, trials)
+        rows = [
+            models.TrialModel(
+                study_id=study_id,
+                number=None,
+                state=frozen.state,
+                datetime_start=frozen.datetime_start,
+                datetime_complete=frozen.datetime_complete,
+            )
+            for frozen in trials
+        ]
+        session.add_all(rows)
+        session.flush()  # the trial ids, for the rows below
+        first = rows[0].count_past_trials(session)
+        # The other rows go in as one executemany per table (no primary keys read back, unlike ORM objects).
+        children: dict[Any, list[dict[str, Any]]] = {
+            models.TrialValueModel: [],
+            models.TrialParamModel: [],
+            models.TrialUserAttributeModel: [],
+            models.TrialSystemAttributeModel: [],
+            models.TrialIntermediateValueModel: [],
+        }
+        for offset, (row, frozen) in enumerate(zip(rows, trials, strict=True)):
+            row.number = first + offset
+            trial_id = row.trial_id
+            for objective, value in enumerate(frozen.values or ()):
+                stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
+                children[models.TrialValueModel].append(
+                    {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": value_type}
+                )
+            for name, value in frozen.params.items():
+                distribution = frozen.distributions[name]
+                children[models.TrialParamModel].append(
+                    {
+                        "trial_id": trial_id,
+                        "param_name": name,
+                        "param_value": distribution.to_internal_repr(value),
+                        "distribution_json": distributions.distribution_to_json(distribution),
+                    }
+                )
+            for key, value in frozen.user_attrs.items():
+                children[models.TrialUserAttributeModel].append(
+                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                )
+            for key, value in frozen.system_attrs.items():
+                children[models.TrialSystemAttributeModel].append(
+                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                )
+            for step, value in frozen.intermediate_values.items():
+                stored, step_type = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
+                children[models.TrialIntermediateValueModel].append(
+                    {
+                        "trial_id": trial_id,
+                        "step": step,
+                        "intermediate_value": stored,
+                        "intermediate_value_type": step_type,
+                    }
+                )
+        for model, values in children.items():
+            if values:
+                session.execute(insert(model), values)
+        return [int(row.trial_id) for row in rows]
+
+
+def _check_distributions(session, models, distributions, study_id: int, trials: Sequence[Any]) -> None:
+    """Raise ValueError where a param's distribution is incompatible with the one recorded first for that name
+    in the study, or in an earlier trial of `trials` (Optuna's check in `_set_trial_param_without_commit`)."""
+    seen: dict[str, Any] = {}
+    for frozen in trials:
+        for name, distribution in frozen.distributions.items():
+            if name not in seen:
+                record = (
+                    session.query(models.TrialParamModel)
+                    .join(models.TrialModel)
+                    .filter(models.TrialModel.study_id == study_id)
+                    .filter(models.TrialParamModel.param_name == name)
+                    .first()
+                )
+                seen[name] = distributions.json_to_distribution(record.distribution_json) if record else distribution
+            distributions.check_distribution_compatibility(seen[name], distribution)
