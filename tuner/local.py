@@ -115,6 +115,7 @@ class _Gpu:
         self.info: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.started_s: float | None = None
+        self.ready_at_s: float | None = None  # seconds from the command's start
         self.busy_s = 0.0
         self.up = threading.Event()  # set once start() returned or raised
         self.thread = threading.Thread(target=self._main, name=f"tuner-gpu{index}", daemon=True)
@@ -142,6 +143,7 @@ class _Gpu:
             return False
         finally:
             self.started_s = time.perf_counter() - t0
+            self.ready_at_s = _since_command(time.perf_counter())
             self.up.set()
         return True
 
@@ -234,7 +236,11 @@ class LocalPool:
         self.busy_since: float | None = None
         self.closing = False
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
-        self.startup: dict[str, Any] = {"engine": "local", "pool_start_s": round(time.perf_counter() - t0, 3)}
+        self.startup: dict[str, Any] = {
+            "engine": "local",
+            "pool_start_s": round(time.perf_counter() - t0, 3),
+            "pool_made_s": _since_command(t0),
+        }
         self._t0 = t0
         self._ready = False
         self.started = time.perf_counter()
@@ -254,6 +260,7 @@ class LocalPool:
         self._ready = True
         self.startup["gpu_workers_s"] = round(time.perf_counter() - self._t0, 3)
         self.startup["gpu_worker_start_s"] = [round(w.started_s or 0.0, 3) for w in self._workers]
+        self.startup["gpu_worker_ready_s"] = [w.ready_at_s for w in self._workers]
         self.started = time.perf_counter()
 
     @property
@@ -305,6 +312,7 @@ class LocalPool:
         if result is None or not result.ok:
             self.speculated(job, None, None)
             return
+        self.startup.setdefault("first_compile_done_s", _since_command(time.perf_counter()))
         job.compiled = result
         self.ready.put(job)
 

@@ -116,11 +116,11 @@ def default_storage(kernel: str) -> str:
 
 
 def open_storage(url: str) -> RDBStorage:
-    """An Optuna RDBStorage; SQLite gets WAL so the writer's commits stay cheap. Errors are InputErrors."""
+    """An Optuna RDBStorage; SQLite gets WAL from its first connection (`tuner.dbfiles.WalConnection`), so the
+    storage's creation and the writer's commits stay cheap. Errors are InputErrors."""
     import optuna
-    from sqlalchemy import event
 
-    from tuner.dbfiles import check_storage, create_storage
+    from tuner.dbfiles import check_storage, create_storage, sqlite_engine_kwargs
 
     path = check_storage(url)
     if path is not None:
@@ -130,20 +130,12 @@ def open_storage(url: str) -> RDBStorage:
             except OSError as exc:
                 raise InputError(f"--storage {url}: cannot create {path.parent}: {exc.strerror}") from None
     try:
-        storage = create_storage(lambda: optuna.storages.RDBStorage(url, heartbeat_interval=None))
+        storage = create_storage(
+            lambda: optuna.storages.RDBStorage(url, engine_kwargs=sqlite_engine_kwargs(url), heartbeat_interval=None)
+        )
     except Exception as exc:  # SQLAlchemy raises ArgumentError/OperationalError/...; all mean "cannot open"
         first = str(exc).strip().splitlines()[0][:200]
         raise InputError(f"--storage {url}: cannot open: {first}") from None
-    if url.startswith("sqlite"):
-
-        @event.listens_for(storage.engine, "connect")
-        def _pragmas(dbapi_conn, _record):
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        storage.engine.dispose()
     return storage
 
 
