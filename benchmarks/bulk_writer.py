@@ -1,14 +1,17 @@
 """Milliseconds per trial written into a fresh SQLite study: Optuna's `create_new_trial` per trial against
-`tuner.trialwriter.TrialWriter` in batches, for real trials (those of tests/data/transpose_h200.db, ~27 user
-attrs each), with the SQL statements each path issues. CPU only.
+`tuner.trialwriter.TrialWriter.write` in batches, for real trials (those of tests/data/transpose_h200.db, ~27 user
+attrs each), with the SQL statements each path issues; then per trial completed from RUNNING (as the study's
+writer completes a trial whose result came after its hold): Optuna's per-attribute calls against
+`TrialWriter.finish` in batches. CPU only.
 
-    PYTHONPATH=$PWD python benchmarks/bulk_writer.py [--trials 100] [--repeats 3]
+    PYTHONPATH=$PWD python benchmarks/bulk_writer.py [--trials 100] [--finish 50] [--repeats 3]
 
 Writes JSON to $OUT/bulk_writer.json when OUT is set; prints a table."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 from sqlalchemy import event
 
 from tuner.study import open_storage
@@ -51,9 +55,48 @@ def run(trials, directions, batch: int | None) -> dict[str, float]:
     return {"ms_per_trial": 1000 * seconds / len(trials), "statements_per_trial": statements[0] / len(trials)}
 
 
+def running(trial):
+    """`trial` as the study's writer first records it, when its config goes out: params and start, no results."""
+    out = copy.copy(trial)
+    out.state, out.values, out.datetime_complete = TrialState.RUNNING, None, None
+    out.user_attrs, out.intermediate_values = {}, {}
+    return out
+
+
+def run_finish(trials, directions, batch: int | None) -> dict[str, float]:
+    """`trials` written RUNNING into a fresh database (not timed), then completed: batch None = Optuna's
+    per-attribute calls per trial (the writer's fallback), else `TrialWriter.finish` in batches."""
+    with tempfile.TemporaryDirectory() as folder:
+        storage, study_id, statements = fresh(folder, "f", directions)
+        writer = TrialWriter(storage)
+        assert writer.bulk
+        ids = writer.write(study_id, [running(t) for t in trials])
+        pairs = list(zip(ids, trials, strict=True))
+        statements[0] = 0
+        started = time.perf_counter()
+        if batch is None:
+            writer.bulk = False
+            for pair in pairs:
+                writer.finish(study_id, [pair])
+        else:
+            for i in range(0, len(pairs), batch):
+                writer.finish(study_id, pairs[i : i + batch])
+        seconds = time.perf_counter() - started
+        storage.engine.dispose()
+    return {"ms_per_trial": 1000 * seconds / len(trials), "statements_per_trial": statements[0] / len(trials)}
+
+
+def table(title: str, rows: list[dict]) -> None:
+    print(title)
+    print(f"{'path':<18} {'ms/trial':>9} {'statements/trial':>17}")
+    for row in rows:
+        print(f"{row['path']:<18} {row['ms_per_trial']:>9.2f} {row['statements_per_trial']:>17.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--finish", type=int, default=50, help="trials completed from RUNNING")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -67,11 +110,23 @@ def main() -> None:
         runs = [run(trials, source.directions, size) for _ in range(args.repeats)]
         best = min(runs, key=lambda r: r["ms_per_trial"])
         rows.append({"path": label, **{k: round(v, 2) for k, v in best.items()}})
-    out = {"trials": len(trials), "user_attrs_per_trial": round(attrs, 1), "repeats": args.repeats, "rows": rows}
-    print(f"{len(trials)} trials of {RECORDING.name}, {attrs:.1f} user attrs each; best of {args.repeats}")
-    print(f"{'path':<18} {'ms/trial':>9} {'statements/trial':>17}")
-    for row in rows:
-        print(f"{row['path']:<18} {row['ms_per_trial']:>9.2f} {row['statements_per_trial']:>17.1f}")
+    finishing = source.get_trials()[: args.finish]
+    finish_rows = []
+    for label, batch in [("per attribute", None), ("bulk, 1 a call", 1), ("bulk, 10 a call", 10), ("bulk, all", 0)]:
+        size = None if batch is None else batch or len(finishing)
+        runs = [run_finish(finishing, source.directions, size) for _ in range(args.repeats)]
+        best = min(runs, key=lambda r: r["ms_per_trial"])
+        finish_rows.append({"path": label, **{k: round(v, 2) for k, v in best.items()}})
+    out = {
+        "trials": len(trials),
+        "user_attrs_per_trial": round(attrs, 1),
+        "repeats": args.repeats,
+        "rows": rows,
+        "finished_trials": len(finishing),
+        "finish_rows": finish_rows,
+    }
+    table(f"{len(trials)} trials of {RECORDING.name}, {attrs:.1f} user attrs each; best of {args.repeats}", rows)
+    table(f"\n{len(finishing)} of them written RUNNING, then completed; best of {args.repeats}", finish_rows)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bulk_writer.json").write_text(json.dumps(out, indent=2) + "\n")
 

@@ -236,3 +236,207 @@ def test_the_writer_process_writes_a_late_trial_running_then_completes_it(tmp_pa
     assert got[0]["user_attrs"] == trials[0].user_attrs and got[0]["system_attrs"] == trials[0].system_attrs
     assert got[1] == fields(trials[1]) | {"number": 1}
     assert got[2] == fields(trials[2]) | {"number": 2}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# completing trials written RUNNING
+
+
+def running_and_finished(n_objectives: int) -> list[tuple[FrozenTrial, FrozenTrial]]:
+    """(RUNNING record, finished record) pairs of the same trials: the RUNNING ones hold attributes that the finish
+    overwrites (and one it leaves), and the one with intermediate values an intermediate value it overwrites."""
+    finished = [t for t in varied(n_objectives) if t.state != TrialState.RUNNING]
+    pairs = []
+    for t in finished:
+        n = t._trial_id  # frozen() numbers its trials through trial_id
+        running = frozen(
+            TrialState.RUNNING,
+            None,
+            n,
+            user_attrs={"tbps": None, "uri": "pending", "queued_s": 1.5},
+            intermediate_values={0: 9.0} if t.intermediate_values else {},
+        )
+        running.system_attrs = {"constraints:space": 1.0}
+        pairs.append((running, t))
+    return pairs
+
+
+def complete_with_optuna(storage, trial_id: int, done: FrozenTrial) -> None:
+    """What the writer did before `TrialWriter.finish`: Optuna's public calls, one attribute at a time."""
+    for key, value in done.user_attrs.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    for key, value in done.system_attrs.items():
+        storage.set_trial_system_attr(trial_id, key, value)
+    for step, value in done.intermediate_values.items():
+        storage.set_trial_intermediate_value(trial_id, step, value)
+    storage.set_trial_state_values(trial_id, done.state, done.values)
+
+
+def but_completion_time(url: str) -> list[dict]:
+    """`loaded`, datetime_complete aside (Optuna's calls stamp the time they run)."""
+    return [{k: v for k, v in t.items() if k != "datetime_complete"} for t in loaded(url)]
+
+
+@pytest.mark.parametrize("n_objectives", [1, 3])
+def test_bulk_finish_leaves_what_optunas_calls_leave(tmp_path, n_objectives):
+    pairs = running_and_finished(n_objectives)
+    bulk_url, bulk_storage, bulk_id = new_study(tmp_path, "bulk", n_objectives)
+    writer = TrialWriter(bulk_storage)
+    assert writer.bulk
+    ids = writer.write(bulk_id, [running for running, _ in pairs])
+    one_url, one_storage, one_id = new_study(tmp_path, "one", n_objectives)
+    one_ids = [one_storage.create_new_trial(one_id, template_trial=running) for running, _ in pairs]
+    assert ids == one_ids and but_completion_time(bulk_url) == but_completion_time(one_url)
+    assert {t["state"] for t in loaded(bulk_url)} == {TrialState.RUNNING}
+    # a value already there (an intermediate report's, say) is overwritten like an attribute
+    bulk_storage.set_trial_state_values(ids[0], TrialState.RUNNING, [7.0] * n_objectives)
+    one_storage.set_trial_state_values(one_ids[0], TrialState.RUNNING, [7.0] * n_objectives)
+
+    before = datetime.datetime.now()
+    for trial_id, (_, done) in zip(one_ids, pairs, strict=True):
+        complete_with_optuna(one_storage, trial_id, done)
+    writer.finish(bulk_id, [(trial_id, done) for trial_id, (_, done) in zip(ids, pairs, strict=True)])
+
+    got, expected = but_completion_time(bulk_url), but_completion_time(one_url)
+    assert got == expected
+    assert [t["state"] for t in got] == [done.state for _, done in pairs]
+    assert got[0]["values"] == pairs[0][1].values  # 7.0 overwritten
+    assert got[1]["values"][0] == math.inf and got[2]["values"] is None  # inf; FAIL without values
+    assert got[3]["intermediate_values"] == {0: 1.5, 1: math.inf, 2: -math.inf, 3: "nan"}  # 9.0 overwritten
+    assert got[0]["user_attrs"]["queued_s"] == 1.5 and got[0]["user_attrs"]["uri"] == "transpose_tile32_n0"
+    assert got[0]["system_attrs"]["constraints:space"] == 0.0
+    # the bulk path records the time each trial was told; Optuna's calls, the time they ran
+    assert [t["datetime_complete"] for t in loaded(bulk_url)] == [done.datetime_complete for _, done in pairs]
+    assert all(t["datetime_complete"] >= before for t in loaded(one_url))
+
+
+def test_bulk_finish_takes_a_fixed_number_of_statements_whatever_the_number_of_trials(tmp_path):
+    """A read of the trials and their update, and per table at most a read, an insert and an update."""
+    from sqlalchemy import event
+
+    pairs = running_and_finished(3)
+    url, storage, study_id = new_study(tmp_path, "bulk", 3)
+    writer = TrialWriter(storage)
+    ids = writer.write(study_id, [running for running, _ in pairs])
+    statements = []
+    event.listen(storage.engine, "before_cursor_execute", lambda *a: statements.append(1))
+    writer.finish(study_id, [(ids[0], pairs[0][1])])
+    one = len(statements)
+    statements.clear()
+    writer.finish(study_id, [(i, done) for i, (_, done) in zip(ids[1:], pairs[1:], strict=True)])
+    assert one <= len(statements) <= 2 + 3 * 4  # Optuna's calls: ~3 per attribute, over 30 for one of these trials
+
+
+def test_finishing_a_finished_trial_raises_and_writes_nothing(tmp_path):
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    pairs = running_and_finished(3)
+    url, storage, study_id = new_study(tmp_path, "bulk", 3)
+    writer = TrialWriter(storage)
+    ids = writer.write(study_id, [running for running, _ in pairs[:2]] + [pairs[2][1]])  # the third finished
+    before = loaded(url)
+    with pytest.raises(UpdateFinishedTrialError, match="Trial#2 has already finished"):
+        writer.finish(study_id, [(ids[0], pairs[0][1]), (ids[2], pairs[2][1])])
+    assert loaded(url) == before  # all or nothing: trial 0 is still RUNNING
+    writer.finish(study_id, [(ids[0], pairs[0][1])])
+    with pytest.raises(UpdateFinishedTrialError):  # and the one just completed
+        writer.finish(study_id, [(ids[0], pairs[0][1])])
+    with pytest.raises(UpdateFinishedTrialError):  # as Optuna's own calls refuse it
+        complete_with_optuna(storage, ids[0], pairs[0][1])
+    with pytest.raises(KeyError):
+        writer.finish(study_id, [(max(ids) + 1, pairs[1][1])])
+    with pytest.raises(ValueError, match="unfinished"):
+        writer.finish(study_id, [(ids[1], pairs[1][0])])
+    with pytest.raises(ValueError, match="twice"):
+        writer.finish(study_id, [(ids[1], pairs[1][1]), (ids[1], pairs[1][1])])
+    assert loaded(url)[1]["state"] == TrialState.RUNNING
+    writer.finish(study_id, [])
+
+
+def test_finish_falls_back_to_optunas_calls_when_the_guard_says_no(tmp_path, monkeypatch):
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    pairs = running_and_finished(3)
+    bulk_url, bulk_storage, bulk_id = new_study(tmp_path, "bulk", 3)
+    bulk = TrialWriter(bulk_storage)
+    ids = bulk.write(bulk_id, [running for running, _ in pairs])
+    bulk.finish(bulk_id, [(i, done) for i, (_, done) in zip(ids, pairs, strict=True)])
+    monkeypatch.setattr(trialwriter, "TESTED_OPTUNA", frozenset())  # an Optuna release never tested
+    calls = []
+    real = optuna.storages.RDBStorage.set_trial_state_values
+    monkeypatch.setattr(
+        optuna.storages.RDBStorage,
+        "set_trial_state_values",
+        lambda self, trial_id, state, values=None: calls.append(trial_id) or real(self, trial_id, state, values),
+    )
+    one_url, one_storage, one_id = new_study(tmp_path, "one", 3)
+    writer = TrialWriter(one_storage)
+    assert not writer.bulk
+    one_ids = writer.write(one_id, [running for running, _ in pairs])
+    writer.finish(one_id, [(i, done) for i, (_, done) in zip(one_ids, pairs, strict=True)])
+    assert calls == one_ids
+    assert but_completion_time(one_url) == but_completion_time(bulk_url)
+    with pytest.raises(UpdateFinishedTrialError):
+        writer.finish(one_id, [(one_ids[0], pairs[0][1])])
+
+
+def _writer_with_short_hold(url, inbox, done, parent, calls: str) -> None:
+    """`_writer_main` (in a spawned process) holding trials 0.3 s, whose bulk writes take 2 s longer (messages sent
+    meanwhile arrive in one pass), and which logs the number of trials of each `finish` call to `calls`."""
+    from tuner import study
+
+    study.WRITER_HOLD_S = 0.3
+    write, finish = TrialWriter.write, TrialWriter.finish
+
+    def slow_write(self, study_id, trials):
+        ids = write(self, study_id, trials)
+        time.sleep(2.0)
+        return ids
+
+    def logged_finish(self, study_id, trials):
+        with open(calls, "a") as log:
+            log.write(f"{len(trials)}\n")
+        return finish(self, study_id, trials)
+
+    TrialWriter.write, TrialWriter.finish = slow_write, logged_finish
+    study._writer_main(url, inbox, done, parent)
+
+
+def test_the_writer_process_completes_trials_held_past_the_hold_in_one_pass(tmp_path):
+    """Trials still running after `WRITER_HOLD_S` are written RUNNING; their finishes, arriving together, are
+    completed in one `finish` call, and the durable trials are then the records the driver sent."""
+    import multiprocessing as mp
+    import os
+
+    from tuner.study import _Mirror
+
+    url, storage, study_id = new_study(tmp_path, "m", 3)
+    pairs = running_and_finished(3)
+    calls = tmp_path / "calls.txt"
+    ctx = mp.get_context("spawn")
+    mirror = _Mirror.__new__(_Mirror)  # _Mirror's queues and methods, the writer above as its process
+    mirror.inbox, mirror.done = ctx.Queue(), ctx.Queue()
+    mirror.proc = ctx.Process(
+        target=_writer_with_short_hold, args=(url, mirror.inbox, mirror.done, os.getpid(), str(calls)), daemon=True
+    )
+    mirror.proc.start()
+    mirror.bind(study_id)
+    for number, (running, _) in enumerate(pairs):
+        mirror.start(number, running)
+    deadline = time.monotonic() + 60  # the spawned writer imports Optuna first
+    while len(optuna.load_study(study_name="s", storage=url).trials) < len(pairs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [t.state for t in optuna.load_study(study_name="s", storage=url).trials] == [TrialState.RUNNING] * len(pairs)
+    for number, (_, done) in enumerate(pairs):  # while the writer sleeps after its write
+        mirror.finish(number, done)
+    mirror.start(len(pairs), pairs[0][1])  # a trial finished before it is due: written in one go
+    stats = mirror.close(timeout=60)
+    assert stats["trials"] == len(pairs) + 1
+    assert calls.read_text().split() == [str(len(pairs))]
+    got = loaded(url)
+    # the attribute only the RUNNING record held stays, as Optuna's calls leave it
+    expected = [
+        fields(done) | {"number": n, "user_attrs": {"queued_s": 1.5} | done.user_attrs}
+        for n, (_, done) in enumerate(pairs)
+    ]
+    assert got == expected + [fields(pairs[0][1]) | {"number": len(pairs)}]

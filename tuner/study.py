@@ -189,7 +189,8 @@ WRITER_HOLD_S = 1.0
 def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
     """Mirror trials into durable storage in ask order. A trial whose result comes within `WRITER_HOLD_S` of its
     start is written finished; one still running then is written RUNNING and completed by its finish. The trials
-    due in one pass of the loop are written together, in one transaction (`tuner.trialwriter`). Exits when the
+    due in one pass of the loop are written together, in one transaction, and the RUNNING ones whose finish came
+    in that pass are completed together, in another (`tuner.trialwriter`). Exits when the
     driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
     recovered on the rerun). The first message names the study ("study", id): the writer is started early, to
     import while the driver sets up, and opens the storage only once the driver has created it."""
@@ -232,6 +233,7 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
             except queue_mod.Empty:
                 break
         now = time.monotonic()
+        finishing: list[tuple[int, Any]] = []  # (trial id, frozen): written RUNNING in an earlier pass
         for msg in batch:
             kind = msg[0]
             if kind == "stop":
@@ -241,15 +243,11 @@ def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None =
             elif kind == "finish" and msg[1] in held:
                 finals[msg[1]] = msg[2]
             elif kind == "finish":
-                started = time.perf_counter()
-                number, frozen = msg[1], msg[2]
-                trial_id = trial_ids[number]
-                for key, value in frozen.user_attrs.items():
-                    storage.set_trial_user_attr(trial_id, key, value)
-                for key, value in frozen.system_attrs.items():
-                    storage.set_trial_system_attr(trial_id, key, value)
-                storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
-                stats["write_s"] += time.perf_counter() - started
+                finishing.append((trial_ids[msg[1]], msg[2]))
+        if finishing:  # completed together, in one transaction (tuner.trialwriter)
+            started = time.perf_counter()
+            writer.finish(study_id, finishing)
+            stats["write_s"] += time.perf_counter() - started
         ready: list[tuple[int, Any]] = []  # written in this pass, in ask order, in one transaction
         while held:
             number, (frozen, since) = next(iter(held.items()))
