@@ -11,9 +11,9 @@ executemany per table; benchmarks/bulk_writer.py). It builds the rows with the s
 `create_new_trial` would write.
 
 `TrialWriter.finish` completes trials written RUNNING the same way: Optuna's `set_trial_user_attr`,
-`set_trial_system_attr` and `set_trial_state_values` take two or three statements and a commit per attribute (25-55 ms a
-trial); `finish` reads the trials' rows and existing attributes once, then inserts the new attributes and updates
-the existing ones, one executemany per table, in one transaction for the whole list.
+`set_trial_system_attr` and `set_trial_state_values` take two or three statements and a commit per attribute
+(25-55 ms a trial); `finish` reads the trials' rows and existing attributes once, then inserts the new attributes
+and updates the existing ones, one executemany per table, in one transaction for the whole list.
 
 Those models are private to Optuna. The bulk path is taken only when the database's schema is the one the
 installed models describe (its alembic revision is Optuna's head) and the installed Optuna is a release this
