@@ -233,7 +233,7 @@ def _finish_in_one_transaction(storage: Any, study_id: int, trials: Sequence[tup
     ids = [trial_id for trial_id, _ in trials]
     with _create_scoped_session(storage.scoped_session) as session:
         query = session.query(models.TrialModel).filter(models.TrialModel.trial_id.in_(ids)).with_for_update()
-        rows = {row.trial_id: row for row in query}
+        rows: dict[int, Any] = {int(row.trial_id): row for row in query}
         for trial_id in ids:
             row = rows.get(trial_id)
             if row is None or row.study_id != study_id:
