@@ -4,6 +4,7 @@ suffer (killed, hung), handled as the Ray pool handles them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tuner import cli, limits, local
 from tuner import space as space_mod
+from tuner import worker as worker_mod
 from tuner.local import LocalPool, host_cores
 from tuner.replay import ReplayEvaluator
 from tuner.worker import IsolatedEvaluator
@@ -197,3 +200,51 @@ class _Broken:
 
     def close(self):
         pass
+
+
+@pytest.fixture
+def replay_children(monkeypatch, tmp_path):
+    """GPU workers whose child answers from the recording (as `isolated_gpu_evaluator` would build them)."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        worker_mod,
+        "IsolatedEvaluator",
+        functools.partial(
+            IsolatedEvaluator, start_timeout_s=120.0, evaluator_factory=_ReplayChild, evaluator_kwargs={"delay_s": 0.0}
+        ),
+    )
+    monkeypatch.setattr(local, "_LAUNCHED", {})
+
+
+def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_children):
+    local.launch_gpu_workers(1, timeout_s=30.0)
+    early = local._LAUNCHED[0]
+    assert early.alive() and not early.info  # its process runs before anyone waits for it
+    pool = LocalPool(space, space.problem(), local.isolated_gpu_evaluator, gpus=1, arch="sm_90")
+    try:
+        assert pool._workers[0].evaluator is early and not local._LAUNCHED
+        pool.submit(0, list(space.enumerate())[0])
+        assert _drain(pool, 1)[0].ok
+        assert pool.ran_by[0]["pid"] == early.pid  # the same child measured it
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "launched"),
+    [
+        (["--trials", "1"], 1),
+        (["--trials", "1", "--gpus", "3"], 1),  # no more than the machine has: the study refuses the rest
+        (["--trials", "1", "--replay", "tests/data/transpose_h200.db"], 0),
+        (["--trials", "1", "--engine", "ray"], 0),
+    ],
+)
+def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeypatch, argv, launched):
+    calls = []
+    monkeypatch.setattr(limits, "local_gpus", lambda: 1)
+    monkeypatch.setattr(local, "launch_gpu_workers", lambda count, timeout_s: calls.append(count))
+    # Stop right after the launch: the study itself is tested elsewhere.
+    monkeypatch.setattr("tuner.api.study", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        cli.main(["study", "transpose", *argv])
+    assert calls == ([launched] if launched else [])
