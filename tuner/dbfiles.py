@@ -43,6 +43,11 @@ def sqlite_path(url: str) -> Path | None:
     """The file behind a ``sqlite:///PATH`` URL; None for other databases. In-memory URLs are InputErrors."""
     if not url.startswith("sqlite:"):
         return None
+    plain = url.removeprefix("sqlite:///")
+    if plain != url and plain not in ("", ":memory:") and not plain.startswith("file:") and not set("?%#") & set(plain):
+        # sqlite:///PATH with nothing to decode: the path as SQLAlchemy's URL parser gives it, without importing
+        # SQLAlchemy (a third of a second that the study's set-up would otherwise wait for before it starts).
+        return Path(plain)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
