@@ -523,7 +523,7 @@ class Driver:
             if opts.sampler == "grid":
                 walk = self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET)
                 try:
-                    first = list(itertools.islice(walk, min(4 * pool.compile_slots, opts.trials)))
+                    first = list(itertools.islice(walk, min(2 * pool.compile_slots, opts.trials)))
                 except space_mod.WalkBudgetExceeded:  # the grid itself refuses such a space, with its message
                     first = []
             # A new study also measures them while it opens its storage (a GPU that is up has nothing else to do);
