@@ -164,6 +164,24 @@ def test_prefetched_configs_are_measured_before_they_are_asked_for_and_only_once
         pool.close()
 
 
+def test_a_config_resolved_otherwise_by_the_time_it_is_asked_for_is_measured_afresh(space, tmp_path, monkeypatch):
+    # The study may learn GPU facts after the prefetch that change a config's launch geometry, not its source.
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    params = list(space.enumerate())[0]
+    pool = LocalPool(space, space.problem(), _child_factory(0.6), gpus=1, arch="sm_90")
+    try:
+        pool.prefetch(params, "sm_90", evaluate=True)
+        _settled(pool, 1)
+        busy = pool.busy_seconds()
+        resolve = space.resolve
+        monkeypatch.setattr(space, "resolve", lambda p, problem: {**resolve(p, problem), "grid_hint": 7})
+        pool.submit(0, params)
+        assert _drain(pool, 1)[0].ok
+        assert pool.busy_seconds() > busy + 0.5  # measured again, as resolved now
+    finally:
+        pool.close()
+
+
 def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     params = list(space.enumerate())[0]

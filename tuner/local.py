@@ -100,6 +100,7 @@ class _Speculation:
 
     arch: str
     budget_ms: float
+    config: dict[str, Any]
     result: Any = None
     gpu_index: int | None = None
     worker: dict[str, Any] | None = None
@@ -297,7 +298,7 @@ class LocalPool:
         if key not in self._prefetched:
             self._prefetched[key] = self._compiler.submit(_compile, source, arch)
         if evaluate and self.measures_hint and key not in self._speculations:
-            speculation = _Speculation(arch=arch, budget_ms=budget_ms)
+            speculation = _Speculation(arch=arch, budget_ms=budget_ms, config=config)
             self._speculations[key] = speculation
             job = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=source)
             job.speculation = speculation
@@ -370,7 +371,10 @@ class LocalPool:
         job.source = render(self.family, params, config, self.problem.env)
         key = (job.source.text, self.arch)
         speculation = self._speculations.get(key)
-        if speculation is not None and screening and speculation.budget_ms == budget_ms:
+        # Claimed only if it was measured as this trial would be: the same budget and the same resolved config (the
+        # launch geometry may depend on GPU facts that the study learnt from the worker after the prefetch).
+        same = speculation is not None and speculation.budget_ms == budget_ms and speculation.config == config
+        if speculation is not None and screening and same:
             del self._speculations[key]
             with self._lock:
                 speculation.claimed_by = number
