@@ -335,6 +335,8 @@ class LocalPool:
 
     def _deliver(self, number: int, job: _Job, speculation: _Speculation) -> None:
         """Hand a claimed speculation to trial `number`: its result, or (dropped) a fresh compile and evaluation."""
+        if self.closing:  # the driver has stopped asking: nothing more to compile or report
+            return
         if speculation.dropped:
             self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
             return
@@ -383,9 +385,7 @@ class LocalPool:
                 ahead = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
                 ahead.compiled = self._prefetched_result(key)
                 self._deliver(number, ahead, speculation)
-            else:
-                # The GPU thread delivers it when it finishes (built[] is filled from its job there).
-                pass
+            # else the GPU thread delivers it when it finishes (built[] is filled from its job there)
             return
         self._start_job(job)
 
