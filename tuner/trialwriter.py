@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -153,21 +154,10 @@ def _write_in_one_transaction(storage: Any, study_id: int, trials: Sequence[Any]
         session.flush()  # the trial ids, for the rows below
         first = rows[0].count_past_trials(session)
         # The other rows go in as one executemany per table (no primary keys read back, unlike ORM objects).
-        children: dict[Any, list[dict[str, Any]]] = {
-            models.TrialValueModel: [],
-            models.TrialParamModel: [],
-            models.TrialUserAttributeModel: [],
-            models.TrialSystemAttributeModel: [],
-            models.TrialIntermediateValueModel: [],
-        }
+        children: dict[Any, list[dict[str, Any]]] = defaultdict(list)
         for offset, (row, frozen) in enumerate(zip(rows, trials, strict=True)):
             row.number = first + offset
-            trial_id = row.trial_id
-            for objective, value in enumerate(frozen.values or ()):
-                stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
-                children[models.TrialValueModel].append(
-                    {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": value_type}
-                )
+            trial_id = int(row.trial_id)
             for name, value in frozen.params.items():
                 distribution = frozen.distributions[name]
                 children[models.TrialParamModel].append(
@@ -178,28 +168,36 @@ def _write_in_one_transaction(storage: Any, study_id: int, trials: Sequence[Any]
                         "distribution_json": distributions.distribution_to_json(distribution),
                     }
                 )
-            for key, value in frozen.user_attrs.items():
-                children[models.TrialUserAttributeModel].append(
-                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-                )
-            for key, value in frozen.system_attrs.items():
-                children[models.TrialSystemAttributeModel].append(
-                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-                )
-            for step, value in frozen.intermediate_values.items():
-                stored, step_type = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
-                children[models.TrialIntermediateValueModel].append(
-                    {
-                        "trial_id": trial_id,
-                        "step": step,
-                        "intermediate_value": stored,
-                        "intermediate_value_type": step_type,
-                    }
-                )
+            for model, records in _result_rows(models, trial_id, frozen).items():
+                children[model] += records
         for model, values in children.items():
             if values:
                 session.execute(insert(model), values)
         return [int(row.trial_id) for row in rows]
+
+
+def _result_rows(models, trial_id: int, frozen: Any) -> dict[Any, list[dict[str, Any]]]:
+    """The rows of what a trial holds besides its params, by model, as Optuna stores them: values (by objective,
+    inf and nan in their stored form), user and system attributes (JSON), intermediate values (by step)."""
+    values, steps = [], []
+    for objective, value in enumerate(frozen.values or ()):
+        stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
+        values.append({"trial_id": trial_id, "objective": objective, "value": stored, "value_type": value_type})
+    for step, value in frozen.intermediate_values.items():
+        stored, step_type = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
+        steps.append(
+            {"trial_id": trial_id, "step": step, "intermediate_value": stored, "intermediate_value_type": step_type}
+        )
+    return {
+        models.TrialValueModel: values,
+        models.TrialUserAttributeModel: [
+            {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in frozen.user_attrs.items()
+        ],
+        models.TrialSystemAttributeModel: [
+            {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in frozen.system_attrs.items()
+        ],
+        models.TrialIntermediateValueModel: steps,
+    }
 
 
 def _check_distributions(session, models, distributions, study_id: int, trials: Sequence[Any]) -> None:
@@ -240,34 +238,21 @@ def _finish_in_one_transaction(storage: Any, study_id: int, trials: Sequence[tup
                 raise KeyError(f"No trial with trial id {trial_id} in study {study_id}")
             if row.state.is_finished():  # Optuna's check_trial_is_updatable, with its message
                 raise UpdateFinishedTrialError(f"Trial#{row.number} has already finished and can not be updated.")
-        user, system, values, steps = [], [], [], []
+        results: dict[Any, list[dict[str, Any]]] = defaultdict(list)
         for trial_id, frozen in trials:
-            user += [
-                {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in frozen.user_attrs.items()
-            ]
-            system += [
-                {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in frozen.system_attrs.items()
-            ]
-            for objective, value in enumerate(frozen.values or ()):
-                stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
-                values.append({"trial_id": trial_id, "objective": objective, "value": stored, "value_type": value_type})
-            for step, value in frozen.intermediate_values.items():
-                stored, step_type = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
-                steps.append(
-                    {
-                        "trial_id": trial_id,
-                        "step": step,
-                        "intermediate_value": stored,
-                        "intermediate_value_type": step_type,
-                    }
-                )
+            for model, records in _result_rows(models, trial_id, frozen).items():
+                results[model] += records
             row = rows[trial_id]
             row.state = frozen.state
             row.datetime_complete = frozen.datetime_complete or datetime.now()
-        _upsert(session, models.TrialUserAttributeModel, "key", ids, user)
-        _upsert(session, models.TrialSystemAttributeModel, "key", ids, system)
-        _upsert(session, models.TrialValueModel, "objective", ids, values)
-        _upsert(session, models.TrialIntermediateValueModel, "step", ids, steps)
+        # by (trial_id, this column) a record updates the row that the trial already has, as Optuna's calls do
+        for model, key in (
+            (models.TrialUserAttributeModel, "key"),
+            (models.TrialSystemAttributeModel, "key"),
+            (models.TrialValueModel, "objective"),
+            (models.TrialIntermediateValueModel, "step"),
+        ):
+            _upsert(session, model, key, ids, results[model])
 
 
 def _upsert(session, model, key: str, trial_ids: Sequence[int], records: list[dict[str, Any]]) -> None:
