@@ -211,7 +211,6 @@ class LocalPool:
         self.inline = inline
         self.space, self.problem = space, problem
         self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
-        self._arch = arch
         self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         t0 = time.perf_counter()
         self.compile_slots = compile_slots or host_cores()
@@ -275,7 +274,7 @@ class LocalPool:
 
     @property
     def arch(self) -> str:
-        return self._arch or str(self.gpus[0]["arch"])
+        return self.arch_requested or str(self.gpus[0]["arch"])
 
     # -- work -------------------------------------------------------------------------------------------------
     @property

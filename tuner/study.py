@@ -388,8 +388,8 @@ class Driver:
         limits.replay_delay(opts.replay_delay_s)
         self.url = opts.storage or default_storage(opts.kernel)
         # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
-        if self.url != ":memory:":
-            check_storage(self.url)
+        #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
+        self.storage_file = check_storage(self.url) if self.url != ":memory:" else None
         limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
         self.lease: Lease | None = None
@@ -537,13 +537,7 @@ class Driver:
         """Whether the study's storage is a SQLite file that does not exist yet (or in memory): a new study."""
         if self.url == ":memory:":
             return True
-        from tuner.dbfiles import sqlite_path
-
-        try:
-            path = sqlite_path(self.url)
-        except InputError:  # refused with its message when the storage opens
-            return False
-        return path is not None and not path.exists()
+        return self.storage_file is not None and not self.storage_file.exists()
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -163,7 +163,7 @@ class IsolatedEvaluator:
     def launch(self) -> None:
         """Start the child's process if none is running, without waiting for it to set up (`start` waits): a
         caller that knows early that it will need the GPU starts it before its own imports and set-up."""
-        if self._proc is not None and self._proc.is_alive():
+        if self.alive():
             return
         self._retire(wait_s=1.0)
         self._bury(wait_s=30.0)  # a retired child's context must be gone before a new one is made
