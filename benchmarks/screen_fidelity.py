@@ -1,6 +1,7 @@
 """How close a cut-short screening figure is to a full one: the 3-repetition estimate vs the full budget.
 
     python benchmarks/screen_fidelity.py [--space gemm] [--configs 40] [--seed 0] [--out $OUT]
+    python benchmarks/screen_fidelity.py --short-ms 10 [--space transpose] ...   # a shorter screening budget
     python benchmarks/screen_fidelity.py --dry-run      # no GPU: draw and compile the configs
 
 A study stops timing a config after its 3-repetition estimate when that is over `StudyOptions.screen_cutoff` × the
@@ -8,7 +9,10 @@ best median so far (`tuner.bench.benchmark`). This draws `--configs` valid confi
 and evaluates each twice in one isolated GPU worker, with the study's protocol: once cut short (``cutoff_ms=0``:
 the 3-repetition estimate is the result) and once with the full screening budget (25 ms, ≥ 10 repetitions).
 Writes ``screen_fidelity-<space>-<date>.json`` under --out and prints the ratio of the two medians (estimate /
-full): its median, 10th and 90th percentile and worst.
+full): its median, 10th and 90th percentile and worst. With ``--short-ms X`` the short evaluation is a whole
+screening of X ms of timed work (at least 10 repetitions, no cut-off) instead of the 3-repetition estimate: how
+far a study screening with ``--screen-ms X`` is from one screening with the default 25 ms; the summary also says
+whether the two agree on the fastest config and on the fastest five.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--short-ms", type=float, help="screen with this budget instead of the 3-repetition estimate")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
 
@@ -59,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     with IsolatedEvaluator(gpu=0, timeout_s=60.0) as evaluator:
         gpu = evaluator.start()["gpu"]  # the worker's GPU, named by the worker (started once; later calls reuse it)
         for c in configs:
-            short = evaluate_config(space, c, problem, evaluator=evaluator, cutoff_ms=0.0)
+            if args.short_ms is None:
+                short = evaluate_config(space, c, problem, evaluator=evaluator, cutoff_ms=0.0)
+            else:
+                short = evaluate_config(space, c, problem, evaluator=evaluator, budget_ms=args.short_ms)
             full = evaluate_config(space, c, problem, evaluator=evaluator)
             row = {"params": c, "ok": bool(short.ok and full.ok)}
             if row["ok"]:
@@ -85,12 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_p10": float(np.percentile(ratios, 10)) if ratios.size else None,
         "ratio_p90": float(np.percentile(ratios, 90)) if ratios.size else None,
         "worst_abs_deviation": float(np.max(np.abs(ratios - 1))) if ratios.size else None,
+        "short": "3-repetition estimate" if args.short_ms is None else f"{args.short_ms:g} ms screening",
         "all_short_reps_3": all(r.get("short_reps") == 3 for r in rows if r["ok"]),
+        "short_reps_min": min((r["short_reps"] for r in rows if r["ok"]), default=None),
     }
+    ok = [r for r in rows if r["ok"]]
+    if ok:
+        by_short = sorted(range(len(ok)), key=lambda i: ok[i]["short_ms"])
+        by_full = sorted(range(len(ok)), key=lambda i: ok[i]["full_ms"])
+        best_full = ok[by_full[0]]["full_ms"]
+        summary["same_fastest"] = by_short[0] == by_full[0]
+        # what picking by the short figure costs: the full time of the short figure's fastest over the true fastest
+        summary["short_pick_full_ratio"] = ok[by_short[0]]["full_ms"] / best_full
+        summary["top5_overlap"] = len(set(by_short[:5]) & set(by_full[:5]))
     date = dt.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"screen_fidelity-{Path(args.space).stem}-{date}.json"
+    tag = "" if args.short_ms is None else f"-{args.short_ms:g}ms"
+    path = out / f"screen_fidelity-{Path(args.space).stem}{tag}-{date}.json"
     command = "python benchmarks/screen_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
     path.write_text(json.dumps({"command": command, "date": date, "gpu": gpu, **summary, "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))

@@ -109,10 +109,22 @@ def test_the_command_sets_the_cutoff(probe, tmp_path):
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
     assert main([*base, "--storage", storage, "--screen-cutoff", "1.5"]) == 0
-    cutoffs = {c for _, c, budget in probe.calls if c is not None and budget == 25.0}
+    cutoffs = {c for _, c, budget in probe.calls if c is not None and budget == 10.0}  # screening's default budget
     assert cutoffs and all(
         any(c == pytest.approx(1.5 * _median(probe, u)) for u, _, _ in probe.calls if u) for c in cutoffs
     )
     probe.calls.clear()
     assert main([*base, "--storage", storage + "2", "--screen-cutoff", "off"]) == 0
     assert probe.calls and all(c is None for _, c, _ in probe.calls)
+
+
+def test_the_command_sets_the_screening_budget(probe, tmp_path):
+    """`tuner study --screen-ms X` is the timed work of every screening evaluation; the finalists keep theirs."""
+    from tuner.cli import main
+
+    args = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
+    assert main([*args, "--storage", f"sqlite:///{tmp_path / 'ms.db'}", "--screen-ms", "7"]) == 0
+    screening = [budget for _, _, budget in probe.calls if budget < 50]
+    finals = [budget for _, _, budget in probe.calls if budget >= 50]  # min(300 ms, 200 x a ~0.5 ms median)
+    assert len(screening) >= 12 and set(screening) == {7.0}
+    assert len(finals) == 5

@@ -207,7 +207,7 @@ def test_the_writer_process_mirrors_a_replay_study_exactly(tmp_path):
 def test_the_writer_process_writes_a_late_trial_running_then_completes_it(tmp_path):
     """A trial still running after `WRITER_HOLD_S` is written RUNNING, with the finished trials behind it in ask
     order, and completed by its finish; a finished trial is written in one go with its neighbours."""
-    from tuner.study import _Mirror
+    from tuner.writer import _Mirror
 
     url, storage, study_id = new_study(tmp_path, "m", 3)
     trials = varied(3)
@@ -383,7 +383,7 @@ def test_finish_falls_back_to_optunas_calls_when_the_guard_says_no(tmp_path, mon
 def _writer_with_short_hold(url, inbox, done, parent, calls: str) -> None:
     """`_writer_main` (in a spawned process) holding trials 0.3 s, whose bulk writes take 2 s longer (messages sent
     meanwhile arrive in one pass), and which logs the number of trials of each `finish` call to `calls`."""
-    from tuner import study
+    from tuner import writer as study
 
     study.WRITER_HOLD_S = 0.3
     write, finish = TrialWriter.write, TrialWriter.finish
@@ -408,14 +408,14 @@ def test_the_writer_process_completes_trials_held_past_the_hold_in_one_pass(tmp_
     import multiprocessing as mp
     import os
 
-    from tuner.study import _Mirror
+    from tuner.writer import _Mirror
 
     url, storage, study_id = new_study(tmp_path, "m", 3)
     pairs = running_and_finished(3)
     calls = tmp_path / "calls.txt"
     ctx = mp.get_context("spawn")
     mirror = _Mirror.__new__(_Mirror)  # _Mirror's queues and methods, the writer above as its process
-    mirror.inbox, mirror.done = ctx.Queue(), ctx.Queue()
+    mirror.url, mirror.inbox, mirror.done = url, ctx.Queue(), ctx.Queue()
     mirror.proc = ctx.Process(
         target=_writer_with_short_hold, args=(url, mirror.inbox, mirror.done, os.getpid(), str(calls)), daemon=True
     )

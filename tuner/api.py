@@ -149,6 +149,7 @@ def study(
     repair: str = "nearest",
     ordered: bool = True,
     screen_cutoff: float | None = 1.05,
+    screen_ms: float = 10.0,
     takeover: bool = False,
     progress: bool = False,
 ) -> StudyResult:
@@ -158,7 +159,8 @@ def study(
     ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
     answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
     "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
-    (`tuner.study.StudyOptions.screen_cutoff`) or None. Storage defaults to
+    (`tuner.study.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
+    Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
     from tuner.study import StudyOptions, run_study
@@ -167,6 +169,8 @@ def study(
         raise InputError(f"repair {repair!r}: choose nearest or random")
     if screen_cutoff is not None and not screen_cutoff > 1:
         raise InputError(f"screen_cutoff {screen_cutoff!r}: a factor above 1, or None")
+    if not screen_ms > 0:
+        raise InputError(f"screen_ms {screen_ms!r}: a positive number of milliseconds")
     if isinstance(space, SearchSpace):
         where, kernel = str(space.path), kernel or space.kernel
     else:
@@ -197,6 +201,7 @@ def study(
                 repair=repair != "random",
                 ordered=ordered,
                 screen_cutoff=screen_cutoff,
+                screen_budget_ms=screen_ms,
                 in_process=in_process,
                 objectives=objectives,
                 engine=engine,

@@ -326,6 +326,10 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         available = limits.local_gpus() or 0
         launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
+    if not args.in_process:
+        from tuner.writer import launch_writer
+
+        launch_writer()  # the study's writer process, importing Optuna while this one does the same
     from tuner.api import study
 
     summary = study(
@@ -349,6 +353,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         repair=args.repair,
         ordered=not args.categorical,
         screen_cutoff=args.screen_cutoff,
+        screen_ms=args.screen_ms,
         takeover=args.takeover,
         progress=not args.json,
     ).summary
@@ -790,6 +795,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="stop timing a config after its 3-repetition estimate when that is over X times the best median "
         "so far (default 1.05; off: every config gets the full budget)",
+    )
+    p.add_argument(
+        "--screen-ms",
+        type=_positive_float,
+        default=10.0,
+        metavar="MS",
+        help="timed work per config while screening, at least 10 launches (default 10); finalists get more",
     )
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")

@@ -92,8 +92,9 @@ def holder_text(row) -> str:
     return f"pid {row.pid} on {row.host} since {when}"
 
 
-def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
-    """Claim `study_name` in the storage at `url`, or raise InputError naming the holder."""
+def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None = None) -> Lease:
+    """Claim `study_name` in the storage at `url` for the process `pid` (default: this one; the study's writer
+    claims a new study for its driver), or raise InputError naming the holder."""
     import sqlalchemy as sa
     from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -104,7 +105,7 @@ def acquire(url: str, study_name: str, takeover: bool = False) -> Lease:
     me = {
         "study_name": study_name,
         "host": socket.gethostname(),
-        "pid": os.getpid(),
+        "pid": pid or os.getpid(),
         "started": time.time(),
         "token": token,
     }

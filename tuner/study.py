@@ -14,14 +14,11 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
 import json
-import multiprocessing as mp
 import os
-import queue as queue_mod
 import re
 import time
 import warnings
@@ -40,6 +37,7 @@ from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
 from tuner.space import params_key
+from tuner.writer import _Mirror
 
 if TYPE_CHECKING:
     import optuna
@@ -97,6 +95,11 @@ class StudyOptions:
     #: so far is reported from those 3 repetitions and not timed further (`tuner.bench.benchmark`); its figure
     #: steers the search, and the finalists are re-timed in full anyway. None: every config gets the budget
     screen_cutoff: float | None = 1.05
+    #: timed work per config while screening (at least 10 repetitions; `tuner.bench.benchmark`); the finalists
+    #: get `final_budget_ms`. Measured on an H200 (benchmarks/results/screen_fidelity-*-10ms-*): 10 ms against 25
+    #: ms of transpose, softmax and GEMV configs agreed within 0.7% per config (median 0.1-0.4%), and the fastest
+    #: five by the 10 ms figure held the fastest by the 25 ms one — the finalists' re-timing decides among them
+    screen_budget_ms: float = 10.0
     #: take the study over from a driver that holds its lease (see tuner.lease)
     takeover: bool = False
     #: what the sampler optimises: "first" = the space's first objective alone (throughput; the Pareto front of
@@ -174,146 +177,6 @@ def make_sampler(name: str, seed: int | None, n_objectives: int) -> BaseSampler:
             raise InputError("--sampler cmaes needs the cmaes package (pip install cmaes)") from None
         return optuna.samplers.CmaEsSampler(seed=seed)
     raise InputError(f"--sampler {name}: unknown (choose from {', '.join(SAMPLERS)})")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the writer process
-
-
-#: How long the writer holds a started trial back, waiting for its result to write both in one insert (one
-#: commit instead of one per attribute). A driver killed meanwhile loses those trials' RUNNING records only:
-#: their configs had no result yet, and the rerun asks afresh.
-WRITER_HOLD_S = 1.0
-
-
-def _writer_main(url: str, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
-    """Mirror trials into durable storage in ask order. A trial whose result comes within `WRITER_HOLD_S` of its
-    start is written finished; one still running then is written RUNNING and completed by its finish. The trials
-    due in one pass of the loop are written together, in one transaction, and the RUNNING ones whose finish came
-    in that pass are completed together, in another (`tuner.trialwriter`). Exits when the
-    driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
-    recovered on the rerun). The first message names the study ("study", id): the writer is started early, to
-    import while the driver sets up, and opens the storage only once the driver has created it."""
-    # The slow part of the writer's start, done while the driver sets up: Optuna, and the packages its RDB
-    # storage imports on first use (about 0.6 s of the writer's 0.8 s to open the storage on a 2-core machine).
-    import alembic.command  # noqa: F401
-    import alembic.config  # noqa: F401
-    import alembic.migration  # noqa: F401
-    import alembic.script  # noqa: F401
-    import optuna  # noqa: F401
-    import sqlalchemy.dialects.sqlite  # noqa: F401
-    import sqlalchemy.orm  # noqa: F401
-
-    from tuner.lease import get_unless_orphaned
-    from tuner.trialwriter import TrialWriter
-
-    first = get_unless_orphaned(inbox, parent)
-    if first is None or first[0] != "study":
-        return
-    study_id = first[1]
-    bound_at = time.time()
-    storage = open_storage(url)
-    writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
-    # what the driver's summary reports of the writer (epoch seconds; the driver makes them relative)
-    stats: dict[str, Any] = {"bound_at": bound_at, "opened_at": time.time(), "trials": 0, "write_s": 0.0}
-    trial_ids: dict[int, int] = {}
-    held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
-    finals: dict[int, Any] = {}  # results of held trials
-    stop = False
-    while not (stop and not held):
-        try:
-            batch = [inbox.get(timeout=WRITER_HOLD_S / 4)]
-        except queue_mod.Empty:
-            batch = []
-            if parent is not None and os.getppid() != parent:
-                return
-        while True:
-            try:
-                batch.append(inbox.get_nowait())
-            except queue_mod.Empty:
-                break
-        now = time.monotonic()
-        finishing: list[tuple[int, Any]] = []  # (trial id, frozen): written RUNNING in an earlier pass
-        for msg in batch:
-            kind = msg[0]
-            if kind == "stop":
-                stop = True
-            elif kind == "start":
-                held[msg[1]] = (msg[2], now)
-            elif kind == "finish" and msg[1] in held:
-                finals[msg[1]] = msg[2]
-            elif kind == "finish":
-                finishing.append((trial_ids[msg[1]], msg[2]))
-        if finishing:  # completed together, in one transaction (tuner.trialwriter)
-            started = time.perf_counter()
-            writer.finish(study_id, finishing)
-            stats["write_s"] += time.perf_counter() - started
-        ready: list[tuple[int, Any]] = []  # written in this pass, in ask order, in one transaction
-        while held:
-            number, (frozen, since) = next(iter(held.items()))
-            if number not in finals and not stop and now - since < WRITER_HOLD_S:
-                break  # later trials wait behind it: numbers must agree with the driver's
-            del held[number]
-            ready.append((number, finals.pop(number, frozen)))
-        if ready:
-            started = time.perf_counter()
-            ids = writer.write(study_id, [frozen for _, frozen in ready])
-            trial_ids.update(zip((number for number, _ in ready), ids, strict=True))
-            stats["write_s"] += time.perf_counter() - started
-            stats["trials"] += len(ready)
-            stats.setdefault("first_write_at", time.time())
-    storage.engine.dispose()  # closes the database (SQLite folds its write-ahead log back in)
-    stats["done_at"] = time.time()
-    done.put(stats)
-    # Everything is written and closed: leave without the interpreter's teardown (a tenth of a second or more of
-    # garbage collection and module clean-up that the driver would wait for), once the timings are sent.
-    done.close()
-    done.join_thread()
-    os._exit(0)
-
-
-class _Mirror:
-    def __init__(self, url: str, study_id: int | None = None):
-        ctx = mp.get_context("spawn")
-        self.inbox, self.done = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_writer_main, args=(url, self.inbox, self.done, os.getpid()), daemon=True)
-        self.proc.start()
-        if study_id is not None:
-            self.bind(study_id)
-
-    def bind(self, study_id: int) -> None:
-        """Name the study the writer mirrors into (once, before the first trial)."""
-        self.inbox.put(("study", study_id))
-
-    def start(self, number: int, frozen) -> None:
-        self.inbox.put(("start", number, frozen))
-
-    def finish(self, number: int, frozen) -> None:
-        self.inbox.put(("finish", number, frozen))
-
-    def abort(self) -> None:
-        """Stop a writer that was never bound to a study (the study was refused during set-up)."""
-        self.inbox.put(("stop",))
-        self.proc.join(10.0)
-
-    def close(self, timeout: float = 300.0) -> dict[str, Any]:
-        """Stop the writer once it has written every trial; its timings (epoch seconds, `_writer_main`), or {}."""
-        self.inbox.put(("stop",))
-        stats: dict[str, Any] = {}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                stats = self.done.get(timeout=0.2)
-                break
-            except queue_mod.Empty:
-                if not self.proc.is_alive():  # it ended without its timings (it failed: exitcode below)
-                    with contextlib.suppress(queue_mod.Empty):
-                        stats = self.done.get_nowait()
-                    break
-        self.proc.join(timeout)
-        if self.proc.exitcode not in (0, None):
-            raise RuntimeError(f"study writer exited with code {self.proc.exitcode}")
-        return stats
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -400,12 +263,10 @@ class Driver:
             self.sampler = ValidSetSampler(self.sampler, self.codec)
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
-        import optuna
-
+    def _study_attrs(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> dict[str, Any]:
+        """The user attrs a study is created with: what it tunes, where, and with what code."""
         from tuner.compile import versions
 
-        name = self._study_name(gpu)
         attrs = {
             StudyAttr.KERNEL: self.space.kernel,
             StudyAttr.FAMILY: self.space.family_ref,
@@ -421,6 +282,13 @@ class Driver:
         }
         if gpu_facts is not None:
             attrs[StudyAttr.GPU_FACTS] = gpu_facts
+        return attrs
+
+    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
+        import optuna
+
+        name = self._study_name(gpu)
+        attrs = self._study_attrs(gpu, arch, gpu_facts)
         directions = [o.direction for o in self.objectives]
         storage = self._opened_storage()
         try:
@@ -530,7 +398,7 @@ class Driver:
             # a resumed one may have measured them already, so it only compiles.
             new = self._new_storage()
             for params in first:
-                pool.prefetch(params, DEFAULT_ARCH, evaluate=new)
+                pool.prefetch(params, DEFAULT_ARCH, evaluate=new, budget_ms=opts.screen_budget_ms)
         return pool
 
     def _new_storage(self) -> bool:
@@ -575,32 +443,56 @@ class Driver:
                 self.problem, self.opts.replay, self.opts.replay_study, in_flight=self.opts.replay_in_flight
             )
         else:
-            mirror = _Mirror(self.url)  # its start-up (a process importing Optuna) overlaps the GPU workers' too
+            mirror = _Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.writer.launch_writer`)
             self._setting_up = (None, mirror)
             pool = self._make_pool()
         self._setting_up = (pool, mirror)
+        # A new study's storage is created by the writer process (`_create_study`), off the driver's path: opening
+        # an Optuna storage is about a second of imports and schema set-up, which on a busy host (compile threads
+        # beside it) took 2-2.5 s and was the last thing a small study waited for before its first result.
+        created_by_writer = isinstance(mirror, _Mirror) and self.url != ":memory:" and self._new_storage()
         t_storage = time.perf_counter()
         if self.url == ":memory:":
             self.storage = optuna.storages.InMemoryStorage()
-        else:
+        elif not created_by_writer:
             self.storage = open_storage(self.url)
         storage_s = time.perf_counter() - t_storage
+        stamps = {"storage_opened_s": round(_process_age(), 3)}
         gpu = pool.gpus[0]["gpu"]  # waits for the GPU workers
+        stamps["workers_waited_s"] = round(_process_age(), 3)
         from tuner.lease import acquire
 
         t_storage = time.perf_counter()
-        if self.url != ":memory:":
-            self.lease = acquire(self.url, self._study_name(gpu), self.opts.takeover)
         facts = pool.gpus[0].get("gpu_facts")
         if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
             self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
-        durable = self._open_study(gpu, pool.arch, facts)
-        again = self._recover(durable)
+        study_name = self._study_name(gpu)
+        if created_by_writer:
+            assert isinstance(mirror, _Mirror)
+            mirror.create(
+                {
+                    "name": study_name,
+                    "directions": [o.direction for o in self.objectives],
+                    "attrs": self._study_attrs(gpu, pool.arch, facts),
+                    "metric_names": [o.name for o in self.objectives],
+                    "takeover": self.opts.takeover,
+                    "pid": os.getpid(),
+                }
+            )
+            again, past = [], []
+            set_study_attr = mirror.set_study_attr
+        else:
+            if self.url != ":memory:":
+                self.lease = acquire(self.url, study_name, self.opts.takeover)
+            durable = self._open_study(gpu, pool.arch, facts)
+            again = self._recover(durable)
+            past = durable.get_trials(deepcopy=False)
+            set_study_attr = durable.set_user_attr
+            study_id = self._opened_storage().get_study_id_from_name(study_name)
+            if mirror is not None:
+                mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
         storage_s += time.perf_counter() - t_storage
-        past = durable.get_trials(deepcopy=False)
-        study_id = self._opened_storage().get_study_id_from_name(durable.study_name)
-        if mirror is not None:
-            mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
+        stamps["study_opened_s"] = round(_process_age(), 3)
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
 
         memory = optuna.storages.InMemoryStorage()
@@ -623,6 +515,7 @@ class Driver:
                 failed.setdefault(params_key(t.params), t.number)
         self.worst = worst_values(measured_values, directions)
         fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in past) if s is not None])
+        stamps["sampler_study_s"] = round(_process_age(), 3)
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
         queued: set[str] = set()  # keys enqueued below: each config once
@@ -651,6 +544,7 @@ class Driver:
                     fast.enqueue_trial(self.codec.encode(params))
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             target = min(target, counted + grid_left)
+            stamps["grid_queued_s"] = round(_process_age(), 3)
 
         def take_index() -> None:
             """Wait for the valid set (listed in the background, or read from the cache), then set up the repair
@@ -680,12 +574,13 @@ class Driver:
             take_index()
         if mirror is None:
             mirror = _InlineMirror(self._opened_storage(), study_id)
+        check_writer = mirror.check if created_by_writer else None
         self._setting_up = None
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
         waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
         stats = _Stats(self.family.throughput_unit, past)
-        progress = _Progress(self.opts.progress, target, counted, stats, where=_where(durable.study_name, self.url))
+        progress = _Progress(self.opts.progress, target, counted, stats, where=_where(study_name, self.url))
         first_result_at = None
         submitted = counted  # counted plus configs in flight
         drawn = False  # a proposal has been drawn in this run
@@ -695,6 +590,8 @@ class Driver:
         try:
             with progress:
                 while counted < target:
+                    if check_writer is not None:
+                        check_writer()  # a new study the writer could not create (another driver holds it)
                     if grid_left == 0 and pool.in_flight == 0:
                         break  # every queued config is answered; a config that did not count is not re-drawn
                     while submitted < target and pool.in_flight < pool.capacity and grid_left != 0:
@@ -728,7 +625,7 @@ class Driver:
                         else:
                             running[key] = trial.number
                             trials[trial.number] = trial
-                            pool.submit(trial.number, params)
+                            pool.submit(trial.number, params, budget_ms=self.opts.screen_budget_ms)
                             submitted += 1
                             continue
                         # The proposal cannot be measured: measure the nearest unexplored valid config next.
@@ -764,7 +661,7 @@ class Driver:
                     progress.update(counted)
             loop_end = time.perf_counter()
             busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
-            finalists = self._retime_finalists(fast, pool, durable) if pool.measures else []
+            finalists = self._retime_finalists(fast, pool, set_study_attr) if pool.measures else []
             finalists_s = time.perf_counter() - loop_end
             wall = loop_end - self.t0
             started = loop_started
@@ -774,6 +671,7 @@ class Driver:
                 "storage_s": round(storage_s, 3),
                 # the set-up's wait for the valid set (listed beside the set-up, or read from the cache)
                 "valid_index_wait_s": round(index_wait_s, 3),
+                **stamps,
                 **pool.startup,
                 **_worker_startup(gpus),
                 "study_ready_s": round(loop_started - self.t0 + self.t_imports, 3),
@@ -789,7 +687,7 @@ class Driver:
         evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
         asked = len(fast.get_trials(deepcopy=False)) - len(past)
         summary = {
-            "study": durable.study_name,
+            "study": study_name,
             "storage": self.url,
             "trials": counted,
             "measured_this_run": stats.measured,
@@ -824,7 +722,7 @@ class Driver:
         return summary
 
     # -- finalists ----------------------------------------------------------------------------------------------
-    def _retime_finalists(self, fast, pool, durable) -> list[dict[str, Any]]:
+    def _retime_finalists(self, fast, pool, set_study_attr) -> list[dict[str, Any]]:
         """Re-time the fastest configs with a longer budget on fresh inputs (verified again), so the figure a
         user reads or exports is not a screening figure. Recorded in the study's user attr "finalists"."""
         from optuna.trial import TrialState
@@ -879,7 +777,7 @@ class Driver:
                 entry.update({"failure": r.kind, "reason": r.reason})
             finalists.append(entry)
         finalists.sort(key=lambda e: e.get(unit_key, -1.0), reverse=True)
-        durable.set_user_attr(StudyAttr.FINALISTS, finalists)
+        set_study_attr(StudyAttr.FINALISTS, finalists)
         return finalists
 
     def _set_cutoff(self, pool, stats: _Stats) -> None:
@@ -1129,7 +1027,17 @@ def _replay_copy(recording, delay_s: float, gpu_index: int):
 def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """The first GPU worker's own start-up stages (context, CuPy warm-up, ceiling: measured or cached)."""
     stages = gpus[0].get("startup") if gpus else None
-    return {"gpu_worker": stages} if stages else {}
+    if not stages:
+        return {}
+    import tuner
+
+    # "<stage>_at": the worker's monotonic clock (shared by the processes of one host) → "<stage>_s" from the command
+    return {
+        "gpu_worker": {
+            (k[:-3] + "_s" if k.endswith("_at") else k): (round(v - tuner.IMPORTED_AT, 3) if k.endswith("_at") else v)
+            for k, v in stages.items()
+        }
+    }
 
 
 def _process_age() -> float:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,7 @@ def _error(exc: BaseException) -> tuple[str, str, str, str]:
 def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
     """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
     it must offer start() -> info, evaluate(...), ceiling_tbps and poisoned."""
+    entered_at = time.perf_counter()
     _pin_gpu(gpu)  # before anything imports CuPy or touches CUDA
     try:
         if factory is None:
@@ -81,6 +83,8 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         else:
             evaluator = factory(**kwargs)
         info = evaluator.start()
+        if isinstance(info.get("startup"), dict):
+            info["startup"] = {"entered_at": entered_at, **info["startup"]}
     except Exception as exc:
         conn.send(_error(exc))
         return
