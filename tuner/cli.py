@@ -832,6 +832,13 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
+        # A study will need its writer process (tuner.writer): start it before this process builds its parser,
+        # so that the writer's imports (a second or two) overlap everything after. Bad flags end it with us.
+        from tuner.writer import launch_writer
+
+        launch_writer()
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (register-python-argcomplete tuner)
         import argcomplete

@@ -63,6 +63,10 @@ def _as_url(storage: str) -> str:
 
 def _sqlite_path(url: str) -> Path | None:
     """The file behind a sqlite URL (None for other backends and for in-memory databases)."""
+    from tuner.dbfiles import plain_sqlite_file
+
+    if (plain := plain_sqlite_file(url)) is not None:
+        return plain
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

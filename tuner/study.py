@@ -494,6 +494,7 @@ class Driver:
         storage_s += time.perf_counter() - t_storage
         stamps["study_opened_s"] = round(_process_age(), 3)
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
+        stamps["artifacts_s"] = round(_process_age(), 3)
 
         memory = optuna.storages.InMemoryStorage()
         directions = [o.direction for o in self.objectives]
@@ -501,6 +502,7 @@ class Driver:
         # Optuna), which Optuna, calling only those methods, accepts.
         sampler = cast("BaseSampler", self.sampler)
         fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
+        stamps["sampler_study_made_s"] = round(_process_age(), 3)
         self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
         measured: dict[str, int] = {}  # params key → the trial that measured it
         failed: dict[str, int] = {}  # params key → the trial whose evaluation failed (never evaluated again)
@@ -862,7 +864,7 @@ def _writer_summary(stats: dict[str, Any], command_start: float) -> dict[str, An
     offset = time.time() - time.perf_counter() + command_start  # the command's start in epoch seconds
     out: dict[str, Any] = {
         f"{name.removesuffix('_at')}_s": round(stats[name] - offset, 3)
-        for name in ("bound_at", "opened_at", "first_write_at", "done_at")
+        for name in ("started_at", "imported_at", "bound_at", "opened_at", "first_write_at", "done_at")
         if name in stats
     }
     out["trials_written"] = stats["trials"]

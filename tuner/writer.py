@@ -41,6 +41,7 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     `_create_study`), so that a new study's driver never waits for the storage. A refused creation is reported on
     `done` ({"refused": text}) and nothing is written. Later messages may set study attributes
     (("study_attr", key, value)). The writer is started early, to import while the driver sets up."""
+    started_at = time.time()
     # The slow part of the writer's start, done while the driver sets up: Optuna, and the packages its RDB
     # storage imports on first use (about 0.6 s of the writer's 0.8 s to open the storage on a 2-core machine).
     import alembic.command  # noqa: F401
@@ -58,6 +59,7 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # as in the driver: no "A new study created" line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
+    imported_at = time.time()
     first = get_unless_orphaned(inbox, parent)
     if first is None or first[0] not in ("study", "create"):
         return
@@ -78,7 +80,14 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
             os._exit(0)
     writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
     # what the driver's summary reports of the writer (epoch seconds; the driver makes them relative)
-    stats: dict[str, Any] = {"bound_at": bound_at, "opened_at": time.time(), "trials": 0, "write_s": 0.0}
+    stats: dict[str, Any] = {
+        "started_at": started_at,
+        "imported_at": imported_at,
+        "bound_at": bound_at,
+        "opened_at": time.time(),
+        "trials": 0,
+        "write_s": 0.0,
+    }
     trial_ids: dict[int, int] = {}
     held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
     finals: dict[int, Any] = {}  # results of held trials
