@@ -163,11 +163,12 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int 
     if name == "tpe":
         # 5 start-up draws (Optuna's default is 10): drawn inside the valid set, TPE learns from evaluated configs
         # only, and on the GEMM recording it then reaches 0.98 of the optimum sooner (benchmarks/results/search/).
-        # Configs in flight are told to TPE as bad ones (constant_liar, Optuna 5's default), which alone left 8 in
-        # flight 0.027 below one at a time on GEMM at 25 configs (0.921 vs 0.948, 40 seeds). Drawing 128
-        # candidates per proposal instead of 24 closes that (0.939; gemv M=64 0.895 vs 0.893 one at a time):
-        # grid-inflight-candidates-2026-12-01. One at a time it would cost GEMM as much (0.938), so it is kept
-        # to several in flight.
+        # Configs in flight are told to TPE as bad ones (constant_liar, Optuna 5's default); with 8 in flight that
+        # alone left GEMM at 25 evaluated configs 0.924 of the optimum against 0.954 one at a time (20 seeds).
+        # 128 candidates per proposal instead of 24 made it 0.936 (0.939 vs 0.948 over 40 seeds), GEMV M=64
+        # 0.905 vs 0.881, and no other budget or recorded space more than 0.004 below one at a time
+        # (benchmarks/results/search/grid-inflight-candidates-2026-12-01). One at a time it cost GEMM (0.938 vs
+        # 0.948 at 25, 40 seeds), so it is kept to several in flight.
         candidates = 24 if in_flight <= 1 else TPE_CANDIDATES_IN_FLIGHT
         return optuna.samplers.TPESampler(
             seed=seed,
