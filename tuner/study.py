@@ -150,15 +150,34 @@ def default_study_name(space: space_mod.SearchSpace, problem: space_mod.Problem,
 TPE_STARTUP = 5
 
 
-def make_sampler(name: str, seed: int | None, n_objectives: int) -> BaseSampler:
-    """The Optuna sampler `name` (one of SAMPLERS); InputError for an unknown one or a missing extra."""
+#: TPE's candidates per proposal (Optuna's n_ei_candidates) with several configs in flight (see make_sampler)
+TPE_CANDIDATES_IN_FLIGHT = 128
+
+
+def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int = 1) -> BaseSampler:
+    """The Optuna sampler `name` (one of SAMPLERS) for a study that keeps `in_flight` configs outstanding;
+    InputError for an unknown one or a missing extra."""
     import optuna
 
     # Optuna 5 samplers read each trial's constraints (trial.set_constraint) themselves.
     if name == "tpe":
         # 5 start-up draws (Optuna's default is 10): drawn inside the valid set, TPE learns from evaluated configs
         # only, and on the GEMM recording it then reaches 0.98 of the optimum sooner (benchmarks/results/search/).
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP)
+        # Configs in flight are told to TPE as bad ones (constant_liar, Optuna 5's default); with 8 in flight that
+        # alone left GEMM at 25 evaluated configs 0.924 of the optimum against 0.954 one at a time (20 seeds).
+        # 128 candidates per proposal instead of 24 made it 0.936 (0.939 vs 0.948 over 40 seeds), GEMV M=64
+        # 0.905 vs 0.881, and no other budget or recorded space more than 0.004 below one at a time
+        # (benchmarks/results/search/grid-inflight-candidates-2026-12-01). One at a time it cost GEMM (0.938 vs
+        # 0.948 at 25, 40 seeds), so it is kept to several in flight.
+        candidates = 24 if in_flight <= 1 else TPE_CANDIDATES_IN_FLIGHT
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,
+            n_startup_trials=TPE_STARTUP,
+            n_ei_candidates=candidates,
+            constant_liar=True,
+        )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name in ("random", "grid"):
@@ -258,9 +277,14 @@ class Driver:
         self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
-        self.sampler: BaseSampler | ValidSetSampler = make_sampler(opts.sampler, opts.seed, len(self.objectives))
-        if opts.inside_valid_set and opts.sampler != "grid":
-            self.sampler = ValidSetSampler(self.sampler, self.codec)
+        # made now so a missing extra is refused before the pool starts; remade in run() for the pool's capacity
+        self.sampler = self._make_sampler(1)
+
+    def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
+        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
+        if self.opts.inside_valid_set and self.opts.sampler != "grid":
+            return ValidSetSampler(sampler, self.codec)
+        return sampler
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _study_attrs(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> dict[str, Any]:
@@ -500,6 +524,8 @@ class Driver:
         directions = [o.direction for o in self.objectives]
         # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.search imports no
         # Optuna), which Optuna, calling only those methods, accepts.
+        if pool.capacity > 1:  # the sampler suited to several configs in flight (make_sampler)
+            self.sampler = self._make_sampler(pool.capacity)
         sampler = cast("BaseSampler", self.sampler)
         fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
         stamps["sampler_study_made_s"] = round(_process_age(), 3)
