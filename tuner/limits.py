@@ -65,6 +65,11 @@ def local_gpus() -> int | None:
     proc = Path("/proc/driver/nvidia/gpus")
     if proc.is_dir():
         return sum(1 for _ in proc.iterdir())
+    # A container often has no /proc/driver/nvidia but holds a device node per GPU it was given: counted without
+    # CUDA (asking the runtime imports CuPy and initialises the driver, ~0.5 s before any GPU worker could start).
+    nodes = [p for p in Path("/dev").glob("nvidia[0-9]*") if p.name.removeprefix("nvidia").isdigit()]
+    if nodes:
+        return len(nodes)
     try:
         import cupy
     except ImportError:

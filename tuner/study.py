@@ -407,7 +407,7 @@ class Driver:
         if not opts.replay:
             # Compile while the GPU worker starts (for the usual arch; a GPU of another arch recompiles): the
             # worker's own kernels, then the first configs the study will submit — the space's default for a
-            # search, the first configs of the listing for a grid.
+            # search, the first configs of the listing for a grid (three per compile thread: all of a small grid).
             from tuner.gpu import DEFAULT_ARCH
 
             pool.prefetch_worker_kernels(DEFAULT_ARCH)
@@ -415,7 +415,7 @@ class Driver:
             if opts.sampler == "grid":
                 walk = self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET)
                 try:
-                    first = list(itertools.islice(walk, min(2 * pool.compile_slots, opts.trials)))
+                    first = list(itertools.islice(walk, min(3 * pool.compile_slots, opts.trials)))
                 except space_mod.WalkBudgetExceeded:  # the grid itself refuses such a space, with its message
                     first = []
             # A new study also measures them while it opens its storage (a GPU that is up has nothing else to do);
