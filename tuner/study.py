@@ -150,8 +150,10 @@ def default_study_name(space: space_mod.SearchSpace, problem: space_mod.Problem,
 TPE_STARTUP = 5
 
 
-#: TPE's candidates per proposal (Optuna's n_ei_candidates) with several configs in flight (see make_sampler)
+#: TPE's candidates per proposal (Optuna's n_ei_candidates) with several configs in flight (see make_sampler) ...
 TPE_CANDIDATES_IN_FLIGHT = 128
+#: ... until this many configs are evaluated; then 24 again (the driver's `_narrow_sampler`)
+TPE_WIDE_UNTIL = 100
 
 
 def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int = 1) -> BaseSampler:
@@ -168,7 +170,10 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int 
         # 128 candidates per proposal instead of 24 made it 0.936 (0.939 vs 0.948 over 40 seeds), GEMV M=64
         # 0.905 vs 0.881, and no other budget or recorded space more than 0.004 below one at a time
         # (benchmarks/results/search/grid-inflight-candidates-2026-12-01). One at a time it cost GEMM (0.938 vs
-        # 0.948 at 25, 40 seeds), so it is kept to several in flight.
+        # 0.948 at 25, 40 seeds), so it is kept to several in flight; and to the first `TPE_WIDE_UNTIL` configs: the
+        # gain is early (within 0.001 from 100 on), while scoring 128 candidates costs ~50% more sampler time per
+        # proposal (GEMM replay, 300 trials: 10.9 vs 7.2 ms), which on the main job starved the GPU (47-48 s
+        # instead of 37-40 s on an H200).
         candidates = 24 if in_flight <= 1 else TPE_CANDIDATES_IN_FLIGHT
         return optuna.samplers.TPESampler(
             seed=seed,
@@ -279,6 +284,14 @@ class Driver:
         self.sampler_s = 0.0
         # made now so a missing extra is refused before the pool starts; remade in run() for the pool's capacity
         self.sampler = self._make_sampler(1)
+
+    def _narrow_sampler(self, fast) -> None:
+        """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
+        narrow = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), 1)
+        if isinstance(self.sampler, ValidSetSampler):
+            self.sampler.base = narrow  # the wrapper keeps its valid set and what it knows is explored
+        else:
+            self.sampler = fast.sampler = narrow
 
     def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
         sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
@@ -524,7 +537,8 @@ class Driver:
         directions = [o.direction for o in self.objectives]
         # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.search imports no
         # Optuna), which Optuna, calling only those methods, accepts.
-        if pool.capacity > 1:  # the sampler suited to several configs in flight (make_sampler)
+        wide = pool.capacity > 1 and self.opts.sampler == "tpe"
+        if wide:  # the sampler suited to several configs in flight (make_sampler)
             self.sampler = self._make_sampler(pool.capacity)
         sampler = cast("BaseSampler", self.sampler)
         fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
@@ -631,6 +645,9 @@ class Driver:
                         drawn = True
                         if grid_left is not None:
                             grid_left -= 1
+                        if wide and counted >= TPE_WIDE_UNTIL:
+                            wide = False
+                            self._narrow_sampler(fast)
                         started = time.perf_counter()
                         trial = fast.ask(dists)
                         self.sampler_s += time.perf_counter() - started
