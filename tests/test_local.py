@@ -87,6 +87,23 @@ def test_configs_compile_in_threads_and_run_in_worker_children(space, tmp_path, 
         pool.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are a Linux feature")
+def test_compile_threads_run_below_the_rest_of_the_study(space, tmp_path, monkeypatch):
+    """Compile threads (one per core) are niced by `COMPILE_NICENESS`, so the driver, the writer and the GPU
+    workers keep their share of the cores at a study's start; the driver's own thread is left as it was."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    import threading
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    pool = LocalPool(space, space.problem(), _child_factory(0.0), gpus=1, arch="sm_90")
+    try:
+        niceness = pool._compiler.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert niceness.result(timeout=60) == min(19, mine + local.COMPILE_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    finally:
+        pool.close()
+
+
 def test_killed_worker_fails_its_trial_and_the_next_config_runs(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     configs = list(space.enumerate())[:2]

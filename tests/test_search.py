@@ -348,6 +348,40 @@ def test_tpe_is_made_for_the_configs_in_flight(in_flight, candidates):
     assert (tpe._n_ei_candidates, tpe._constant_liar) == (candidates, True)
 
 
+def test_tpe_goes_back_to_24_candidates_once_enough_configs_are_evaluated(monkeypatch):
+    """The wide candidate set is for the first `TPE_WIDE_UNTIL` evaluated configs only (it costs sampler time):
+    after that the driver hands the valid-set wrapper a 24-candidate TPE, and the study goes on to its end."""
+    from tuner import study as study_mod
+
+    monkeypatch.setattr(study_mod, "TPE_WIDE_UNTIL", 10)
+    seen: list[int] = []
+    narrow = study_mod.Driver._narrow_sampler
+
+    def watched(self, fast):
+        seen.append(len(fast.get_trials(deepcopy=False)))
+        narrow(self, fast)
+
+    monkeypatch.setattr(study_mod.Driver, "_narrow_sampler", watched)
+    driver = Driver(
+        StudyOptions(
+            kernel="transpose",
+            space=str(SPACE),
+            trials=30,
+            storage=":memory:",
+            seed=0,
+            replay=str(RECORDING),
+            in_process=True,
+            progress=False,
+            replay_in_flight=8,
+        )
+    )
+    assert driver.run()["trials"] == 30
+    assert len(seen) == 1 and seen[0] >= 10  # switched once, after the tenth evaluated config
+    tpe = driver.sampler.base
+    assert isinstance(tpe, optuna.samplers.TPESampler)
+    assert (tpe._n_ei_candidates, tpe._constant_liar) == (24, True)
+
+
 GEMV_M64 = ROOT / "tests" / "data" / "gemv_m64_partial_h200.db.gz"  # see tests/data/README.md
 GEMV_M64_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_m64.yaml"
 

@@ -329,3 +329,50 @@ def test_hung_worker_times_out_and_is_replaced(tmp_path):
     finally:
         pool.close()
         ray.shutdown()
+
+
+def test_a_new_study_database_is_created_by_the_writer_not_the_driver(tmp_path):
+    """The driver of a new study never opens its database (no SQLAlchemy in its process): the writer process
+    creates it, with the study's attributes, takes the lease for the driver and releases it at the end."""
+    env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(db: Path) -> list[str]:
+        code = (
+            "import sys, tuner.api as api\n"
+            f"r = api.study({str(SPACE)!r}, 12, replay={str(RECORDING)!r}, storage='sqlite:///{db}', seed=0)\n"
+            "print(r.summary['trials'], 'sqlalchemy' in sys.modules)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    # The first run reads the replay recording through SQLAlchemy and caches it as JSON; the second, on another
+    # new database, needs SQLAlchemy for nothing in the driver's process.
+    assert run(tmp_path / "first.db")[0] == "12"
+    db = tmp_path / "new.db"
+    assert run(db) == ["12", "False"]
+    (study,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
+    loaded = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}")
+    assert len(loaded.trials) == 12 and loaded.user_attrs["kernel"] == "transpose"
+    assert loaded.metric_names == ["throughput"]
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from tuner_leases").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite:///rel/a.db", "sqlite:////abs/b.db", "sqlite:///c%20d.db", "sqlite:///file:e.db?mode=ro&uri=true"],
+)
+def test_the_fast_storage_path_reads_urls_as_sqlalchemy_does(url):
+    from sqlalchemy.engine import make_url
+
+    from tuner.dbfiles import plain_sqlite_file, sqlite_path
+    from tuner.studies import artifact_dir_for
+
+    fast = plain_sqlite_file(url)
+    assert fast is None or fast == Path(make_url(url).database)
+    assert sqlite_path(url) is not None and artifact_dir_for(url) is not None
