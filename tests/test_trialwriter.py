@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import time
 from pathlib import Path
 
@@ -440,3 +441,19 @@ def test_the_writer_process_completes_trials_held_past_the_hold_in_one_pass(tmp_
         for n, (_, done) in enumerate(pairs)
     ]
     assert got == expected + [fields(pairs[0][1]) | {"number": len(pairs)}]
+
+
+def test_the_driver_hears_at_once_of_a_writer_that_died(tmp_path):
+    """`_Mirror.check` (called at every turn of the driver's loop) raises as soon as the writer process is gone,
+    instead of the study running on with nothing recorded; a live, bound writer passes."""
+    import signal
+
+    from tuner.writer import _Mirror
+
+    url, _, study_id = new_study(tmp_path, "w", 1)
+    mirror = _Mirror(url, study_id)
+    mirror.check()  # alive: nothing to say
+    os.kill(mirror.proc.pid, signal.SIGKILL)
+    mirror.proc.join(30)
+    with pytest.raises(RuntimeError, match="writer process exited with code -9"):
+        mirror.check()

@@ -616,7 +616,7 @@ class Driver:
             take_index()
         if mirror is None:
             mirror = _InlineMirror(self._opened_storage(), study_id)
-        check_writer = mirror.check if created_by_writer else None
+        check_writer = mirror.check if isinstance(mirror, _Mirror) else None
         self._setting_up = None
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
@@ -633,7 +633,7 @@ class Driver:
             with progress:
                 while counted < target:
                     if check_writer is not None:
-                        check_writer()  # a new study the writer could not create (another driver holds it)
+                        check_writer()  # a new study the writer could not create, or a writer that died
                     if grid_left == 0 and pool.in_flight == 0:
                         break  # every queued config is answered; a config that did not count is not re-drawn
                     while submitted < target and pool.in_flight < pool.capacity and grid_left != 0:

@@ -210,9 +210,15 @@ class _Mirror:
         self.inbox.put(("study_attr", key, value))
 
     def check(self) -> None:
-        """Raise the InputError of a refused `create` as soon as the writer has reported it (no wait)."""
+        """While the study runs (no wait): raise the InputError of a refused `create` as soon as the writer has
+        reported it, and a RuntimeError if the writer has died, so a study whose trials can no longer be recorded
+        stops now rather than at its end."""
         with contextlib.suppress(queue_mod.Empty):
             self._raise_refusal(self.done.get_nowait())
+        if self.proc.exitcode is not None:
+            raise RuntimeError(
+                f"the study's writer process exited with code {self.proc.exitcode}; nothing more can be recorded"
+            )
 
     @staticmethod
     def _raise_refusal(stats: dict[str, Any]) -> dict[str, Any]:
