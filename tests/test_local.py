@@ -4,6 +4,7 @@ suffer (killed, hung), handled as the Ray pool handles them."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -61,6 +62,16 @@ def _drain(pool: LocalPool, want: int, limit_s: float = 120.0) -> dict[int, obje
     return results
 
 
+@contextlib.contextmanager
+def _pool(space, factory, gpus: int):
+    """A LocalPool compiling for sm_90 over `factory`'s workers, closed however the test ends."""
+    pool = LocalPool(space, space.problem(), factory, gpus=gpus, arch="sm_90")
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture(scope="module")
 def space():
     return space_mod.load(SPACE)
@@ -69,8 +80,7 @@ def space():
 def test_configs_compile_in_threads_and_run_in_worker_children(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     configs = list(space.enumerate())[:6]
-    pool = LocalPool(space, space.problem(), _child_factory(0.0), gpus=2, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(0.0), gpus=2) as pool:
         assert pool.compile_slots == host_cores() and pool.capacity == host_cores() + 2 * 3
         pool.prefetch(configs[0], "sm_90")  # before the workers are up
         for number, params in enumerate(configs):
@@ -83,8 +93,6 @@ def test_configs_compile_in_threads_and_run_in_worker_children(space, tmp_path, 
         assert os.getpid() not in pids and len(pids) == 2  # one child process per GPU
         assert {w["pid"] for w in pool.ran_by.values()} <= {g.pid for g in (w.evaluator for w in pool._workers)}
         assert pool.startup["engine"] == "local" and pool.startup["gpu_workers_s"] > 0
-    finally:
-        pool.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are a Linux feature")
@@ -95,20 +103,16 @@ def test_compile_threads_run_below_the_rest_of_the_study(space, tmp_path, monkey
     import threading
 
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    pool = LocalPool(space, space.problem(), _child_factory(0.0), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(0.0), gpus=1) as pool:
         niceness = pool._compiler.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert niceness.result(timeout=60) == min(19, mine + local.COMPILE_NICENESS)
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
-    finally:
-        pool.close()
 
 
 def test_killed_worker_fails_its_trial_and_the_next_config_runs(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     configs = list(space.enumerate())[:2]
-    pool = LocalPool(space, space.problem(), _child_factory(3.0), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(3.0), gpus=1) as pool:
         child = pool._workers[0].evaluator
         pool.wait_ready()
         victim = child.pid
@@ -123,23 +127,18 @@ def test_killed_worker_fails_its_trial_and_the_next_config_runs(space, tmp_path,
         pool.submit(1, configs[1])
         assert _drain(pool, 1)[1].ok
         assert child.pid != victim and child.restarts == 1
-    finally:
-        pool.close()
 
 
 def test_hung_worker_times_out_and_is_replaced(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     configs = list(space.enumerate())[:2]
-    pool = LocalPool(space, space.problem(), _child_factory(30.0, timeout_s=2.0), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(30.0, timeout_s=2.0), gpus=1) as pool:
         pool.wait_ready()
         started = time.time()
         pool.submit(0, configs[0])
         result = _drain(pool, 1)[0]
         assert result.kind == "timed_out" and time.time() - started < 30
         assert pool._workers[0].evaluator.alive() is False  # killed; the next config starts a fresh child
-    finally:
-        pool.close()
 
 
 def _settled(pool: LocalPool, n: int, limit_s: float = 60.0) -> None:
@@ -156,8 +155,7 @@ def _settled(pool: LocalPool, n: int, limit_s: float = 60.0) -> None:
 def test_prefetched_configs_are_measured_before_they_are_asked_for_and_only_once(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     configs = list(space.enumerate())[:3]
-    pool = LocalPool(space, space.problem(), _child_factory(0.6), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(0.6), gpus=1) as pool:
         for params in configs[:2]:
             pool.prefetch(params, "sm_90", evaluate=True)  # the GPU measures them while the driver sets up
         pool.prefetch(configs[2], "sm_80", evaluate=True)  # compiled for another GPU: never measured here
@@ -177,16 +175,13 @@ def test_prefetched_configs_are_measured_before_they_are_asked_for_and_only_once
         pool.submit(3, configs[0], budget_ms=300.0, screening=False)
         results = _drain(pool, 2)
         assert all(r.ok for r in results.values()) and pool.busy_seconds() > busy + 1.1
-    finally:
-        pool.close()
 
 
 def test_a_config_resolved_otherwise_by_the_time_it_is_asked_for_is_measured_afresh(space, tmp_path, monkeypatch):
     # The study may learn GPU facts after the prefetch that change a config's launch geometry, not its source.
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     params = list(space.enumerate())[0]
-    pool = LocalPool(space, space.problem(), _child_factory(0.6), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(0.6), gpus=1) as pool:
         pool.prefetch(params, "sm_90", evaluate=True)
         _settled(pool, 1)
         busy = pool.busy_seconds()
@@ -195,15 +190,12 @@ def test_a_config_resolved_otherwise_by_the_time_it_is_asked_for_is_measured_afr
         pool.submit(0, params)
         assert _drain(pool, 1)[0].ok
         assert pool.busy_seconds() > busy + 0.5  # measured again, as resolved now
-    finally:
-        pool.close()
 
 
 def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     params = list(space.enumerate())[0]
-    pool = LocalPool(space, space.problem(), _child_factory(1.0), gpus=1, arch="sm_90")
-    try:
+    with _pool(space, _child_factory(1.0), gpus=1) as pool:
         pool.wait_ready()
         pool.prefetch(params, "sm_90", evaluate=True)
         deadline = time.time() + 30
@@ -214,8 +206,6 @@ def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, 
         time.sleep(1.2)
         assert pool.poll(0.1) == [] and pool.in_flight == 0  # once, not twice
         assert 0.9 < pool.busy_seconds() < 1.9
-    finally:
-        pool.close()
 
 
 def test_a_worker_that_cannot_start_is_reported_by_wait_ready(space):
@@ -255,14 +245,11 @@ def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_c
     local.launch_gpu_workers(1, timeout_s=30.0)
     early = local._LAUNCHED[0]
     assert early.alive() and not early.info  # its process runs before anyone waits for it
-    pool = LocalPool(space, space.problem(), local.isolated_gpu_evaluator, gpus=1, arch="sm_90")
-    try:
+    with _pool(space, local.isolated_gpu_evaluator, gpus=1) as pool:
         assert pool._workers[0].evaluator is early and not local._LAUNCHED
         pool.submit(0, list(space.enumerate())[0])
         assert _drain(pool, 1)[0].ok
         assert pool.ran_by[0]["pid"] == early.pid  # the same child measured it
-    finally:
-        pool.close()
 
 
 @pytest.mark.parametrize(

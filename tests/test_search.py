@@ -32,7 +32,8 @@ SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
 STUDY = "transpose-n16384_float32-NVIDIA_H200"
 
 
-def run(tmp_path, **kw):
+def _driver(**kw) -> Driver:
+    """A study driver over the H200 transpose recording, answered in this process; `kw` overrides the options."""
     opts = dict(
         kernel="transpose",
         space=str(SPACE),
@@ -44,7 +45,11 @@ def run(tmp_path, **kw):
         progress=False,
     )
     opts.update(kw)
-    driver = Driver(StudyOptions(**opts))
+    return Driver(StudyOptions(**opts))
+
+
+def run(tmp_path, **kw):
+    driver = _driver(**kw)
     summary = driver.run()
     return summary, optuna.load_study(study_name=summary["study"], storage=driver.storage)
 
@@ -112,20 +117,7 @@ def test_storage_keeps_real_values_and_old_recordings_resume(tmp_path):
     before = optuna.load_study(study_name=name, storage=url)
     old_keys = {params_key(t.params) for t in before.trials if t.state.name == "COMPLETE"}
     n_before = len(before.trials)
-    driver = Driver(
-        StudyOptions(
-            kernel="transpose",
-            space=str(SPACE),
-            trials=n_before + 20,
-            storage=url,
-            study_name=name,
-            seed=0,
-            replay=str(RECORDING),
-            in_process=True,
-            progress=False,
-            objectives="all",
-        )
-    )
+    driver = _driver(trials=n_before + 20, storage=url, study_name=name, objectives="all")
     driver.run()
     after = optuna.load_study(study_name=name, storage=url)
     new = [t for t in after.trials[n_before:] if "screened" not in t.user_attrs]
@@ -183,18 +175,7 @@ def test_a_failed_config_is_never_evaluated_again(tmp_path, inside_valid_set):
 
 def test_failures_are_told_to_the_sampler_as_infeasible_worst_values(tmp_path):
     cache = _cache_with_failures(tmp_path)
-    driver = Driver(
-        StudyOptions(
-            kernel="transpose",
-            space=str(SPACE),
-            trials=40,
-            storage=":memory:",
-            seed=0,
-            replay=str(cache),
-            in_process=True,
-            progress=False,
-        )
-    )
+    driver = _driver(trials=40, replay=str(cache))
     driver.run()
     # What the sampler saw (its in-memory study) is rebuilt from storage exactly as a resumed study sees it.
     study = optuna.load_study(study_name=driver.storage.get_all_studies()[0].study_name, storage=driver.storage)
@@ -233,18 +214,7 @@ def test_kt_cache_round_trip_and_import(tmp_path, capsys):
     assert imported.kernel == "kt"
     assert {params_key(c) for c in imported.enumerate()} == set(ours)
     # and a study over it replays the cache
-    driver = Driver(
-        StudyOptions(
-            kernel="kt",
-            space=str(space_file),
-            trials=20,
-            storage=":memory:",
-            seed=0,
-            replay=str(out),
-            in_process=True,
-            progress=False,
-        )
-    )
+    driver = _driver(kernel="kt", space=str(space_file), trials=20, replay=str(out))
     assert driver.run()["trials"] == 20
 
 
@@ -329,19 +299,7 @@ def test_tpe_is_made_for_the_configs_in_flight(in_flight, candidates):
     """The driver remakes its sampler for the pool's capacity: TPE draws 128 candidates per proposal with
     several configs in flight (Optuna's 24 one at a time) and tells configs in flight as bad ones (constant
     liar), which on the recorded GEMM space kept 8 in flight within 0.01 of one at a time (`make_sampler`)."""
-    driver = Driver(
-        StudyOptions(
-            kernel="transpose",
-            space=str(SPACE),
-            trials=12,
-            storage=":memory:",
-            seed=0,
-            replay=str(RECORDING),
-            in_process=True,
-            progress=False,
-            replay_in_flight=in_flight,
-        )
-    )
+    driver = _driver(trials=12, replay_in_flight=in_flight)
     assert driver.run()["trials"] == 12
     tpe = driver.sampler.base
     assert isinstance(tpe, optuna.samplers.TPESampler)
@@ -362,19 +320,7 @@ def test_tpe_goes_back_to_24_candidates_once_enough_configs_are_evaluated(monkey
         narrow(self, fast)
 
     monkeypatch.setattr(study_mod.Driver, "_narrow_sampler", watched)
-    driver = Driver(
-        StudyOptions(
-            kernel="transpose",
-            space=str(SPACE),
-            trials=30,
-            storage=":memory:",
-            seed=0,
-            replay=str(RECORDING),
-            in_process=True,
-            progress=False,
-            replay_in_flight=8,
-        )
-    )
+    driver = _driver(trials=30, replay_in_flight=8)
     assert driver.run()["trials"] == 30
     assert len(seen) == 1 and seen[0] >= 10  # switched once, after the tenth evaluated config
     tpe = driver.sampler.base
@@ -551,18 +497,7 @@ def test_a_cache_kernel_tuner_itself_wrote_on_the_h200(tmp_path):
     records = load_records(str(KT_H200))
     assert len(records) == 45 and all(state == "COMPLETE" for state, _ in records.values())
     url = f"sqlite:///{tmp_path}/kt.db"
-    driver = Driver(
-        StudyOptions(
-            kernel="kt",
-            space=str(space_file),
-            trials=50,
-            storage=url,
-            seed=0,
-            replay=str(KT_H200),
-            in_process=True,
-            progress=False,
-        )
-    )
+    driver = _driver(kernel="kt", space=str(space_file), trials=50, storage=url, replay=str(KT_H200))
     summary = driver.run()
     assert summary["trials"] == 45  # the study ends when the cache's configs are spent
     study = optuna.load_study(study_name=summary["study"], storage=url)

@@ -326,10 +326,6 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         available = limits.local_gpus() or 0
         launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
-    if not args.in_process:
-        from tuner.writer import launch_writer
-
-        launch_writer()  # the study's writer process, importing Optuna while this one does the same
     from tuner.api import study
 
     summary = study(

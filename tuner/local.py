@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.clock import since_command
 from tuner.evaluator import Evaluator, EvaluatorFactory
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
@@ -145,7 +146,7 @@ class _Gpu:
             return False
         finally:
             self.started_s = time.perf_counter() - t0
-            self.ready_at_s = _since_command(time.perf_counter())
+            self.ready_at_s = since_command(time.perf_counter())
             self.up.set()
         return True
 
@@ -168,7 +169,7 @@ class _Gpu:
         started = time.perf_counter()
         if pool.busy_since is None:
             pool.busy_since = started
-        pool.startup.setdefault("first_measure_start_s", _since_command(started))
+        pool.startup.setdefault("first_measure_start_s", since_command(started))
         try:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
             family = pool.space.family_ref or pool.family
@@ -242,7 +243,7 @@ class LocalPool:
         self.startup: dict[str, Any] = {
             "engine": "local",
             "pool_start_s": round(time.perf_counter() - t0, 3),
-            "pool_made_s": _since_command(t0),
+            "pool_made_s": since_command(t0),
         }
         self._t0 = t0
         self._ready = False
@@ -315,7 +316,7 @@ class LocalPool:
         if result is None or not result.ok:
             self.speculated(job, None, None)
             return
-        self.startup.setdefault("first_compile_done_s", _since_command(time.perf_counter()))
+        self.startup.setdefault("first_compile_done_s", since_command(time.perf_counter()))
         job.compiled = result
         self.ready.put(job)
 
@@ -412,7 +413,7 @@ class LocalPool:
         except Exception as exc:  # a bug in compiling, not a property of the config: surfaces in poll()
             self.done.put((job.number, exc))
             return
-        self.startup.setdefault("first_compile_done_s", _since_command(time.perf_counter()))
+        self.startup.setdefault("first_compile_done_s", since_command(time.perf_counter()))
         if result.ok:
             job.compiled = result
             if job.number >= 0:
@@ -466,13 +467,6 @@ class LocalPool:
             except Exception:  # closing a worker that never started
                 pass
         self._workers = []
-
-
-def _since_command(t: float) -> float:
-    """Seconds from the command's start (the tuner package's import) to `t`, like the driver's stages."""
-    import tuner
-
-    return round(t - tuner.IMPORTED_AT, 3)
 
 
 #: how much lower than the rest of the study a compile thread runs (a nice increment, Linux only)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tuner import kernels, limits
 from tuner import space as space_mod
+from tuner.clock import since_command
 from tuner.dbfiles import check_storage
 from tuner.errors import InputError
 from tuner.evaluator import EvaluatorFactory
@@ -37,7 +38,7 @@ from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
 from tuner.space import params_key
-from tuner.writer import _Mirror
+from tuner.writer import _Mirror, new_study
 
 if TYPE_CHECKING:
     import optuna
@@ -233,7 +234,7 @@ class Driver:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         self.t0 = time.perf_counter()
-        self.t_imports = _process_age()
+        self.t_imports = since_command()
         self.opts = opts
         if opts.trials < 1:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
@@ -355,10 +356,7 @@ class Driver:
                 raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
             durable = existing
         else:
-            durable = optuna.create_study(study_name=name, storage=storage, directions=directions)
-            for key, value in attrs.items():
-                durable.set_user_attr(key, value)
-            durable.set_metric_names([o.name for o in self.objectives])
+            durable = new_study(storage, name, directions, attrs, [o.name for o in self.objectives])
         return durable
 
     def _study_name(self, gpu: str) -> str:
@@ -494,9 +492,9 @@ class Driver:
         elif not created_by_writer:
             self.storage = open_storage(self.url)
         storage_s = time.perf_counter() - t_storage
-        stamps = {"storage_opened_s": round(_process_age(), 3)}
+        stamps = {"storage_opened_s": since_command()}
         gpu = pool.gpus[0]["gpu"]  # waits for the GPU workers
-        stamps["workers_waited_s"] = round(_process_age(), 3)
+        stamps["workers_waited_s"] = since_command()
         from tuner.lease import acquire
 
         t_storage = time.perf_counter()
@@ -529,9 +527,9 @@ class Driver:
             if mirror is not None:
                 mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
         storage_s += time.perf_counter() - t_storage
-        stamps["study_opened_s"] = round(_process_age(), 3)
+        stamps["study_opened_s"] = since_command()
         self.artifacts = _ArtifactWriter(self.url) if pool.measures else None
-        stamps["artifacts_s"] = round(_process_age(), 3)
+        stamps["artifacts_s"] = since_command()
 
         memory = optuna.storages.InMemoryStorage()
         directions = [o.direction for o in self.objectives]
@@ -542,7 +540,7 @@ class Driver:
             self.sampler = self._make_sampler(pool.capacity)
         sampler = cast("BaseSampler", self.sampler)
         fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
-        stamps["sampler_study_made_s"] = round(_process_age(), 3)
+        stamps["sampler_study_made_s"] = since_command()
         self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
         measured: dict[str, int] = {}  # params key → the trial that measured it
         failed: dict[str, int] = {}  # params key → the trial whose evaluation failed (never evaluated again)
@@ -557,7 +555,7 @@ class Driver:
                 failed.setdefault(params_key(t.params), t.number)
         self.worst = worst_values(measured_values, directions)
         fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in past) if s is not None])
-        stamps["sampler_study_s"] = round(_process_age(), 3)
+        stamps["sampler_study_s"] = since_command()
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
         queued: set[str] = set()  # keys enqueued below: each config once
@@ -586,7 +584,7 @@ class Driver:
                     fast.enqueue_trial(self.codec.encode(params))
             grid_left = sum(1 for t in fast.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             target = min(target, counted + grid_left)
-            stamps["grid_queued_s"] = round(_process_age(), 3)
+            stamps["grid_queued_s"] = since_command()
 
         def take_index() -> None:
             """Wait for the valid set (listed in the background, or read from the cache), then set up the repair
@@ -756,8 +754,8 @@ class Driver:
             "writer_flush_s": round(time.perf_counter() - flush_started, 3),
             # What a user waits for, up to this summary: from the command's start (imports included) through the
             # search, the finalists' re-timing and the writer's last commit. `wall_s` is the driver's loop alone.
-            "command_wall_s": round(_process_age(), 3),
-            **({"writer": _writer_summary(writer, self.t0 - self.t_imports)} if writer else {}),
+            "command_wall_s": since_command(),
+            **({"writer": _writer_summary(writer)} if writer else {}),
             "best": stats.best,
             "finalists": finalists,
         }
@@ -901,18 +899,22 @@ class Driver:
         return 0 if SCREENED in trial.user_attrs else 1
 
 
-def _writer_summary(stats: dict[str, Any], command_start: float) -> dict[str, Any]:
-    """The writer process's timings (`_writer_main`) in seconds from the command's start (`command_start`, on
-    `time.perf_counter`'s clock), with its cost per trial written."""
-    offset = time.time() - time.perf_counter() + command_start  # the command's start in epoch seconds
-    out: dict[str, Any] = {
-        f"{name.removesuffix('_at')}_s": round(stats[name] - offset, 3)
-        for name in ("started_at", "imported_at", "bound_at", "opened_at", "first_write_at", "done_at")
-        if name in stats
-    }
+def _writer_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """The writer process's timings (`_writer_main`) in seconds from the command's start, with its cost per trial
+    written."""
+    out = _stamps_from_command({k: v for k, v in stats.items() if k.endswith("_at")})
     out["trials_written"] = stats["trials"]
     out["ms_per_trial"] = round(1000 * stats["write_s"] / stats["trials"], 2) if stats["trials"] else None
     return out
+
+
+def _stamps_from_command(stamps: dict[str, Any]) -> dict[str, Any]:
+    """Another process's "<stage>_at" `perf_counter` stamps as "<stage>_s" from the command's start
+    (`tuner.clock`); other entries as they are."""
+    return {
+        (k.removesuffix("_at") + "_s" if k.endswith("_at") else k): (since_command(v) if k.endswith("_at") else v)
+        for k, v in stamps.items()
+    }
 
 
 def _evaluation_failed(trial) -> bool:
@@ -1074,22 +1076,8 @@ def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     stages = gpus[0].get("startup") if gpus else None
     if not stages:
         return {}
-    import tuner
-
-    # "<stage>_at": the worker's monotonic clock (shared by the processes of one host) → "<stage>_s" from the command
-    return {
-        "gpu_worker": {
-            (k[:-3] + "_s" if k.endswith("_at") else k): (round(v - tuner.IMPORTED_AT, 3) if k.endswith("_at") else v)
-            for k, v in stages.items()
-        }
-    }
-
-
-def _process_age() -> float:
-    """Seconds since the command started (the first import of the tuner package)."""
-    import tuner
-
-    return time.perf_counter() - tuner.IMPORTED_AT
+    # "<stage>_at": the worker's perf_counter stamps (`tuner.clock`) → "<stage>_s" from the command
+    return {"gpu_worker": _stamps_from_command(stages)}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import os
 import queue as queue_mod
 import time
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from tuner.errors import InputError
 
@@ -41,7 +42,7 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     `_create_study`), so that a new study's driver never waits for the storage. A refused creation is reported on
     `done` ({"refused": text}) and nothing is written. Later messages may set study attributes
     (("study_attr", key, value)). The writer is started early, to import while the driver sets up."""
-    started_at = time.time()
+    started_at = time.perf_counter()
     # The slow part of the writer's start, done while the driver sets up: Optuna, and the packages its RDB
     # storage imports on first use (about 0.6 s of the writer's 0.8 s to open the storage on a 2-core machine).
     import alembic.command  # noqa: F401
@@ -59,11 +60,11 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # as in the driver: no "A new study created" line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-    imported_at = time.time()
+    imported_at = time.perf_counter()
     first = get_unless_orphaned(inbox, parent)
     if first is None or first[0] not in ("study", "create"):
         return
-    bound_at = time.time()
+    bound_at = time.perf_counter()
     lease = None
     if first[0] == "study":
         study_id = first[1]
@@ -74,17 +75,14 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
         try:
             storage, study_id, lease = _create_study(url, first[1])
         except InputError as exc:
-            done.put({"refused": exc.message, "where": exc.where})
-            done.close()
-            done.join_thread()
-            os._exit(0)
+            _report_and_leave(done, {"refused": exc.message, "where": exc.where})
     writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
-    # what the driver's summary reports of the writer (epoch seconds; the driver makes them relative)
+    # what the driver's summary reports of the writer (`perf_counter` stamps: the driver makes them relative)
     stats: dict[str, Any] = {
         "started_at": started_at,
         "imported_at": imported_at,
         "bound_at": bound_at,
-        "opened_at": time.time(),
+        "opened_at": time.perf_counter(),
         "trials": 0,
         "write_s": 0.0,
     }
@@ -135,14 +133,18 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
             trial_ids.update(zip((number for number, _ in ready), ids, strict=True))
             stats["write_s"] += time.perf_counter() - started
             stats["trials"] += len(ready)
-            stats.setdefault("first_write_at", time.time())
+            stats.setdefault("first_write_at", time.perf_counter())
     if lease is not None:
         lease.release()
     storage.engine.dispose()  # closes the database (SQLite folds its write-ahead log back in)
-    stats["done_at"] = time.time()
-    done.put(stats)
-    # Everything is written and closed: leave without the interpreter's teardown (a tenth of a second or more of
-    # garbage collection and module clean-up that the driver would wait for), once the timings are sent.
+    stats["done_at"] = time.perf_counter()
+    _report_and_leave(done, stats)
+
+
+def _report_and_leave(done: mp.Queue, report: dict[str, Any]) -> None:
+    """Send the driver `report` and leave without the interpreter's teardown (a tenth of a second or more of
+    garbage collection and module clean-up that the driver would wait for): everything is written and closed."""
+    done.put(report)
     done.close()
     done.join_thread()
     os._exit(0)
@@ -162,17 +164,32 @@ def _create_study(url: str, spec: dict[str, Any]):
     storage = open_storage(url)
     lease = acquire(url, name, spec["takeover"], pid=spec["pid"])
     try:
-        durable = optuna.create_study(study_name=name, storage=storage, directions=spec["directions"])
+        new_study(storage, name, spec["directions"], spec["attrs"], spec["metric_names"])
     except optuna.exceptions.DuplicatedStudyError:
         lease.release()
         raise InputError(
             f"study {name!r} was created by another run while this one started; run the command again to resume it",
             url,
         ) from None
-    for key, value in spec["attrs"].items():
-        durable.set_user_attr(key, value)
-    durable.set_metric_names(spec["metric_names"])
     return storage, storage.get_study_id_from_name(name), lease
+
+
+def new_study(
+    storage,
+    name: str,
+    directions: Sequence[Literal["minimize", "maximize"]],
+    attrs: dict[str, Any],
+    metric_names: list[str],
+):
+    """Create the durable study `name` in `storage` with its user attrs and metric names (by the writer for a new
+    database, by the driver for a new study in an existing one); Optuna's DuplicatedStudyError if it exists."""
+    import optuna
+
+    durable = optuna.create_study(study_name=name, storage=storage, directions=directions)
+    for key, value in attrs.items():
+        durable.set_user_attr(key, value)
+    durable.set_metric_names(metric_names)
+    return durable
 
 
 class _Mirror:
