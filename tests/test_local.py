@@ -238,15 +238,15 @@ def replay_children(monkeypatch, tmp_path):
             IsolatedEvaluator, start_timeout_s=120.0, evaluator_factory=_ReplayChild, evaluator_kwargs={"delay_s": 0.0}
         ),
     )
-    monkeypatch.setattr(local, "_LAUNCHED", {})
+    monkeypatch.setattr(worker_mod, "_LAUNCHED", {})
 
 
 def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_children):
-    local.launch_gpu_workers(1, timeout_s=30.0)
-    early = local._LAUNCHED[0]
+    worker_mod.launch_gpu_workers(1, timeout_s=30.0)
+    early = worker_mod._LAUNCHED[0]
     assert early.alive() and not early.info  # its process runs before anyone waits for it
     with _pool(space, local.isolated_gpu_evaluator, gpus=1) as pool:
-        assert pool._workers[0].evaluator is early and not local._LAUNCHED
+        assert pool._workers[0].evaluator is early and not worker_mod._LAUNCHED
         pool.submit(0, list(space.enumerate())[0])
         assert _drain(pool, 1)[0].ok
         assert pool.ran_by[0]["pid"] == early.pid  # the same child measured it
@@ -264,9 +264,20 @@ def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_c
 def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeypatch, argv, launched):
     calls = []
     monkeypatch.setattr(limits, "local_gpus", lambda: 1)
-    monkeypatch.setattr(local, "launch_gpu_workers", lambda count, timeout_s: calls.append(count))
+    monkeypatch.setattr(worker_mod, "launch_gpu_workers", lambda count, timeout_s: calls.append(count))
     # Stop right after the launch: the study itself is tested elsewhere.
     monkeypatch.setattr("tuner.api.study", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))
     with pytest.raises(SystemExit):
         cli.main(["study", "transpose", *argv])
     assert calls == ([launched] if launched else [])
+
+
+def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():
+    # ``tuner study`` imports tuner.worker to launch its GPU workers, and each child imports it again before it can
+    # start its CUDA context: NumPy and the families there would delay every GPU worker by ~0.3 s.
+    import subprocess
+    import sys
+
+    probe = "import sys, tuner.worker; print(sorted(m for m in ('numpy', 'tuner.kernels', 'cupy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -109,7 +109,7 @@ def test_the_command_sets_the_cutoff(probe, tmp_path):
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
     assert main([*base, "--storage", storage, "--screen-cutoff", "1.5"]) == 0
-    cutoffs = {c for _, c, budget in probe.calls if c is not None and budget == 10.0}  # screening's default budget
+    cutoffs = {c for _, c, budget in probe.calls if c is not None and budget == 5.0}  # screening's default budget
     assert cutoffs and all(
         any(c == pytest.approx(1.5 * _median(probe, u)) for u, _, _ in probe.calls if u) for c in cutoffs
     )

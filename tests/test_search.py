@@ -595,32 +595,20 @@ def test_screened_and_repaired_without_the_valid_set_sampler(tmp_path):
         assert t.params == first.params and t.values == first.values
 
 
-def test_a_space_file_is_listed_in_a_child_process(tmp_path, monkeypatch):
-    """A space not listed before is listed by a spawned child (no GIL shared with the driver's set-up) into the
-    cache, and the driver's thread reads it from there; this process never walks the space."""
+def test_a_space_is_listed_beside_the_set_up_once_per_machine(tmp_path, monkeypatch):
+    """IndexBuild lists the valid set in its thread and stores it; the next study on this machine reads it."""
     from tuner import search as search_mod
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     space = space_mod.load(SPACE)
     problem = space.problem()
-    expected = list(space.enumerate(problem))
-
-    def not_here(*args, **kwargs):
-        raise AssertionError("the space was listed in the driver's process")
-
-    monkeypatch.setattr(search_mod, "_build_index", not_here)
+    expected = {params_key(c) for c in space.enumerate(problem)}
     index = search_mod.IndexBuild(space, problem).result()
-    assert index.complete and len(index) == len(expected)
-    assert {params_key(index.config(i)) for i in range(len(index))} == {params_key(c) for c in expected}
+    assert index.complete and {params_key(index.config(i)) for i in range(len(index))} == expected
 
+    def not_again(*args, **kwargs):
+        raise AssertionError("the space was listed again")
 
-def test_a_space_the_child_cannot_load_is_listed_in_the_thread(tmp_path, monkeypatch):
-    """An in-memory change the space file does not hold (another index key in the child) falls back to the thread."""
-    from tuner import search as search_mod
-
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    space = space_mod.load(SPACE)
-    narrowed = dataclasses.replace(space, params={**space.params, "pad": (0,)})
-    problem = narrowed.problem()
-    index = search_mod.IndexBuild(narrowed, problem).result()
-    assert len(index) == len(list(narrowed.enumerate(problem))) < len(list(space.enumerate(problem)))
+    monkeypatch.setattr(search_mod, "_build_index", not_again)
+    again = search_mod.IndexBuild(space, problem).result()
+    assert {params_key(again.config(i)) for i in range(len(again))} == expected

@@ -165,3 +165,92 @@ def test_shipped_spaces_load(path):
     s = space_mod.load(path)
     assert s.count_valid() > 0
     assert s.validate(s.default) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# listing the valid set over arrays: the same configs, in the same order, as the config-by-config walk
+
+
+def _walked(space, problem):
+    """The valid set as `enumerate` walks it, as rows of positions (what valid_positions must equal)."""
+    import numpy as np
+
+    pairs = [(n, {v: i for i, v in enumerate(vals)}) for n, vals in space.params.items()]
+    flat = [pos[c[n]] for c in space.enumerate(problem) for n, pos in pairs]
+    return np.array(flat, dtype=np.int16).reshape(-1, len(pairs))
+
+
+@pytest.mark.parametrize("path", space_mod.shipped_spaces(), ids=lambda p: p.stem)
+def test_shipped_spaces_list_over_arrays_exactly_as_walked(path):
+    import numpy as np
+
+    space = space_mod.load(path)
+    for problem in space.problems:
+        # the array path itself (valid_positions would quietly walk where the arrays cannot)
+        listed = space._positions_over_arrays(problem, space_mod.WALK_BUDGET)
+        assert np.array_equal(listed, _walked(space, problem)), problem.name
+
+
+EDGES = """\
+kernel: copy
+problem: {name: small, n: 4096, big: 1099511627776, dtype: float32}
+params:
+  a: [0, 1, 2, 3, 4, 8]
+  b: [0, 1, 2, 4, 16]
+  f: [0.5, 1.0, 2.5]
+  s: [x, y]
+  flag: [false, true]
+derived:
+  q: n // b if b else -1
+  r: n / a
+  m: min(a, b) + max(a, b, 1) + abs(a - b) + ceil_div(n, a)
+  t: "(a, b)"
+constraints:
+  - a == 0 or n % a == 0
+  - 0 <= b < 16 or b * a > 40
+  - b in (0, a, 4)
+  - s == 'x' or flag
+  - not flag or is_pow2(a)
+  - r * f > 100 or f == 0.5
+  - q != 3 and m >= 0
+  - (s == 'y') <= (a + b * 2 > 3 if dtype == 'float32' else a < 2)
+"""
+
+
+def test_array_listing_keeps_python_semantics(tmp_path):
+    """Division by zero rules a config out (only where Python would divide), `or`/`and` and chained comparisons
+    stop where Python stops, membership in a tuple of per-config values, strings, floats and booleans."""
+    import numpy as np
+
+    space = space_mod.load(write(tmp_path, EDGES))
+    walked = _walked(space, space.problems[0])
+    assert 0 < len(walked) < space.cartesian
+    assert np.array_equal(space._positions_over_arrays(space.problems[0], None), walked)
+
+
+def test_array_listing_hands_back_what_it_cannot_do_exactly(tmp_path):
+    """Integers past 2**53 (Python's are unbounded, int64 wraps) and powers go back to the walk, with its result."""
+    import numpy as np
+
+    from tuner.expr import NotVectorizable
+
+    text = EDGES.replace("  - q != 3 and m >= 0\n", "  - q != 3 and m >= 0\n  - big * big * a >= 0\n  - a ** 2 < 50\n")
+    space = space_mod.load(write(tmp_path, text))
+    with pytest.raises(NotVectorizable):
+        space._positions_over_arrays(space.problems[0], None)
+    assert np.array_equal(space.valid_positions(), _walked(space, space.problems[0]))
+
+
+def test_array_listing_runs_out_of_budget_where_the_walk_does(tmp_path):
+    space = space_mod.load(write(tmp_path, GOOD))
+
+    def completes(list_it, budget):
+        try:
+            list_it(budget)
+        except space_mod.WalkBudgetExceeded:
+            return False
+        return True
+
+    walks = [completes(lambda b: list(space.enumerate(budget=b)), b) for b in range(1, 120)]
+    assert not walks[0] and walks[-1]  # the walk needs more than 1 partial config, and fewer than 120
+    assert [completes(lambda b: space.valid_positions(budget=b), b) for b in range(1, 120)] == walks

@@ -149,7 +149,7 @@ def study(
     repair: str = "nearest",
     ordered: bool = True,
     screen_cutoff: float | None = 1.05,
-    screen_ms: float = 10.0,
+    screen_ms: float = 5.0,
     takeover: bool = False,
     progress: bool = False,
 ) -> StudyResult:

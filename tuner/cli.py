@@ -322,7 +322,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         # The local engine will need every GPU worker: start their processes before the study's own imports and
         # set-up (Optuna, the storage), which they overlap. A study refused meanwhile stops them on exit.
         from tuner import limits
-        from tuner.local import launch_gpu_workers
+        from tuner.worker import launch_gpu_workers
 
         available = limits.local_gpus() or 0
         launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
@@ -795,9 +795,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--screen-ms",
         type=_positive_float,
-        default=10.0,
+        default=5.0,
         metavar="MS",
-        help="timed work per config while screening, at least 10 launches (default 10); finalists get more",
+        help="timed work per config while screening, at least 10 launches (default 5); finalists get more",
     )
     p.add_argument("--problem")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")

@@ -39,7 +39,7 @@ from tuner.evaluator import Evaluator, EvaluatorFactory
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
 
-__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator", "launch_gpu_workers"]
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
 #: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
 QUEUE_DEPTH = 2
@@ -53,29 +53,12 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-#: GPU workers whose processes `launch_gpu_workers` started ahead of the study, by GPU index
-_LAUNCHED: dict[int, Any] = {}
-
-
-def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
-    """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
-    thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
-    set-up. `isolated_gpu_evaluator` hands them out; ones never taken die with this process (daemons)."""
-    from tuner.worker import IsolatedEvaluator
-
-    for gpu in range(count):
-        if gpu not in _LAUNCHED:
-            evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)
-            evaluator.launch()
-            _LAUNCHED[gpu] = evaluator
-
-
 def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
     """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.worker),
-    the one `launch_gpu_workers` started if there is one."""
-    from tuner.worker import IsolatedEvaluator
+    the one `tuner.worker.launch_gpu_workers` started if there is one."""
+    from tuner.worker import IsolatedEvaluator, take_launched
 
-    launched = _LAUNCHED.pop(gpu_index, None)
+    launched = take_launched(gpu_index)
     if launched is not None:
         launched.timeout_s = timeout_s
         return launched

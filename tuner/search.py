@@ -227,15 +227,10 @@ def _build_index(space: SearchSpace, problem: Problem, budget: int) -> ValidInde
 
     from tuner import space as space_mod
 
-    position = [{v: i for i, v in enumerate(vs)} for vs in space.params.values()]
-    names = list(space.params)
-    pairs = list(zip(names, position, strict=True))
     try:
-        flat = [pos[c[n]] for c in space.enumerate(problem, budget=budget) for n, pos in pairs]
-        complete = True
+        rows, complete = space.valid_positions(problem, budget=budget), True
     except space_mod.WalkBudgetExceeded:
-        flat, complete = [], False
-    rows = np.array(flat, dtype=np.int16).reshape(-1, len(names))
+        rows, complete = np.zeros((0, len(space.params)), dtype=np.int16), False
     return ValidIndex(space, rows, complete)
 
 
@@ -275,13 +270,9 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
 
 
 class IndexBuild:
-    """`valid_index`, started at once beside the driver's set-up; `result` takes it when the study loop needs it.
-
-    A space not listed before on this machine is listed in a child process (spawned, so it shares no GIL with the
-    driver: listing gemm.yaml is seconds of pure Python, which in a thread stretched the driver's own set-up on a
-    fresh machine by as much), which stores it in the tuner cache dir; the waiting thread then reads it from
-    there. A space the child cannot load as the driver did (an index key that differs, a subclass such as a
-    replay's recorded subset, a cache that cannot be written) is listed in the thread, as before."""
+    """`valid_index`, started at once in a thread beside the driver's set-up; `result` takes it when the study loop
+    needs it. Listing a space not listed before on this machine is a level-at-a-time walk over NumPy arrays
+    (`SearchSpace.valid_positions`: gemm.yaml in ~0.1 s), which it then stores in the tuner cache dir."""
 
     def __init__(self, space: SearchSpace, problem: Problem):
         self.space, self.problem = space, problem
@@ -292,30 +283,9 @@ class IndexBuild:
 
     def _run(self) -> None:
         try:
-            self._list_in_child()
             self._result = valid_index(self.space, self.problem)
         except BaseException as exc:  # re-raised in the caller's thread by `result`
             self._error = exc
-
-    def _list_in_child(self) -> None:
-        """List the space in a spawned process when it is a plain space file whose index is not cached yet."""
-        from tuner import space as space_mod
-
-        if type(self.space) is not space_mod.SearchSpace:
-            return
-        key = index_key(self.space, self.problem, space_mod.WALK_BUDGET)
-        if _index_path(key).exists():
-            return
-        import multiprocessing as mp
-
-        child = mp.get_context("spawn").Process(
-            target=_list_into_cache,
-            args=(str(self.space.path), self.problem, key),
-            name="tuner-valid-index",
-            daemon=True,
-        )
-        child.start()
-        child.join()
 
     def done(self) -> bool:
         """Whether the listing has finished (`result` would not wait)."""
@@ -327,19 +297,6 @@ class IndexBuild:
             raise self._error
         assert self._result is not None
         return self._result
-
-
-def _list_into_cache(path: str, problem: Problem, key: str) -> None:
-    """In a child process: load the space at `path` and store its valid set for `problem` in the cache, if its
-    index key is `key` (what the parent loaded). Any fault is left to the parent, which lists it itself."""
-    from tuner import space as space_mod
-
-    try:
-        space = space_mod.load(path)
-        if index_key(space, problem, space_mod.WALK_BUDGET) == key:
-            valid_index(space, problem)
-    except Exception:  # noqa: S110 - the parent finds no cached index and lists the space in its own thread
-        pass
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,11 +35,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from tuner.errors import SpaceError
+
+if TYPE_CHECKING:
+    import numpy as np
 from tuner.expr import Expr, ExprError
 from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
@@ -246,6 +249,77 @@ class SearchSpace:
             env.pop(name, None)
 
         yield from walk(0)
+
+    def valid_positions(self, problem: Problem | None = None, budget: int | None = None) -> np.ndarray:
+        """Every valid config as a row of positions into the params' declared values (int16, one column per param):
+        the configs `enumerate` yields, in its order. With `budget`, WalkBudgetExceeded as `enumerate` raises it
+        (the same count of partial configs visited).
+
+        A plain space is listed a level at a time over NumPy arrays (`Expr.over`): gemm.yaml's 268k valid configs
+        in ~0.1 s instead of ~2 s config by config. An expression the arrays cannot evaluate exactly, and a
+        subclass (which may narrow validity in `enumerate`), are listed config by config."""
+        import numpy as np
+
+        from tuner.expr import NotVectorizable
+
+        problem = problem or self.problems[0]
+        if type(self) is SearchSpace:
+            try:
+                return self._positions_over_arrays(problem, budget)
+            except NotVectorizable:
+                pass
+        pairs = [(name, {v: i for i, v in enumerate(values)}) for name, values in self.params.items()]
+        flat = [pos[c[n]] for c in self.enumerate(problem, budget=budget) for n, pos in pairs]
+        return np.array(flat, dtype=np.int16).reshape(-1, len(pairs))
+
+    def _positions_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray:
+        import numpy as np
+
+        from tuner.expr import NotVectorizable
+
+        env: dict[str, Any] = dict(problem.expression_env)
+        rows = np.zeros((1, 0), dtype=np.int16)  # the one empty prefix
+        visited = 0
+
+        def apply(level: int) -> None:
+            nonlocal rows, env
+            for name, expr in self._plan["steps"][level]:
+                value, failed = expr.over(env)
+                if name is not None:
+                    env[name] = value
+                    keep = ~failed if isinstance(failed, np.ndarray) else not failed
+                elif isinstance(value, np.ndarray) or isinstance(failed, np.ndarray):
+                    truth = value if not isinstance(value, np.ndarray) or value.dtype.kind == "b" else None
+                    if truth is None:
+                        if value.dtype.kind not in "if":
+                            raise NotVectorizable(f"truth of {value.dtype} values")
+                        truth = value != 0
+                    keep = np.logical_and(truth, np.logical_not(failed))
+                else:
+                    keep = bool(value) and not failed
+                if isinstance(keep, np.ndarray):
+                    rows = rows[keep]
+                    env = {k: v[keep] if isinstance(v, np.ndarray) else v for k, v in env.items()}
+                elif not keep:
+                    rows = rows[:0]
+                    env = {k: v[:0] if isinstance(v, np.ndarray) else v for k, v in env.items()}
+
+        apply(-1)
+        for level, (name, values) in enumerate(self.params.items()):
+            if not len(rows):
+                break
+            column = np.array(values)
+            if column.dtype.kind not in "biufU" or column.ndim != 1:
+                raise NotVectorizable(f"values of {name} of mixed kinds")
+            visited += len(rows) * len(values)
+            if budget is not None and visited > budget:
+                raise WalkBudgetExceeded
+            n, k = len(rows), len(values)
+            rows = np.hstack([np.repeat(rows, k, axis=0), np.tile(np.arange(k, dtype=np.int16), n)[:, None]])
+            env = {key: np.repeat(v, k) if isinstance(v, np.ndarray) else v for key, v in env.items()}
+            env[name] = np.tile(column, n)
+            apply(level)
+        return rows
 
     def count_valid(self, problem: Problem | None = None) -> int:
         return sum(1 for _ in self.enumerate(problem))
@@ -694,8 +768,11 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
         visit(name)
 
     levels: dict[int, list] = {i: [] for i in range(-1, len(space.params))}
+    # the same steps for `SearchSpace.valid_positions`: (the derived value's name, or None for a constraint, Expr)
+    steps: dict[int, list[tuple[str | None, Expr]]] = {i: [] for i in levels}
     for name in order:
         expr = space.derived[name]
+        steps[level[name]].append((name, expr))
 
         def set_derived(env, _name=name, _expr=expr):
             env[_name] = _expr(env)
@@ -705,4 +782,5 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
     for expr in space.constraints:
         lvl = max((level[n] for n in expr.names), default=-1)
         levels[lvl].append((expr.text, expr))
-    return {"derived_order": order, "levels": levels}
+        steps[lvl].append((None, expr))
+    return {"derived_order": order, "levels": levels, "steps": steps}

@@ -33,14 +33,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
-from tuner.kernels.base import Family
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import SpawnProcess
 
-__all__ = ["IsolatedEvaluator", "WorkerError"]
+    from tuner.kernels.base import Family
+
+# Nothing heavier than the standard library and tuner.result at this module's top: the child imports this module
+# (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner study`` imports it to launch the
+# workers; NumPy and the kernel families would add ~0.3 s to both.
+
+__all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
 
 
 class WorkerError(RuntimeError):
@@ -70,11 +75,33 @@ def _error(exc: BaseException) -> tuple[str, str, str, str]:
     return ("error", type(exc).__name__, str(exc), traceback.format_exc())
 
 
+def _warm_cuda_context() -> None:
+    """Create the pinned GPU's primary CUDA context in a thread, through the driver API, while this process
+    imports CuPy and NumPy: CuPy's runtime adopts the primary context, so its creation (~0.25 s on an H200 host)
+    overlaps the imports instead of following them. The context is retained for the process's life. Any failure
+    here is silent: CuPy then creates the context itself and reports what went wrong where it always has."""
+    import ctypes
+    import threading
+
+    def warm() -> None:
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            device, context = ctypes.c_int(), ctypes.c_void_p()
+            if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0:
+                cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+        except OSError:  # no driver library here: nothing to warm
+            pass
+
+    threading.Thread(target=warm, name="tuner-cuda-warm", daemon=True).start()
+
+
 def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
     """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
     it must offer start() -> info, evaluate(...), ceiling_tbps and poisoned."""
     entered_at = time.perf_counter()
     _pin_gpu(gpu)  # before anything imports CuPy or touches CUDA
+    if factory is None:
+        _warm_cuda_context()
     try:
         if factory is None:
             from tuner.bench import GpuEvaluator
@@ -348,3 +375,26 @@ class IsolatedEvaluator:
     def arch(self) -> str:
         """The child's GPU arch (``sm_90``), what to compile for."""
         return self.start()["arch"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# children started ahead of the study
+
+#: GPU workers whose processes `launch_gpu_workers` started ahead of the study, by GPU index
+_LAUNCHED: dict[int, IsolatedEvaluator] = {}
+
+
+def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
+    """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
+    thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
+    set-up. `take_launched` hands them out; ones never taken die with this process (daemons)."""
+    for gpu in range(count):
+        if gpu not in _LAUNCHED:
+            evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)
+            evaluator.launch()
+            _LAUNCHED[gpu] = evaluator
+
+
+def take_launched(gpu: int) -> IsolatedEvaluator | None:
+    """The worker `launch_gpu_workers` started for GPU `gpu`, once (None if there is none)."""
+    return _LAUNCHED.pop(gpu, None)
