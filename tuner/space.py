@@ -282,27 +282,37 @@ class SearchSpace:
         visited = 0
 
         def apply(level: int) -> None:
+            # The level's steps run over all its rows and the rows are filtered once at the end (filtering every
+            # array after each step cost more than the steps): a config a step rules out may still reach a later
+            # step of the level, where its failure or value no longer matters.
             nonlocal rows, env
+            keep: Any = True
             for name, expr in self._plan["steps"][level]:
                 value, failed = expr.over(env)
                 if name is not None:
                     env[name] = value
-                    keep = ~failed if isinstance(failed, np.ndarray) else not failed
+                    if isinstance(failed, np.ndarray):
+                        keep = np.logical_and(keep, np.logical_not(failed))
+                    elif failed:
+                        keep = False
                 elif isinstance(value, np.ndarray) or isinstance(failed, np.ndarray):
                     truth = value if not isinstance(value, np.ndarray) or value.dtype.kind == "b" else None
                     if truth is None:
                         if value.dtype.kind not in "if":
                             raise NotVectorizable(f"truth of {value.dtype} values")
                         truth = value != 0
-                    keep = np.logical_and(truth, np.logical_not(failed))
-                else:
-                    keep = bool(value) and not failed
-                if isinstance(keep, np.ndarray):
+                    keep = np.logical_and(keep, np.logical_and(truth, np.logical_not(failed)))
+                elif failed or not value:
+                    keep = False
+                if keep is False:
+                    break
+            if isinstance(keep, np.ndarray):
+                if not keep.all():
                     rows = rows[keep]
                     env = {k: v[keep] if isinstance(v, np.ndarray) else v for k, v in env.items()}
-                elif not keep:
-                    rows = rows[:0]
-                    env = {k: v[:0] if isinstance(v, np.ndarray) else v for k, v in env.items()}
+            elif not keep:
+                rows = rows[:0]
+                env = {k: v[:0] if isinstance(v, np.ndarray) else v for k, v in env.items()}
 
         apply(-1)
         for level, (name, values) in enumerate(self.params.items()):
@@ -326,6 +336,10 @@ class SearchSpace:
 
     def count_valid_bounded(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> tuple[int, bool]:
         """(count, exact): the number of valid configs, or when the walk runs out of budget a lower bound."""
+        try:
+            return len(self.valid_positions(problem, budget=budget)), True
+        except WalkBudgetExceeded:
+            pass
         n = 0
         try:
             for _ in self.enumerate(problem, budget=budget):
@@ -443,8 +457,13 @@ def load(space: str | Path) -> SearchSpace:
         line = raw[: exc.start].count(b"\n") + 1
         raise SpaceError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): not a space file", where, line) from None
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 — _Loader is a SafeLoader
+        # one parse: the node tree gives the line numbers, and the data is constructed from the same tree
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -538,8 +557,9 @@ def load(space: str | Path) -> SearchSpace:
     return loaded
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently)."""
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently). It parses with
+    libyaml where PyYAML was built with it (the wheels are): `tuner spaces` reads every shipped space."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
