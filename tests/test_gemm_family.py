@@ -132,3 +132,23 @@ def test_accounting_4096(family):
     # A, B, bias and R read once, C written once, 4 bytes each.
     assert family.bytes_moved(BIG) == 4 * (4 * n * n + n) == 268_451_840
     assert 1e-4 <= family.tolerance(BIG) <= 1e-3
+
+
+def test_tiles_past_48_kib_go_dynamic(family):
+    """A space that allows SMEM tiles past the static 48 KiB (benchmarks/spaces/gemm_dynamic_smem.yaml) gets them
+    as dynamic SMEM: no static SMEM in the cubin, the tiles' bytes asked for at launch; smaller tiles stay static."""
+    from pathlib import Path
+
+    big_space = space.load(Path(__file__).resolve().parent.parent / "benchmarks" / "spaces" / "gemm_dynamic_smem.yaml")
+    problem = big_space.problem()
+    for tile_k, stages, dynamic in ((16, 2, 50176), (16, 1, 0)):
+        config = {**big_space.default, "tile_m": 128, "tile_n": 256, "tile_k": tile_k, "thread_m": 16}
+        config.update(thread_n=8, min_blocks=1, stages=stages)
+        assert big_space.validate(config) is None
+        resolved = big_space.resolve(config, problem)
+        source = render.render(family, config, resolved, problem.env)
+        result = tcompile.compile_source(source)
+        assert result.ok and result.spill_bytes == 0, result.reason
+        assert result.smem_static_bytes == (0 if dynamic else resolved["smem_tile_bytes"])
+        assert family.launches(source.entry, resolved, problem.env)[0].smem_dynamic == dynamic
+        assert resolved["smem_tile_bytes"] == (dynamic or 25088)

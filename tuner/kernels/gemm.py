@@ -26,6 +26,8 @@ GELU_A = 0.044715
 
 #: The unfused epilogue stages, in order; fusion depth k leaves STAGES[k:] to separate kernels.
 EPILOGUE_STAGES = ("bias", "gelu", "residual")
+#: Static SMEM a kernel may declare; the template's tiles go dynamic past it.
+STATIC_SMEM_LIMIT = 48 * 1024
 #: Threads per block of the elementwise epilogue kernels (fixed in the template).
 ELEMENTWISE_THREADS = 256
 
@@ -55,6 +57,13 @@ class Gemm(Family):
     }
 
     # -- launching ---------------------------------------------------------------------------------------
+    @staticmethod
+    def smem_bytes(config: Config, problem: Problem) -> int:
+        """Dynamic SMEM of the GEMM kernel: its SMEM tiles when they are over 48 KiB (the template then declares
+        them dynamic), else 0 (static tiles, which the compile reports)."""
+        tiles = config["stages"] * config["tile_k"] * (config["tile_m"] + config["tile_n"] + 2 * config["pad"]) * 4
+        return tiles if tiles > STATIC_SMEM_LIMIT else 0
+
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         M, N = problem["M"], problem["N"]
         fusion = int(config["fusion"])
@@ -66,6 +75,7 @@ class Gemm(Family):
                 grid=(N // config["tile_n"], M // config["tile_m"], 1),
                 block=(threads, 1, 1),
                 args=(*gemm_args, "C", "M", "N", "K"),
+                smem_dynamic=self.smem_bytes(config, problem),
             )
         ]
         ew_vec = 4 if N % 4 == 0 else 1  # the template's EW_VEC
