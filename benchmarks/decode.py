@@ -148,6 +148,14 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "benchmarks" / "results")))
     parser.add_argument("--only", nargs="*", help="families to run (default: all)")
     parser.add_argument("--problems", nargs="*", help="problem names to run (default: all targets)")
+    parser.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a space file to tune its family with instead of the shipped one (repeatable, one per family)",
+    )
+    parser.add_argument("--sampler", default="tpe", help="the studies' sampler (grid: every valid config)")
     parser.add_argument("--dry-run", action="store_true", help="render and compile only (no GPU)")
     parser.add_argument("--dry-sample", type=int, default=24, help="configs per target in --dry-run")
     parser.add_argument("--jobs", type=int, default=None, help="compile processes in --dry-run")
@@ -176,8 +184,9 @@ def main() -> int:
     def write() -> None:
         (out / f"decode-{date}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
 
+    spaces = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
     for kernel, problem_name, target_copy, target_peer in selected(args):
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(spaces.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml"))
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         t0 = time.time()
@@ -191,6 +200,7 @@ def main() -> int:
                 progress=False,
                 finalists=3,
                 seed=0,
+                sampler=args.sampler,
             )
         )
         artifacts = artifact_dir_for(url)
@@ -227,6 +237,8 @@ def main() -> int:
             "registers": best["registers"],
             "smem_bytes": best["smem_bytes"],
             "study": summary["study"],
+            "space": str(Path(space.path).resolve().relative_to(ROOT)),
+            "sampler": args.sampler,
             "trials": summary["trials"],
             "measured": summary["measured_this_run"],
             "failures": summary["failures_this_run"],
