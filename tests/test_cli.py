@@ -128,3 +128,15 @@ def test_template_syntax_error_is_one_line(tmp_path):
     assert_bad_input(
         tuner("check", "copy", "--sample", "1", env={"TUNER_TEMPLATES": str(templates)}), "copy.cu.j2:3", "syntax error"
     )
+
+
+def test_a_space_file_in_place_of_the_kernel_names_its_family(tmp_path):
+    space = tmp_path / "my_transpose.yaml"
+    space.write_text((ROOT / "tuner" / "search_spaces" / "transpose.yaml").read_text())
+    recording = ROOT / "tests" / "data" / "transpose_h200.db"
+    url = f"sqlite:///{tmp_path}/s.db"
+    proc = tuner("study", str(space), "--trials", "4", "--replay", str(recording), "--storage", url, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["trials"] == 4 and summary["study"].startswith("transpose-")
+    assert_bad_input(tuner("study", str(tmp_path / "missing.yaml"), "--trials", "4"), "missing.yaml")

@@ -328,10 +328,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
     from tuner.api import study
 
+    kernel = args.kernel
+    if args.space is None and kernel.endswith((".yaml", ".yml")):
+        # `tuner study my_space.yaml ...`: the space file names its kernel
+        args.space, kernel = kernel, None
     summary = study(
-        args.space or args.kernel,
+        args.space or kernel,
         args.trials,
-        kernel=args.kernel,
+        kernel=kernel,
         sampler=args.sampler,
         storage=args.storage,
         study_name=args.study_name,
@@ -730,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.limits import ENGINES, SAMPLERS
 
     p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
-    p.add_argument("kernel", help="kernel family, e.g. gemm")
+    p.add_argument("kernel", help="kernel family, e.g. gemm, or a space file (.yaml), whose kernel is then the family")
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
     p.add_argument(
