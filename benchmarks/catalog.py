@@ -104,6 +104,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--only", nargs="*", help="families to run (default: all)")
     parser.add_argument("--problems", nargs="*", help="problem names to run within them (default: all)")
+    parser.add_argument("--sampler", default="tpe", help="the studies' sampler (grid: every valid config)")
     parser.add_argument("--studies", help="keep the study database here (default: a temporary folder, deleted)")
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
@@ -151,6 +152,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
                 progress=False,
                 finalists=3,
                 seed=0,
+                sampler=args.sampler,
             )
         )
         best = summary["best"]
@@ -182,6 +184,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
                 "median_ms": best.get("median_ms"),
                 "study": summary["study"],
                 "trials": summary["trials"],
+                "sampler": args.sampler,
                 "measured": summary["measured_this_run"],
                 "failures": summary["failures_this_run"],
                 "study_wall_s": round(time.time() - t0, 1),
