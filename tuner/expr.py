@@ -363,6 +363,16 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
         zero = y == 0
         return np.where(zero, 1, y), zero
 
+    def evaluate_all(parts: list[_Over], env: Env) -> tuple[list[Any], Any]:
+        """Every operand's values, and the configs for which any of them fails (a tuple's items, a call's
+        arguments: Python evaluates them all)."""
+        values, failed = [], False
+        for part in parts:
+            v, f = part(env)
+            values.append(v)
+            failed = failed | f
+        return values, failed
+
     def where(cond: Any, a: Any, b: Any) -> Any:
         kinds = {(x.dtype.kind if is_array(x) else ("U" if isinstance(x, str) else "n")) for x in (a, b)}
         if kinds & {"U"} and kinds - {"U"}:
@@ -431,11 +441,7 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
             items = [build(e) for e in node.elts]
 
             def sequence(env: Env) -> tuple[Any, Any]:
-                values, failed = [], False
-                for item in items:
-                    v, f = item(env)
-                    values.append(v)
-                    failed = failed | f
+                values, failed = evaluate_all(items, env)
                 return (None, True) if failed is True else (tuple(values), failed)
 
             return sequence
@@ -561,11 +567,7 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
         func = FUNCTIONS[name]
 
         def run(env: Env) -> tuple[Any, Any]:
-            values, failed = [], False
-            for arg in args:
-                v, f = arg(env)
-                values.append(v)
-                failed = failed | f
+            values, failed = evaluate_all(args, env)
             if failed is True:
                 return None, True
             if not any(is_array(v) for v in values):
