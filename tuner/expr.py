@@ -155,7 +155,7 @@ class Expr:
         one length) or to a scalar that every config shares. Returns ``(values, failed)``: `failed` (a bool array,
         or a bool for all) marks the configs for which calling the expression raises an ArithmeticError,
         TypeError or ValueError — their values are meaningless. Raises `NotVectorizable` where the arrays could
-        not reproduce the scalar evaluation exactly (powers, log2, strings in arithmetic, integers of 31 bits
+        not reproduce the scalar evaluation exactly (powers, log2, strings in arithmetic, integers of 2**53
         and more, an infinite or NaN float); the caller then evaluates config by config."""
         if self._over is None:
             assert self._tree is not None, "an Expr is made by Expr.parse"
@@ -290,8 +290,23 @@ class NotVectorizable(Exception):
 #: (Python's ints are unbounded, NumPy's wrap) and true division of two of them rounds as Python's does
 ARRAY_INT_LIMIT = 1 << 53
 
-_SCALARS = (int, float, str, bool)
 _Over = Callable[[Env], tuple[Any, Any]]
+
+
+def truth(x: Any) -> Any:
+    """Python's truth of each value (an array of values: a bool array), or NotVectorizable for an array of another
+    kind."""
+    import numpy as np
+
+    if not isinstance(x, np.ndarray):
+        return bool(x)
+    if x.dtype.kind == "b":
+        return x
+    if x.dtype.kind in "if":
+        return x != 0
+    if x.dtype.kind == "U":
+        return x != ""
+    raise NotVectorizable(f"truth of {x.dtype} values")
 
 
 def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelisted construct, as `_build`
@@ -336,17 +351,6 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
         if is_array(v) and v.dtype.kind == "f" and not np.isfinite(v).all():
             raise NotVectorizable("an infinite or NaN float")
         return v
-
-    def truthy(x: Any) -> Any:
-        if not is_array(x):
-            return bool(x)
-        if x.dtype.kind == "b":
-            return x
-        if x.dtype.kind in "if":
-            return x != 0
-        if x.dtype.kind == "U":
-            return x != ""
-        raise NotVectorizable(f"truth of {x.dtype} values")
 
     def scalar(op: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         if any(isinstance(a, tuple) and any(is_array(i) for i in a) for a in args):
@@ -411,7 +415,7 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
                     v, bad = scalar(_UNARY[kind], x)
                     return v, failed | bad
                 if kind is ast.Not:
-                    return ~truthy(x), failed
+                    return ~truth(x), failed
                 return (-numeric(x) if kind is ast.USub else numeric(x)), failed
 
             return unary
@@ -429,7 +433,7 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
                 if not is_array(t):
                     v, fv = (body if t else orelse)(env)
                     return v, ft | fv
-                t = truthy(t)
+                t = truth(t)
                 a, fa = body(env)
                 b, fb = orelse(env)
                 if fa is True or fb is True:
@@ -496,7 +500,7 @@ def _build_over(node: ast.AST) -> _Over:  # noqa: C901 - one branch per whitelis
             for part in parts[1:]:
                 if failed is True:
                     return None, True
-                go_on = truthy(value) if is_and else ~truthy(value) if is_array(value) else not truthy(value)
+                go_on = truth(value) if is_and else ~truth(value) if is_array(value) else not truth(value)
                 if go_on is False:
                     break
                 v, fv = part(env)

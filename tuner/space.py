@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from tuner.errors import SpaceError
-
-if TYPE_CHECKING:
-    import numpy as np
 from tuner.expr import Expr, ExprError
 from tuner.gpu import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TOP_LEVEL_KEYS = (
     "kernel",
@@ -260,22 +260,29 @@ class SearchSpace:
         subclass (which may narrow validity in `enumerate`), are listed config by config."""
         import numpy as np
 
-        from tuner.expr import NotVectorizable
-
         problem = problem or self.problems[0]
-        if type(self) is SearchSpace:
-            try:
-                return self._positions_over_arrays(problem, budget)
-            except NotVectorizable:
-                pass
+        listed = self._listed_over_arrays(problem, budget)
+        if listed is not None:
+            return listed
         pairs = [(name, {v: i for i, v in enumerate(values)}) for name, values in self.params.items()]
         flat = [pos[c[n]] for c in self.enumerate(problem, budget=budget) for n, pos in pairs]
         return np.array(flat, dtype=np.int16).reshape(-1, len(pairs))
 
+    def _listed_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray | None:
+        """`_positions_over_arrays`, or None where the arrays cannot list this space (see `valid_positions`)."""
+        from tuner.expr import NotVectorizable
+
+        if type(self) is not SearchSpace:
+            return None
+        try:
+            return self._positions_over_arrays(problem, budget)
+        except NotVectorizable:
+            return None
+
     def _positions_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray:
         import numpy as np
 
-        from tuner.expr import NotVectorizable
+        from tuner.expr import NotVectorizable, truth
 
         env: dict[str, Any] = dict(problem.expression_env)
         rows = np.zeros((1, 0), dtype=np.int16)  # the one empty prefix
@@ -296,12 +303,7 @@ class SearchSpace:
                     elif failed:
                         keep = False
                 elif isinstance(value, np.ndarray) or isinstance(failed, np.ndarray):
-                    truth = value if not isinstance(value, np.ndarray) or value.dtype.kind == "b" else None
-                    if truth is None:
-                        if value.dtype.kind not in "if":
-                            raise NotVectorizable(f"truth of {value.dtype} values")
-                        truth = value != 0
-                    keep = np.logical_and(keep, np.logical_and(truth, np.logical_not(failed)))
+                    keep = np.logical_and(keep, np.logical_and(truth(value), np.logical_not(failed)))
                 elif failed or not value:
                     keep = False
                 if keep is False:
@@ -337,9 +339,11 @@ class SearchSpace:
     def count_valid_bounded(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> tuple[int, bool]:
         """(count, exact): the number of valid configs, or when the walk runs out of budget a lower bound."""
         try:
-            return len(self.valid_positions(problem, budget=budget)), True
-        except WalkBudgetExceeded:
-            pass
+            listed = self._listed_over_arrays(problem or self.problems[0], budget)
+        except WalkBudgetExceeded:  # over budget: the walk below counts what it reaches within it
+            listed = None
+        if listed is not None:
+            return len(listed), True
         n = 0
         try:
             for _ in self.enumerate(problem, budget=budget):
@@ -787,20 +791,24 @@ def _plan(space: SearchSpace, fail) -> dict[str, Any]:
     for name in space.derived:
         visit(name)
 
-    levels: dict[int, list] = {i: [] for i in range(-1, len(space.params))}
-    # the same steps for `SearchSpace.valid_positions`: (the derived value's name, or None for a constraint, Expr)
-    steps: dict[int, list[tuple[str | None, Expr]]] = {i: [] for i in levels}
+    # steps per level: (the derived value's name, or None for a constraint, Expr), derived values first, in
+    # dependency order; `SearchSpace.valid_positions` evaluates them over arrays
+    steps: dict[int, list[tuple[str | None, Expr]]] = {i: [] for i in range(-1, len(space.params))}
     for name in order:
-        expr = space.derived[name]
-        steps[level[name]].append((name, expr))
-
-        def set_derived(env, _name=name, _expr=expr):
-            env[_name] = _expr(env)
-            return True
-
-        levels[level[name]].append((f"{name}: {expr.text}", set_derived))
+        steps[level[name]].append((name, space.derived[name]))
     for expr in space.constraints:
-        lvl = max((level[n] for n in expr.names), default=-1)
-        levels[lvl].append((expr.text, expr))
-        steps[lvl].append((None, expr))
+        steps[max((level[n] for n in expr.names), default=-1)].append((None, expr))
+    # ... and `SearchSpace.enumerate` calls them config by config: (text for error messages, callable -> truth)
+    levels = {lvl: [_walk_step(name, expr) for name, expr in level_steps] for lvl, level_steps in steps.items()}
     return {"derived_order": order, "levels": levels, "steps": steps}
+
+
+def _walk_step(name: str | None, expr: Expr) -> tuple[str, Any]:
+    if name is None:
+        return expr.text, expr
+
+    def set_derived(env):
+        env[name] = expr(env)
+        return True
+
+    return f"{name}: {expr.text}", set_derived
