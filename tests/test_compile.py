@@ -60,6 +60,24 @@ def test_cache_key_covers_source_options_arch_and_versions():
     assert base != compile_mod.cache_key(src, ["a"], "sm_90", {**v, "nvrtc": "13.1"})
 
 
+def test_arch_specific_ptx_compiles_for_the_a_target():
+    """wgmma exists only on sm_90a: a source that uses it compiles for sm_90a (cached under that arch), the
+    same source for plain sm_90 is refused by NVRTC, and a source without it stays on the arch asked for."""
+    body = (
+        'extern "C" __global__ void k(float* x) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); '
+        "x[threadIdx.x] = 1.0f; }"
+    )
+    src = _source(body)
+    assert compile_mod.target_arch(src.text, "sm_90") == "sm_90a"
+    assert compile_mod.target_arch(src.text, "compute_90") == "compute_90a"
+    assert compile_mod.target_arch(src.text, "sm_80") == "sm_80"  # no a-variant to fall back on: NVRTC decides
+    assert compile_mod.target_arch("x[0] = 1;", "sm_90") == "sm_90"
+    built = compile_mod.compile_source(src)
+    assert built.ok and built.arch == "sm_90a" and (compile_mod.cache_dir() / "sm_90a").is_dir()
+    status, log, _, _ = compile_mod.nvrtc_compile(body, "k.cu", ["--gpu-architecture=sm_90"])
+    assert status != 0 and "wgmma" in log
+
+
 def test_compile_failure_is_typed_and_cached_with_its_log():
     src = _source('extern "C" __global__ void k(float* x) { x[0] = no_such_symbol; }')
     failed = compile_mod.compile_source(src)

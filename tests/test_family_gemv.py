@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,11 +105,15 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                 warp_results = []
                 if mma == 2:
                     warp_results = _pipe_block(config, problem, m_tile, m0, n0, split, skip_iteration)
+                elif mma == 4:
+                    warp_results = _wgmma_block(config, problem, m_tile, m0, n0, split, skip_iteration)
                 else:
+                    if mma == 3:
+                        xs = _resident_slice(config, problem, m_tile, m0, split)
                     for warp in range(warps):
                         wn, wk = warp % n_warps, warp // n_warps
                         k0 = split * k_block + wk * k_warp
-                        if mma:
+                        if mma:  # engines 1 and 3 (engine 3 reads x from the slice instead of x_lane)
                             w_lane = (n0 + wn * rpw + g) * K + k0 + 8 * t
                             x_lane = (m0 + g) * K + k0 + 8 * t
                             m_frags = m_tile // 8
@@ -137,10 +142,14 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                             xp = x_lane + it * chunk
                             for u in range(unroll):
                                 if mma:
-                                    xv = []
-                                    for j in range(m_frags):
-                                        w_ = _lane_words(xp + 8 * j * K + u * step, 4)
-                                        xv.append([np.where(x_ok[j], a, -1) for a in w_])
+                                    if mma == 3:  # the SMEM slice: chunk kc of rows 8j + g
+                                        kc = (wk * k_warp + it * chunk + u * step) // 8 + t
+                                        xv = [_slice_words(xs, 8 * j + g, kc) for j in range(m_frags)]
+                                    else:
+                                        xv = []
+                                        for j in range(m_frags):
+                                            w_ = _lane_words(xp + 8 * j * K + u * step, 4)
+                                            xv.append([np.where(x_ok[j], a, -1) for a in w_])
                                     for s in range(2):
                                         for q in range(rpw // 16):
                                             lo = wv[(2 * q) * unroll + u]
@@ -208,23 +217,27 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                                 part_terms[(split, m, n)] = value
 
     if cluster:
-        # Rank r of each cluster sums cells r·share .. of the tile over the red of ranks 0, 1, ... in order.
+        # Rank r of each cluster sums quads (4 cells) r·share .. of the tile over the red of ranks 0, 1, ... in
+        # order.
         assert len(launches) == 1 and main.args == ("x", "W", "y", "M", "N", "K") and gz == split_k
-        cells = m_tile * rpb
-        share = -(-cells // split_k)
+        assert rpb % 4 == 0
+        quads = m_tile * rpb // 4
+        share = -(-quads // split_k)
         for bx in range(gx):
             for by in range(gy):
                 for rank in range(split_k):
-                    end = min((rank + 1) * share, cells)
+                    end = min((rank + 1) * share, quads)
                     for tid in range(threads):
-                        for idx in range(rank * share + tid, end, threads):
+                        for q4 in range(rank * share + tid, end, threads):
+                            idx = 4 * q4
                             m, n = bx * m_tile + idx // rpb, by * rpb + idx % rpb
                             if m < M:
-                                y_writes[m, n] += 1
-                                cell = (idx // rpb, idx % rpb)
-                                out_terms[(m, n)] = np.concatenate(
-                                    [cluster_red[(bx, by, r)][cell] for r in range(split_k)]
-                                )
+                                for e in range(4):  # the quad: 4 consecutive n of row m
+                                    y_writes[m, n + e] += 1
+                                    cell = (idx // rpb, idx % rpb + e)
+                                    out_terms[(m, n + e)] = np.concatenate(
+                                        [cluster_red[(bx, by, r)][cell] for r in range(split_k)]
+                                    )
     elif split_k > 1:
         assert (part_writes == 1).all(), "every fp32 partial is written exactly once"
         reduce_launch = launches[1]
@@ -240,6 +253,117 @@ def emulate(family, config: dict, problem: dict, skip_iteration: int | None = No
                     y_writes[m, n] += 1
                     out_terms[(m, n)] = np.concatenate([part_terms[(s, m, n)] for s in range(split_k)])
     return {"y": out_terms, "y_writes": y_writes}
+
+
+def _resident_slice(config, problem, m_tile, m0, split):
+    """mma 3, one block: the SMEM x slice as {"chunks": {chunk offset: element index of its first bf16 (-1: a
+    zero-filled row past M)}, "pitch", "row_chunks"}, filled by the template's staging loop (each chunk exactly
+    once, none in the pad)."""
+    M, K = problem["M"], problem["K"]
+    k_block = K // config["split_k"]
+    row_chunks, pitch = k_block // 8, (k_block + 32) // 8
+    chunks: dict[int, int] = {}
+    for tid in range(config["threads"]):
+        for c in range(tid, m_tile * row_chunks, config["threads"]):
+            r, kc = divmod(c, row_chunks)
+            dst = r * pitch + kc
+            assert dst not in chunks, "a slice chunk written twice"
+            m = m0 + r
+            chunks[dst] = (m * K + split * k_block + 8 * kc) if m < M else -1
+    assert len(chunks) == m_tile * row_chunks
+    return {"chunks": chunks, "pitch": pitch, "row_chunks": row_chunks}
+
+
+def _slice_words(xs, rows, kc):
+    """The 4 words (low-half element indices, -1 for zeros) lanes read from chunk kc of slice rows `rows` (one
+    per lane). The read stays inside the row (not in the pad), and every 8-lane phase of the 128-bit load
+    covers 128 distinct bytes of the 32 banks (rows g, g + 1 are 64 bytes apart modulo 128)."""
+    rows, kc = np.broadcast_to(rows, (32,)), np.broadcast_to(kc, (32,))
+    assert (kc < xs["row_chunks"]).all(), "a read past the slice row"
+    offsets = rows * xs["pitch"] + kc
+    for phase in range(4):
+        banks = {(16 * int(o)) % 128 for o in offsets[8 * phase : 8 * phase + 8]}
+        assert len(banks) == 8, "bank conflict in a 128-bit SMEM phase"
+    first = np.array([xs["chunks"][int(o)] for o in offsets])
+    return [np.where(first >= 0, first + 2 * e, -1) for e in range(4)]
+
+
+def _wgmma_block(config, problem, m_tile, m0, n0, split, skip_iteration):
+    """mma 4, one block: the ring as a dict {SMEM byte offset of a 16-byte chunk (ring-relative, 1024-byte
+    aligned base): element index of its first bf16, -1 for a zero-filled x row}, filled by the template's
+    load_tile formulas (128-byte swizzle: chunk c of row r at c ^ (r % 8)), and read back the way the PTX ISA
+    defines wgmma's operand fetch for a 128-byte-swizzled K-major descriptor: the element (row r, k e) of an
+    operand whose descriptor starts at S lies at L = S + (r // 8)·SBO + (r % 8)·128 + 2e with address bits 4-6
+    XORed with bits 7-9 (SBO 1024; the template's k16 steps add 32 bytes to S). Returns [(wn, wk, acc)] in
+    engine 1's fragment format (warp w of warpgroup wg holds rows 16·(4wg + w) ..)."""
+    M, K = problem["M"], problem["K"]
+    threads, unroll, stages, split_k = config["threads"], config["unroll"], config["stages"], config["split_k"]
+    warps = threads // 32
+    rpb = warps * 16
+    k_block = K // split_k
+    kt = 32 * unroll
+    ka, rc = kt // 64, kt // 8
+    iters = k_block // kt
+    w_chunks, x_chunks = rpb * rc, m_tile * rc
+    stage_bytes = (w_chunks + x_chunks) * 16
+    round_rows = threads // rc
+    assert kt % 64 == 0 and threads % 128 == 0 and stage_bytes % 1024 == 0
+    ring: dict[int, int] = {}
+    in_slot: dict[int, int] = {}
+
+    def load_tile(slot, it):
+        stage = slot * stage_bytes
+        for tid in range(threads):
+            row0, c0 = tid // rc, tid % rc
+            atom0, cc0 = c0 // 8, c0 % 8
+            for i in range(w_chunks // threads):
+                r = row0 + i * round_rows
+                dst = stage + 16 * (atom0 * rpb * 8 + r * 8 + (cc0 ^ (r & 7)))
+                ring[dst] = (n0 + r) * K + split * k_block + 8 * c0 + it * kt
+            for i in range(-(-x_chunks // threads)):
+                r = row0 + i * round_rows
+                if r < m_tile:
+                    m = m0 + r
+                    dst = stage + 16 * (w_chunks + atom0 * m_tile * 8 + r * 8 + (cc0 ^ (r & 7)))
+                    ring[dst] = m * K + split * k_block + 8 * c0 + it * kt if m < M else -1
+        in_slot[slot] = it
+
+    def fetch(start, rows):
+        """Element indices [rows][16] of the k16 operand whose descriptor starts at byte `start`."""
+        assert start % 16 == 0
+        out = np.empty((rows, 16), dtype=np.int64)
+        for r in range(rows):
+            for e in range(16):
+                logical = start + (r // 8) * 1024 + (r % 8) * 128 + 2 * e
+                physical = logical ^ (((logical >> 7) & 7) << 4)
+                first = ring[physical - physical % 16]
+                out[r, e] = -1 if first < 0 else first + (physical % 16) // 2
+        return out
+
+    accs = {warp: [[[[[] for _ in range(8)] for _ in range(16)] for _ in range(m_tile // 8)]] for warp in range(warps)}
+
+    def compute_tile(slot, it):
+        assert in_slot[slot] == it, f"slot {slot} holds tile {in_slot[slot]} when tile {it} is computed"
+        stage = slot * stage_bytes
+        for wg in range(threads // 128):
+            for a in range(ka):
+                for kk in range(4):
+                    A = fetch(stage + a * rpb * 128 + wg * 64 * 128 + kk * 32, 64)  # W rows of the warpgroup
+                    B = fetch(stage + w_chunks * 16 + a * m_tile * 128 + kk * 32, m_tile)  # x rows
+                    for row in range(64):
+                        warp, r16 = 4 * wg + row // 16, row % 16
+                        for m in range(m_tile):
+                            accs[warp][0][m // 8][r16][m % 8].append((B[m], A[row]))
+
+    for s in range(stages - 1):
+        if s < iters:
+            load_tile(s, s)
+    for it in range(iters):
+        if it + stages - 1 < iters:
+            load_tile((it + stages - 1) % stages, it + stages - 1)
+        if it != skip_iteration:
+            compute_tile(it % stages, it)
+    return [(warp, 0, accs[warp]) for warp in range(warps)]
 
 
 def _pipe_block(config, problem, m_tile, m0, n0, split, skip_iteration):
@@ -430,6 +554,26 @@ EMULATED = [
         (4, 128, 2048),
         {"mma": 2, "rows_per_warp": 64, "m_tile": 8, "threads": 128, "k_warps": 2, "split_k": 2, "cluster": 1},
     ),
+    # mma 4 (wgmma on the swizzled ring): one and two warpgroups, atoms of 64 and 128 k, zero x rows past M,
+    # the ring wrapping, split-K with partials and with a cluster.
+    ((3, 64, 512), {"mma": 4, "rows_per_warp": 16, "m_tile": 8, "unroll": 2, "stages": 2}),
+    ((9, 128, 1024), {"mma": 4, "rows_per_warp": 16, "m_tile": 16, "threads": 256, "unroll": 4, "stages": 3}),
+    (
+        (16, 64, 2048),
+        {"mma": 4, "rows_per_warp": 16, "m_tile": 16, "unroll": 2, "stages": 4, "split_k": 2, "cluster": 1},
+    ),
+    ((5, 64, 1024), {"mma": 4, "rows_per_warp": 16, "m_tile": 8, "unroll": 4, "stages": 2, "split_k": 2}),
+    # mma 3 (x slice resident in SMEM): zero rows past M, k_warps slices of the block's K range, the register
+    # double buffer, split-K with fp32 partials and with a cluster.
+    ((3, 32, 512), {"mma": 3, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "unroll": 2}),
+    (
+        (9, 128, 1024),
+        {"mma": 3, "rows_per_warp": 32, "m_tile": 16, "k_warps": 1, "unroll": 2, "prefetch": 1, "split_k": 2},
+    ),
+    (
+        (16, 32, 4096),
+        {"mma": 3, "rows_per_warp": 16, "m_tile": 16, "threads": 256, "k_warps": 4, "split_k": 4, "cluster": 1},
+    ),
 ]
 
 
@@ -447,11 +591,13 @@ def test_emulated_index_math_sums_each_term_once(family, shape, overrides):
         {"mma": 1, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2},
         {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "stages": 3},
         {"mma": 2, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "stages": 2, "split_k": 2, "cluster": 1},
+        {"mma": 3, "rows_per_warp": 16, "m_tile": 8, "k_warps": 2, "prefetch": 1, "split_k": 2, "cluster": 1},
+        {"mma": 4, "rows_per_warp": 16, "m_tile": 8, "unroll": 2, "stages": 3},
     ],
 )
 def test_emulator_catches_a_dropped_iteration(family, overrides):
     """The emulation check is not vacuous: a kernel that skips one K iteration fails it."""
-    problem = {"M": 2, "N": 32, "K": 512, "dtype": "bfloat16"}
+    problem = {"M": 2, "N": 64, "K": 512, "dtype": "bfloat16"}
     config = {**BASE, **overrides}
     check_emulation(family, config, problem)
     with pytest.raises(AssertionError, match="wrong terms"):
@@ -496,11 +642,12 @@ def test_space_problems_and_counts(gemv_space, family):
     for problem in gemv_space.problems:
         M = problem.sizes["M"]
         configs = list(gemv_space.enumerate(problem))
-        assert 200 <= len(configs) <= 8000
+        assert 200 <= len(configs) <= 9000
         # W is read once: one M tile covers all of M in every valid config
         assert all(gemv_space.resolve(c, problem)["m_blocks"] == 1 for c in configs)
         engines = {c["mma"] for c in configs}
-        assert engines == ({0, 1, 2} if M <= 16 else {1, 2})
+        # FMAs up to M = 16; engine 3 only in benchmarks/spaces/gemv_engine3.yaml
+        assert engines == ({0, 1, 2, 4} if M <= 16 else {1, 2, 4})
         if M <= 16:
             assert gemv_space.validate(gemv_space.default, problem) is None
 
@@ -544,11 +691,12 @@ def test_sampled_configs_compile(family, gemv_space):
     without spills."""
     rng = random.Random(1)
     sources = []
-    for problem in map(gemv_space.problem, ["m1", "m16", "m64", "down_m64"]):
+    n_groups = {"m1": 8, "m16": 8, "m64": 6, "down_m64": 6}  # engines 0-2 and 4 (M <= 16) or 1, 2, 4; split or not
+    for problem in map(gemv_space.problem, n_groups):
         groups: dict[tuple, list] = {}
         for config in gemv_space.enumerate(problem):
             groups.setdefault((config["mma"], config["split_k"] > 1), []).append(config)
-        assert len(groups) == (6 if problem.sizes["M"] <= 16 else 4)
+        assert len(groups) == n_groups[problem.name]
         for configs in groups.values():
             config = rng.choice(configs)
             sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
@@ -638,7 +786,7 @@ def test_pipe_engine_constraints(family, gemv_space):
     assert "blocks >= sm_count" in reason(**rows128, mma=1, stages=2, unroll=1)
     # cluster: engine 2 with 2 to 8 splits; it lifts the bound on the (now SMEM-resident) partials
     assert "cluster == 0 or (split_k >= 2" in reason(cluster=1, split_k=1)
-    assert "cluster == 0 or mma == 2" in reason(cluster=1, mma=1, rows_per_warp=16, unroll=2, stages=2)
+    assert "cluster == 0 or mma >= 2" in reason(cluster=1, mma=1, rows_per_warp=16, unroll=2, stages=2)
     wide = {"k_warps": 1, "rows_per_warp": 32, "unroll": 1, "split_k": 8, "stages": 3}
     assert "split_k * M * 32 <= K" in reason(**wide)  # 8 splits: 16 MiB of fp32 partials in HBM
     assert gemv_space.validate({**ok, **wide, "cluster": 1}, problem) is None
@@ -647,11 +795,130 @@ def test_pipe_engine_constraints(family, gemv_space):
     with pytest.raises(ValueError, match="stages >= 2"):
         family.launches("e", {**gemv_space.resolve(ok, problem), "stages": 1}, problem.env)
     with pytest.raises(ValueError, match="not an engine"):
-        family.launches("e", {**gemv_space.resolve(ok, problem), "mma": 3}, problem.env)
+        family.launches("e", {**gemv_space.resolve(ok, problem), "mma": 5}, problem.env)
     # engines 0 and 1 take no dynamic SMEM
     for engine in (0, 1):
         config = {**gemv_space.resolve(ok, problem), "mma": engine}
         assert family.smem_dynamic(config, problem.env) == 0
+
+
+# Engine 4 (wgmma on the swizzled ring) as the grid of benchmarks/results/decode-2026-12-01-gemv-wgmma-grid.md
+# measured it: one or two warpgroups, atoms of 64 or 128 k, cluster split-K and plain.
+WGMMA = {"mma": 4, "m_tile": 64, "vec": 8, "min_blocks": 1, "k_warps": 1, "rows_per_warp": 16, "prefetch": 0}
+
+
+@pytest.mark.parametrize(
+    "problem_name, overrides",
+    [
+        ("m64", {"split_k": 2, "cluster": 1, "threads": 128, "unroll": 4, "stages": 3}),
+        ("m64", {"split_k": 4, "threads": 256, "unroll": 2, "stages": 6, "w_cache": "na256"}),
+        ("m16", {"split_k": 2, "cluster": 1, "threads": 128, "unroll": 4, "stages": 4}),
+        ("m1", {"split_k": 1, "threads": 128, "unroll": 4, "stages": 6, "w_cache": "cs"}),
+        ("down_m64", {"split_k": 4, "cluster": 1, "threads": 256, "unroll": 4, "stages": 3}),
+    ],
+)
+def test_wgmma_engine_compiles_for_sm90a(family, gemv_space, problem_name, overrides):
+    """mma 4 configs are valid, compile for sm_90a (wgmma exists only there) into PTX that carries the
+    m64nNk16 wgmma with N = m_rows and the async-proxy fence, without spills, and launch with the ring plus
+    1 KiB of alignment slack as dynamic SMEM."""
+    problem = gemv_space.problem(problem_name)
+    params = {**gemv_space.default, **WGMMA, **overrides}
+    assert gemv_space.validate(params, problem) is None
+    config = gemv_space.resolve(params, problem)
+    ring = params["stages"] * (config["rows_per_block"] + config["m_rows"]) * 32 * params["unroll"] * 2
+    assert config["smem_dynamic"] == max(ring + 1024, config["red_bytes"])
+    assert family.launches("e", config, problem.env)[0].smem_dynamic == config["smem_dynamic"]
+    source = render.render(family, params, config, problem.env)
+    assert tcompile.target_arch(source.text, "sm_90") == "sm_90a"
+    result = tcompile.compile_source(source)
+    assert result.ok, result.reason
+    assert result.arch == "sm_90a"
+    ptx = result.ptx.decode()
+    assert f"wgmma.mma_async.sync.aligned.m64n{config['m_rows']}k16.f32.bf16.bf16" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned" in ptx
+    assert result.spill_bytes == 0 and result.smem_static_bytes == 0 and result.main.registers > 0
+
+
+def test_wgmma_engine_constraints(family, gemv_space):
+    """Engine 4 takes whole warpgroups of 16-row warps over one K range, tiles of whole 128-byte atoms."""
+    problem = gemv_space.problem("m64")
+    ok = {**gemv_space.default, **WGMMA, "split_k": 2, "cluster": 1, "threads": 128, "unroll": 4, "stages": 3}
+    assert gemv_space.validate(ok, problem) is None
+    rule = "mma != 4 or (k_warps == 1"
+    for change in ({"rows_per_warp": 32}, {"k_warps": 2, "threads": 256}):
+        assert rule in gemv_space.validate({**ok, **change}, problem), change
+    assert gemv_space.validate({**ok, "unroll": 1}, problem) is not None  # tiles of 32 k: half an atom
+    with pytest.raises(ValueError, match="mma 4 needs"):
+        family.launches("e", {**gemv_space.resolve(ok, problem), "unroll": 1}, problem.env)
+
+
+# Engine 3 (x slice resident in SMEM) as the grids of benchmarks/results/decode-2026-12-01-gemv-engine3-grid.md
+# measured it: M = 64 takes 8 cluster splits of 1024 (a 132 KiB slice), M = 16 / 32 16 warps of 16 rows.
+RESIDENT = {"mma": 3, "m_tile": 64, "vec": 8, "min_blocks": 1, "stages": 2, "k_warps": 1, "rows_per_warp": 16}
+
+
+@pytest.fixture(scope="module")
+def resident_space() -> space.SearchSpace:
+    """The engine-3 space: gemv.yaml's rules with mma 3 listed (the shipped space does not list it)."""
+    return space.load(Path(__file__).resolve().parent.parent / "benchmarks" / "spaces" / "gemv_engine3.yaml")
+
+
+@pytest.mark.parametrize(
+    "problem_name, overrides",
+    [
+        ("m64", {"split_k": 8, "cluster": 1, "threads": 256, "rows_per_warp": 32, "unroll": 2, "prefetch": 1}),
+        ("m64", {"split_k": 8, "cluster": 1, "threads": 512, "unroll": 2, "prefetch": 1, "w_cache": "cs"}),
+        ("m32", {"split_k": 4, "m_tile": 32, "threads": 512, "unroll": 4, "prefetch": 1, "w_cache": "na256"}),
+        (
+            "m16",
+            {
+                "split_k": 2,
+                "m_tile": 16,
+                "cluster": 1,
+                "threads": 512,
+                "k_warps": 2,
+                "unroll": 4,
+                "prefetch": 0,
+                "w_cache": "cs",
+            },
+        ),
+    ],
+)
+def test_resident_engine_compiles_within_its_budgets(family, resident_space, problem_name, overrides):
+    """mma 3 configs are valid, stage x with cp.async into a slice the launch sizes as dynamic SMEM (the larger
+    of the padded slice and red), and compile for sm_90 without spills within est_regs + 16 registers."""
+    problem = resident_space.problem(problem_name)
+    params = {**resident_space.default, **RESIDENT, **overrides}
+    assert resident_space.validate(params, problem) is None
+    config = resident_space.resolve(params, problem)
+    M, K = problem.sizes["M"], problem.sizes["K"]
+    slice_bytes = M * (K // params["split_k"] + 32) * 2
+    assert config["slice_bytes"] == slice_bytes and config["smem_dynamic"] == max(slice_bytes, config["red_bytes"])
+    launches = family.launches("e", config, problem.env)
+    assert launches[0].smem_dynamic == config["smem_dynamic"] == family.smem_dynamic(config, problem.env)
+    source = render.render(family, params, config, problem.env)
+    # x reaches the mma only through the slice: staged by cp.async, never loaded per warp from global memory
+    assert "cp.async.cg.shared.global" in source.text and "xs[" in source.text and "x_lane" not in source.text
+    result = tcompile.compile_source(source)
+    assert result.ok, result.reason
+    assert result.spill_bytes == 0 and result.smem_static_bytes == 0
+    assert 0 < result.main.registers <= config["est_regs"] + 16
+
+
+def test_resident_engine_constraints(gemv_space, resident_space):
+    """Engine 3 needs its slice to fit (M = 64: split_k 8 with a cluster); the shipped space's rules are the
+    engine-3 space's (only the lists differ), and the shipped space does not offer it."""
+    m64 = resident_space.problem("m64")
+    ok = {**resident_space.default, **RESIDENT, "split_k": 8, "cluster": 1, "threads": 256, "unroll": 2}
+    assert resident_space.validate(ok, m64) is None
+    assert "smem_dynamic <= smem_per_block_max" in resident_space.validate({**ok, "split_k": 4}, m64)  # 264 KiB
+    assert "split_k * M * 32 <= K" in resident_space.validate({**ok, "cluster": 0}, m64)  # 16 MiB fp32 partials
+    assert "mma=3 is not one of" in gemv_space.validate(ok, gemv_space.problem("m64"))
+    # the engine-3 space's own rules: several M tiles for engine 3, one m_tile per effective tile
+    own = {"m_blocks == 1 or M > 64 or mma == 3", "m_rows == m_tile or (m_tile == 16 and m_rows < 16)"}
+    shipped = [c.text for c in gemv_space.constraints if c.text != "m_blocks == 1 or M > 64"]
+    assert [c.text for c in resident_space.constraints if c.text not in own] == shipped
+    assert own <= {c.text for c in resident_space.constraints}
 
 
 @pytest.mark.parametrize("M", [1, 8, 64])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.compile import first_error, nvrtc_compile
+from tuner.compile import first_error, nvrtc_compile, target_arch
 from tuner.errors import InputError
 from tuner.gpu import DEFAULT_ARCH
 from tuner.result import StudyAttr, TrialAttr
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:
     """PTX of a rendered source for a virtual arch (NVRTC; no GPU needed). Raises InputError with NVRTC's first
     error line when it does not compile."""
+    arch = target_arch(source.text, arch)
     status, log, _, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", [f"--gpu-architecture={arch}", "-std=c++17"])
     if status != 0:
         raise InputError(f"{source.uri}: {first_error(log, status)}")

@@ -206,14 +206,29 @@ def _load_cached(meta_path: Path, cubin_path: Path, source: Source) -> Compiled 
 # compile
 
 
+#: PTX instructions that only the arch-specific target of an arch has (sm_90a: wgmma, setmaxnreg).
+_ARCH_SPECIFIC = re.compile(r"\b(?:wgmma|setmaxnreg)\.")
+
+
+def target_arch(text: str, arch: str) -> str:
+    """The target a source compiles for on `arch`: `arch` itself, or its arch-specific variant (sm_90 -> sm_90a,
+    compute_90 -> compute_90a) when the source uses PTX only that variant accepts. An sm_90a cubin runs on the
+    sm_90 GPUs only (H100/H200), which is where such a config was tuned."""
+    if _ARCH_SPECIFIC.search(text) and re.fullmatch(r"(?:sm|compute)_9\d", arch):
+        return arch + "a"
+    return arch
+
+
 def compile_source(
     source: Source,
     arch: str = DEFAULT_ARCH,
     options: Iterable[str] = (),
     use_cache: bool = True,
 ) -> Compiled | CompileFailed:
-    """Compile one source to a cubin for `arch`. Never raises for a bad kernel: NVRTC's refusal is a
-    CompileFailed with the log (decided by NVRTC's status code, not its message)."""
+    """Compile one source to a cubin for `arch` (its arch-specific variant where the source needs it:
+    `target_arch`). Never raises for a bad kernel: NVRTC's refusal is a CompileFailed with the log (decided by
+    NVRTC's status code, not its message)."""
+    arch = target_arch(source.text, arch)
     opts = (*BASE_OPTIONS, f"--gpu-architecture={arch}", *options)
     vers = versions()
     key = cache_key(source, opts, arch, vers)

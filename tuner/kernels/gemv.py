@@ -12,8 +12,10 @@ zeroing is needed under NaN-poisoned outputs) and ``{entry}_reduce`` sums the sl
 bf16 (grid ceil(M·N / 1024), 256 threads, 4 elements a thread) — unless `cluster` is 1: then the split_k blocks
 of a tile form a thread-block cluster (compile-time ``__cluster_dims__(1, 1, split_k)``, so a plain launch) and
 sum their partials through distributed shared memory into y; one launch, no ``part``. Engine 2 (mma 2: tensor
-cores fed by a cp.async ring of W and x tiles) takes `smem_dynamic` bytes of dynamic SMEM; engines 0 and 1 take
-none.
+cores fed by a cp.async ring of W and x tiles) and engine 3 (mma 3: tensor cores on W straight from HBM into
+registers and the block's x slice resident in SMEM) and engine 4 (mma 4: wgmma, Hopper's warpgroup tensor-core
+instruction, reading engine 2's ring laid out with the 128-byte swizzle; compiled for sm_90a) take
+`smem_dynamic` bytes of dynamic SMEM; engines 0 and 1 take none.
 
 Kernel signatures (scalars are 32-bit ``int``, looked up by name in the problem):
     {entry}(x, W, y or part, M, N, K)        {entry}_reduce(part, y, M, N)
@@ -34,6 +36,11 @@ from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 #: Threads per block of the split-K reduction kernel (fixed in the template), and elements per thread.
 REDUCE_THREADS = 256
 REDUCE_VEC = 4
+#: Engine 4 aligns its ring to the 128-byte swizzle's period (the launch adds this much dynamic SMEM).
+WGMMA_ALIGN = 1024
+#: Engine 3 pads each row of its SMEM x slice by this many bf16 (64 bytes: rows g and g + 1 of a 128-bit SMEM
+#: phase fall on different banks).
+X_PAD = 32
 
 
 class Gemv(Family):
@@ -74,13 +81,18 @@ class Gemv(Family):
     @staticmethod
     def smem_dynamic(config: Config, problem: Problem) -> int:
         """Dynamic SMEM of the main kernel: engine 2's cp.async ring (stages tiles of rows_per_block W rows and
-        m_rows x rows, k_warps·chunk bf16 each), which red[m_rows][rows_per_block] (fp32) aliases after the
-        loop; 0 for engines 0 and 1 (their red is static)."""
-        if config["mma"] != 2:
-            return 0
-        k_tile = config["k_warps"] * Gemv.chunk(config)
-        ring = config["stages"] * (Gemv.rows_per_block(config) + Gemv.m_rows(config, problem)) * k_tile * 2
-        return max(ring, Gemv.m_rows(config, problem) * Gemv.rows_per_block(config) * 4)
+        m_rows x rows, k_warps·chunk bf16 each) or engine 3's x slice (m_rows rows of K / split_k + 32 bf16),
+        which red[m_rows][rows_per_block] (fp32) aliases after the loop; 0 for engines 0 and 1 (their red is
+        static)."""
+        mma, m_rows = config["mma"], Gemv.m_rows(config, problem)
+        red = m_rows * Gemv.rows_per_block(config) * 4
+        if mma in (2, 4):  # engine 4: and 1 KiB to align the ring to the 1024-byte swizzle period
+            k_tile = config["k_warps"] * Gemv.chunk(config)
+            ring = config["stages"] * (Gemv.rows_per_block(config) + m_rows) * k_tile * 2
+            return max(ring + (WGMMA_ALIGN if mma == 4 else 0), red)
+        if mma == 3:
+            return max(m_rows * (problem["K"] // config["split_k"] + X_PAD) * 2, red)
+        return 0
 
     @staticmethod
     def chunk(config: Config) -> int:
@@ -102,10 +114,17 @@ class Gemv(Family):
         if K % (split_k * k_warps) or (K // (split_k * k_warps)) % self.chunk(config):
             need = split_k * k_warps * self.chunk(config)
             faults.append(f"K={K} is not a multiple of split_k*k_warps*chunk={need}")
-        if config["mma"] not in (0, 1, 2):
-            faults.append(f"mma={config['mma']} is not an engine (0 FMA, 1 tensor cores, 2 tensor cores + cp.async)")
-        if config["mma"] == 2 and config.get("stages", 0) < 2:
-            faults.append(f"mma 2 needs stages >= 2 (got {config.get('stages')})")
+        if config["mma"] not in (0, 1, 2, 3, 4):
+            faults.append(
+                f"mma={config['mma']} is not an engine (0 FMA, 1 tensor cores, 2 tensor cores + cp.async ring, "
+                "3 tensor cores + x resident in SMEM, 4 wgmma + cp.async ring)"
+            )
+        if config["mma"] in (2, 4) and config.get("stages", 0) < 2:
+            faults.append(f"mma {config['mma']} needs stages >= 2 (got {config.get('stages')})")
+        if config["mma"] == 4 and (
+            config["k_warps"] != 1 or config["rows_per_warp"] != 16 or threads % 128 or self.chunk(config) % 64
+        ):
+            faults.append("mma 4 needs k_warps 1, rows_per_warp 16, whole warpgroups and unroll 2 or 4")
         if config["mma"]:
             if config["vec"] != 8 or config["rows_per_warp"] % 16 or config["m_tile"] % 8:
                 faults.append("mma needs vec 8, rows_per_warp % 16 == 0 and m_tile % 8 == 0")
