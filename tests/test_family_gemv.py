@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import header, kernels, render, space
 from tuner.kernels import bf16
 
 MNK = {"N": 8192, "K": 8192, "dtype": "bfloat16"}
@@ -830,6 +830,8 @@ def test_wgmma_engine_compiles_for_sm90a(family, gemv_space, problem_name, overr
     assert family.launches("e", config, problem.env)[0].smem_dynamic == config["smem_dynamic"]
     source = render.render(family, params, config, problem.env)
     assert tcompile.target_arch(source.text, "sm_90") == "sm_90a"
+    # an exported header says so beside the config (its host program must pass sm_90a to NVRTC)
+    assert header.compile_target_note(source.text, "sm_90").startswith("compile for sm_90a:")
     result = tcompile.compile_source(source)
     assert result.ok, result.reason
     assert result.arch == "sm_90a"
@@ -899,6 +901,7 @@ def test_resident_engine_compiles_within_its_budgets(family, resident_space, pro
     source = render.render(family, params, config, problem.env)
     # x reaches the mma only through the slice: staged by cp.async, never loaded per warp from global memory
     assert "cp.async.cg.shared.global" in source.text and "xs[" in source.text and "x_lane" not in source.text
+    assert tcompile.target_arch(source.text, "sm_90") == "sm_90" and header.compile_target_note(source.text, "") == ""
     result = tcompile.compile_source(source)
     assert result.ok, result.reason
     assert result.spill_bytes == 0 and result.smem_static_bytes == 0

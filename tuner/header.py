@@ -22,9 +22,11 @@ import jinja2
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner.compile import target_arch
 from tuner.errors import InputError
 from tuner.expr import ceil_div
 from tuner.files import atomic_write, check_writable
+from tuner.gpu import DEFAULT_ARCH
 from tuner.render import environment
 from tuner.render import uri as kernel_uri
 from tuner.studies import (
@@ -248,6 +250,15 @@ def _launch_specs(
     return specs, "; ".join(notes)
 
 
+def compile_target_note(text: str, arch: str) -> str:
+    """The caveat for a config whose source compiles only for its arch's arch-specific target
+    (`tuner.compile.target_arch`: sm_90 -> sm_90a for wgmma), so that a host program compiling the embedded
+    source passes that target to NVRTC; "" for every other source. `arch` "" means the default arch."""
+    base = arch or DEFAULT_ARCH
+    target = target_arch(text, base)
+    return "" if target == base else f"compile for {target}: the source uses PTX only {target} has (wgmma)"
+
+
 def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: bool) -> list[_Exported]:
     out: list[_Exported] = []
     for study in studies:
@@ -267,6 +278,8 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
             if not entry:
                 entry = kernel_uri(ctx.family, params)
             launches, note = _launch_specs(ctx, t, params, derived, entry)
+            text = source.text if source is not None else render_trial(ctx, t).text if ctx.space is not None else ""
+            note = "; ".join(n for n in (note, compile_target_note(text, str(study.user_attrs.get("arch") or ""))) if n)
             out.append(
                 _Exported(
                     name="",
