@@ -29,21 +29,6 @@ DEFAULT_CONFIGS = (
 )
 
 
-def parse_config(text: str, space) -> dict:
-    short = {v: k for k, v in space.family.uri_names.items()}
-    config = dict(space.default)
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        name = short.get(key.strip(), key.strip())
-        if name not in space.params:
-            raise SystemExit(f"gemm_probe: unknown param {key!r} in {text!r}")
-        config[name] = type(space.params[name][0])(value)
-    reason = space.validate(config)
-    if reason:
-        raise SystemExit(f"gemm_probe: {text!r} is not in {space.path}: {reason}")
-    return config
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--space", default=str(ROOT / "benchmarks" / "spaces" / "gemm_dynamic_smem.yaml"))
@@ -56,11 +41,15 @@ def main() -> int:
 
     from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
+    from tuner.errors import SpaceError
     from tuner.evaluate import evaluate_config
 
     space = space_mod.load(args.space)
     problem = space.problem()
-    configs = [parse_config(text, space) for text in (*DEFAULT_CONFIGS, *args.config)]
+    try:  # URI short names (tm=128) or the space's own param names
+        configs = [space.config_from_assignments(text.split(","), problem) for text in (*DEFAULT_CONFIGS, *args.config)]
+    except SpaceError as exc:
+        raise SystemExit(f"gemm_probe: {exc}") from None
     ev = GpuEvaluator()
     info = ev.start()
 

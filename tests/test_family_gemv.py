@@ -288,6 +288,20 @@ def _slice_words(xs, rows, kc):
     return [np.where(first >= 0, first + 2 * e, -1) for e in range(4)]
 
 
+def _multistage(stages, iters, load_tile, compute_tile, skip_iteration):
+    """The ring engines' K loop in the template's order (CUTLASS's multistage): tiles 0 .. stages - 2 in flight
+    first; then for each tile it, refill the slot tile it - 1 used with tile it + stages - 1 and compute tile
+    it (`skip_iteration`: not computed)."""
+    for s in range(stages - 1):
+        if s < iters:
+            load_tile(s, s)
+    for it in range(iters):
+        if it + stages - 1 < iters:
+            load_tile((it + stages - 1) % stages, it + stages - 1)
+        if it != skip_iteration:
+            compute_tile(it % stages, it)
+
+
 def _wgmma_block(config, problem, m_tile, m0, n0, split, skip_iteration):
     """mma 4, one block: the ring as a dict {SMEM byte offset of a 16-byte chunk (ring-relative, 1024-byte
     aligned base): element index of its first bf16, -1 for a zero-filled x row}, filled by the template's
@@ -355,14 +369,7 @@ def _wgmma_block(config, problem, m_tile, m0, n0, split, skip_iteration):
                         for m in range(m_tile):
                             accs[warp][0][m // 8][r16][m % 8].append((B[m], A[row]))
 
-    for s in range(stages - 1):
-        if s < iters:
-            load_tile(s, s)
-    for it in range(iters):
-        if it + stages - 1 < iters:
-            load_tile((it + stages - 1) % stages, it + stages - 1)
-        if it != skip_iteration:
-            compute_tile(it % stages, it)
+    _multistage(stages, iters, load_tile, compute_tile, skip_iteration)
     return [(warp, 0, accs[warp]) for warp in range(warps)]
 
 
@@ -430,14 +437,7 @@ def _pipe_block(config, problem, m_tile, m0, n0, split, skip_iteration):
                             regs_a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
                             _mma(accs[warp][q][j], regs_a, (xv[j][2 * s], xv[j][2 * s + 1]), g, t)
 
-    for s in range(stages - 1):
-        if s < iters:
-            load_tile(s, s)
-    for it in range(iters):
-        if it + stages - 1 < iters:
-            load_tile((it + stages - 1) % stages, it + stages - 1)
-        if it != skip_iteration:
-            compute_tile(it % stages, it)
+    _multistage(stages, iters, load_tile, compute_tile, skip_iteration)
     return [(warp % n_warps, warp // n_warps, accs[warp]) for warp in range(warps)]
 
 

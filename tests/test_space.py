@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from tuner import render
 from tuner import space as space_mod
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
@@ -99,6 +100,18 @@ def test_config_from_assignments(tmp_path):
         s.config_from_assignments(["vec=3"])
     with pytest.raises(SpaceError, match=r"not valid: constraint failed"):
         s.config_from_assignments(["stride=4", "vec=4"])
+
+
+def test_config_from_assignments_takes_uri_short_names():
+    """A config written back from its kernel URI: the family's short names stand for the params."""
+    gemv = space_mod.load("gemv")
+    problem = gemv.problem("m64")
+    text = "mma=4,sk=2,t=128,kw=1,rw=16,u=4,pf=0,wc=na,st=3,cl=1"
+    cfg = gemv.config_from_assignments(text.split(","), problem)
+    assert (cfg["split_k"], cfg["threads"], cfg["stages"], cfg["cluster"], cfg["w_cache"]) == (2, 128, 3, 1, "na")
+    assert render.uri(gemv.family, cfg) == "gemv_mma4_sk2_t128_kw1_rw16_mt64_v8_u4_pf0_wcna_lb1_st3_cl1"
+    with pytest.raises(SpaceError, match=r"--set zz: unknown parameter"):
+        gemv.config_from_assignments(["zz=1"], problem)
 
 
 @pytest.mark.parametrize(

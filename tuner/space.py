@@ -396,13 +396,17 @@ class SearchSpace:
     # -- user-facing config parsing -------------------------------------------------------------------------------
     def config_from_assignments(self, assignments: list[str], problem: Problem | None = None) -> dict[str, Any]:
         """Turn ``["tile=32", "pad=1"]`` into a full config: the default config overridden by the assignments.
-        Unknown names and values outside the space are SpaceErrors; so is a result that breaks a constraint."""
+        A name is a parameter's, or its short name in the family's kernel URIs (``t=128`` for ``threads``), so
+        that a config can be written back from its URI. Unknown names and values outside the space are
+        SpaceErrors; so is a result that breaks a constraint."""
         config = dict(self.default)
+        short = {v: k for k, v in self.family.uri_names.items() if k in self.params}
         for item in assignments:
             key, sep, raw = item.partition("=")
             key = key.strip()
             if not sep or not key:
                 raise SpaceError(f"--set expects NAME=VALUE, got {item!r}", str(self.path))
+            key = key if key in self.params else short.get(key, key)
             if key not in self.params:
                 raise SpaceError(f"--set {key}: unknown parameter (known: {', '.join(self.params)})", str(self.path))
             try:
