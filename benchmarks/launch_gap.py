@@ -2,13 +2,16 @@
 
     python benchmarks/launch_gap.py [--problem m64] [--config mma=4,sk=2,t=128,...] [--budget-ms 100] [--out DIR]
 
-The study protocol (`tuner.bench.benchmark`) times one launch between CUDA events after an L2 flush (a memset of
-twice the L2). This script times each config three ways with that same function, on one GPU, in one process:
+The study protocol (`tuner.bench.benchmark`) times one launch between CUDA events after an L2 flush
+(`tuner.bench.L2_FLUSH`). This script times each config four ways with that same function, on one GPU, in one
+process:
 
 * `flushed`: the protocol (flush, then one call of the config's launches between the events);
 * `pair`: flush, then two calls back to back between the events; `pair - flushed` is what one more call costs
   when it follows a call of itself (W does not fit in L2, so the second call streams W from HBM too);
-* `warm`: no flush, one call.
+* `warm`: no flush, one call;
+* `memset_flushed`: one call after a flush that *writes* the flush buffer (a memset of twice the L2, the
+  protocol before 2026-12-01): it evicts the previous call's data as well, but leaves the L2 full of dirty lines.
 
 and does the same for cuBLAS (torch.matmul) and a cudaMemcpy D2D of the GEMV's byte count. A config whose
 `flushed` time exceeds its `pair - flushed` by much more than the copy's does pays a cost on the first launch
@@ -73,17 +76,25 @@ def main() -> int:
         flushed = benchmark(run, stream=stream, budget_ms=args.budget_ms, flush=ev._flush).median_ms
         paired = benchmark(pair, stream=stream, budget_ms=args.budget_ms, flush=ev._flush).median_ms
         warm = benchmark(run, stream=stream, budget_ms=args.budget_ms).median_ms
+        written = benchmark(run, stream=stream, budget_ms=args.budget_ms, flush=memset_flush).median_ms
         return {
             "flushed_us": round(flushed * 1e3, 2),
             "pair_us": round(paired * 1e3, 2),
             "second_call_us": round((paired - flushed) * 1e3, 2),
             "warm_us": round(warm * 1e3, 2),
+            "memset_flushed_us": round(written * 1e3, 2),
+            "TBps_memset_flushed": round(nbytes / (written * 1e-3) / 1e12, 3),
             "TBps_flushed": round(nbytes / (flushed * 1e-3) / 1e12, 3),
             "TBps_second_call": round(nbytes / ((paired - flushed) * 1e-3) / 1e12, 3),
         }
 
     rows = []
     with stream:
+        written_buf = cupy.empty(ev.flush_bytes, dtype=cupy.uint8)
+
+        def memset_flush() -> None:
+            written_buf.data.memset_async(0, ev.flush_bytes, stream)
+
         x = cupy.asarray(cupy.random.standard_normal((M, K), dtype=cupy.float32)).astype(cupy.float16)
         w = cupy.asarray(cupy.random.standard_normal((N, K), dtype=cupy.float32)).astype(cupy.float16)
         x_bits, w_bits = x.view(cupy.uint16), w.view(cupy.uint16)  # the kernels read raw bf16 bits: timing only
@@ -161,15 +172,19 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"launch_gap-{date}.json").write_text(json.dumps(record, indent=1) + "\n")
-    print("\n| config | flushed µs | pair µs | second call µs | warm µs | TB/s flushed | TB/s second call |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| config | flushed µs | pair µs | second call µs | warm µs | memset-flushed µs | TB/s flushed "
+        "| TB/s second call | TB/s memset-flushed |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if "failure" in row:
             print(f"| {row['config']} | failed: {row['failure']} |")
             continue
         print(
             f"| {row.get('uri', row['config'])} | {row['flushed_us']} | {row['pair_us']} | {row['second_call_us']} "
-            f"| {row['warm_us']} | {row['TBps_flushed']} | {row['TBps_second_call']} |"
+            f"| {row['warm_us']} | {row['memset_flushed_us']} | {row['TBps_flushed']} | {row['TBps_second_call']} "
+            f"| {row['TBps_memset_flushed']} |"
         )
     ev.close()
     return 0

@@ -27,6 +27,13 @@ def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypat
     assert {f"check_{o}_{r}" for o in devicekernels.CHECK_DTYPES for r in ("float32", "float64")} <= names
     assert all(f.spill_store_bytes == 0 for f in compiled.functions.values())
     assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
+    # the L2 flush keeps its 16-byte loads: the store that depends on them is conditional, not dead
+    assert "flush_read" in names
+    ptx = compiled.ptx.decode()
+    flush_ptx = ptx[ptx.index(".entry flush_read") :]
+    flush_ptx = flush_ptx[: flush_ptx.index("\n}\n")]
+    assert "ld.global.v4.u32" in flush_ptx or "ld.global.nc.v4.u32" in flush_ptx
+    assert "st.global.u32" in flush_ptx
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,15 @@ def device_kernels():
     arch = f"sm_{cupy.cuda.Device(0).compute_capability}"
     stream = cupy.cuda.Stream(non_blocking=True)
     return devicekernels.DeviceKernels(compile_source(devicekernels.source(), arch), stream)
+
+
+@pytest.mark.gpu
+def test_read_flush_reads_without_writing(device_kernels):
+    buf = cupy.zeros(64 << 20, dtype=cupy.uint8)
+    sink = cupy.full(1, 0xDEAD, dtype=cupy.uint32)
+    device_kernels.flush_read(buf, sink)
+    device_kernels.stream.synchronize()
+    assert int(sink[0]) == 0xDEAD
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ it) and loaded as a module with ``cupy.cuda.function.Module``, which compiles no
 independent of the launch geometry, and a seed reproduces its inputs). `check_on_device` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
 `tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
+`flush_read` is the timing protocol's L2 flush (it reads a buffer of twice the L2).
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ extern "C" __global__ void fill_uniform_f64(double* out, u64 n, u64 seed, double
 extern "C" __global__ void fill_integers_i64(long long* out, u64 n, u64 seed, long long lo, u64 range) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         out[i] = lo + (long long)(splitmix64(seed ^ splitmix64(2 * i)) % range);
+}
+
+// The L2 flush between timed launches: reads n 16-byte words, so that every line it brings in replaces one of
+// the previous launch's, and leaves no line dirty (a write flush would leave ~2x the L2 of dirty lines, whose
+// write-back lands on the next launch). The buffer holds zeros; the store never happens, but the compiler cannot
+// know that, so no load is dropped.
+extern "C" __global__ void flush_read(const uint4* buf, u64 n, unsigned* sink) {
+    unsigned acc = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const uint4 v = buf[i];
+        acc |= v.x | v.y | v.z | v.w;
+    }
+    if (acc == 0xFFFFFFFFu) sink[0] = acc;
 }
 
 // acc[0] mismatches, acc[1] NaN outputs, acc[2] max abs error, acc[3] max rel error (bits of a double >= 0,
@@ -139,6 +153,12 @@ class DeviceKernels:
     def launch(self, name: str, n: int, args: tuple) -> None:
         blocks = max(1, min(math.ceil(n / _THREADS), self._sm_count * 8))
         self.function(name)((blocks,), (_THREADS,), args, stream=self.stream)
+
+    def flush_read(self, buf, sink) -> None:
+        """Enqueue the read flush of `buf` (a CuPy array of zeros, a multiple of 16 bytes) on the stream."""
+        import numpy as np
+
+        self.launch("flush_read", buf.nbytes // 16, (buf, np.uint64(buf.nbytes // 16), sink))
 
     def rng(self, seed: int) -> DeviceRng:
         return DeviceRng(self, seed)
