@@ -9,12 +9,13 @@ and implements the timing protocol of DESIGN.md once, for every caller:
 * timing: one warm-up (the correctness launch serves as it), a first estimate from 3 repetitions, then enough
   repetitions for ``budget_ms`` of timed work (at least ``min_reps``) — unless the estimate is already above
   ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not a contender, and its
-  3-repetition median is figure enough to steer the search); before each repetition a write of a buffer twice
-  the L2 size flushes L2, outside the timed region; one CUDA event pair per repetition around all the config's
-  launches, on one stream; the median and p20/p80 are reported;
+  3-repetition median is figure enough to steer the search); before each repetition a read of a buffer twice
+  the L2 size flushes L2 (`L2_FLUSH`), outside the timed region; one CUDA event pair per repetition around all
+  the config's launches, on one stream; the median and p20/p80 are reported;
 * the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per GPU: the
-  figure is kept in ``ceilings.json`` under the tuner cache dir, keyed by the GPU's UUID and name, the driver and
-  the CuPy version (`ceiling_cache_key`), and reused while they hold (``tuner ceiling`` measures afresh);
+  figure is kept in ``ceilings.json`` under the tuner cache dir, keyed by the GPU's UUID and name, the driver,
+  the CuPy version and the flush (`ceiling_cache_key`), and reused while they hold (``tuner ceiling`` measures
+  afresh);
 * random inputs and the comparison run on `tuner.devicekernels` (compiled through our NVRTC cache), not on
   CuPy's JIT-compiled generators and ufuncs, so a fresh machine compiles nothing for them inside the worker.
 
@@ -424,8 +425,8 @@ class GpuEvaluator:
         t0 = time.perf_counter()
         self._device = cupy.cuda.Device(self.device)
         self._arch = f"sm_{self._device.compute_capability}"
-        # Our random-input and check kernels compile (or come from the compile cache) while the context, the
-        # flush buffer and the ceiling are set up: NVRTC releases the GIL.
+        # Our random-input, check and flush kernels compile (or come from the compile cache) while the context
+        # and the flush buffer are set up: NVRTC releases the GIL.
         built: list[Any] = []
         compiler = threading.Thread(
             target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),

@@ -303,7 +303,10 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     record = {
         "gpu": info["gpu"],
         "ceiling_tbps": info["ceiling_tbps"],
-        "method": "cudaMemcpyAsync D2D, 2 GiB, read + write counted, median of event-timed repetitions with L2 flushed",
+        "method": (
+            "cudaMemcpyAsync D2D, 2 GiB, read + write counted, median of event-timed repetitions with L2 flushed "
+            "(a read of twice the L2)"
+        ),
     }
     print(
         json.dumps(record, indent=2)
