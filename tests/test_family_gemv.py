@@ -841,6 +841,14 @@ def test_wgmma_engine_compiles_for_sm90a(family, gemv_space, problem_name, overr
     assert result.spill_bytes == 0 and result.smem_static_bytes == 0 and result.main.registers > 0
 
 
+def test_wgmma_space_has_the_shipped_rules(gemv_space):
+    """benchmarks/spaces/gemv_wgmma.yaml (engine 4 alone, for grids) differs from the shipped space only in its
+    lists."""
+    probe = space.load(Path(__file__).resolve().parent.parent / "benchmarks" / "spaces" / "gemv_wgmma.yaml")
+    assert [c.text for c in probe.constraints] == [c.text for c in gemv_space.constraints]
+    assert set(probe.params["mma"]) == {4}
+
+
 def test_wgmma_engine_constraints(family, gemv_space):
     """Engine 4 takes whole warpgroups of 16-row warps over one K range, tiles of whole 128-byte atoms."""
     problem = gemv_space.problem("m64")

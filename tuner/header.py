@@ -252,11 +252,11 @@ def _launch_specs(
 
 def compile_target_note(text: str, arch: str) -> str:
     """The caveat for a config whose source compiles only for its arch's arch-specific target
-    (`tuner.compile.target_arch`: sm_90 -> sm_90a for wgmma), so that a host program compiling the embedded
-    source passes that target to NVRTC; "" for every other source. `arch` "" means the default arch."""
+    (`tuner.compile.target_arch`: sm_90 -> sm_90a for wgmma or setmaxnreg), so that a host program compiling the
+    embedded source passes that target to NVRTC; "" for every other source. `arch` "" means the default arch."""
     base = arch or DEFAULT_ARCH
     target = target_arch(text, base)
-    return "" if target == base else f"compile for {target}: the source uses PTX only {target} has (wgmma)"
+    return "" if target == base else f"compile for {target}: the source uses PTX only {target} has"
 
 
 def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: bool) -> list[_Exported]:
