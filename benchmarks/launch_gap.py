@@ -68,7 +68,7 @@ def main() -> int:
     M, N, K = (problem.sizes[k] for k in ("M", "N", "K"))
     nbytes = family.bytes_moved(problem.env)
 
-    def three_ways(run) -> dict:
+    def four_ways(run) -> dict:
         def pair() -> None:
             run()
             run()
@@ -134,7 +134,7 @@ def main() -> int:
                 for function, grid, block, kargs, smem in calls:
                     function(grid, block, kargs, shared_mem=smem, stream=stream)
 
-            row = {"config": text, "uri": source.uri, **three_ways(run)}
+            row = {"config": text, "uri": source.uri, **four_ways(run)}
             rows.append(row)
             print(row, flush=True)
 
@@ -146,7 +146,7 @@ def main() -> int:
             with torch.cuda.stream(torch_stream):
                 torch.matmul(xt, wt.t())
 
-        rows.append({"config": "cublas (torch.matmul)", **three_ways(cublas)})
+        rows.append({"config": "cublas (torch.matmul)", **four_ways(cublas)})
         print(rows[-1], flush=True)
         src = cupy.empty(nbytes // 2, dtype=cupy.uint8)
         dst = cupy.empty(nbytes // 2, dtype=cupy.uint8)
@@ -156,7 +156,7 @@ def main() -> int:
         def copy() -> None:
             runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes // 2, runtime.memcpyDeviceToDevice, stream.ptr)
 
-        rows.append({"config": "cudaMemcpy D2D, same bytes (read + write)", **three_ways(copy)})
+        rows.append({"config": "cudaMemcpy D2D, same bytes (read + write)", **four_ways(copy)})
         print(rows[-1], flush=True)
 
     date = dt.date.today().isoformat()
