@@ -27,13 +27,30 @@ def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypat
     assert {f"check_{o}_{r}" for o in devicekernels.CHECK_DTYPES for r in ("float32", "float64")} <= names
     assert all(f.spill_store_bytes == 0 for f in compiled.functions.values())
     assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
-    # the L2 flush keeps its 16-byte loads: the store that depends on them is conditional, not dead
-    assert "flush_read" in names
-    ptx = compiled.ptx.decode()
-    flush_ptx = ptx[ptx.index(".entry flush_read") :]
-    flush_ptx = flush_ptx[: flush_ptx.index("\n}\n")]
-    assert "ld.global.v4.u32" in flush_ptx or "ld.global.nc.v4.u32" in flush_ptx
-    assert "st.global.u32" in flush_ptx
+
+
+def _memory_ops(ptx: str) -> list[str]:
+    """The global loads and stores of a PTX text's entry, in order (opcodes only)."""
+    body = ptx[ptx.index(".visible .entry") :]
+    ops = [line.split()[0] for line in body.splitlines() if line.strip() and not line.strip().startswith("//")]
+    return [op for op in ops if op.startswith(("ld.global", "st.global"))]
+
+
+def test_the_shipped_flush_ptx_does_what_its_source_does():
+    """FLUSH_PTX (loaded by the driver, no NVRTC) is NVRTC's PTX of FLUSH_SOURCE: the same global loads and
+    stores as NVRTC gives for the source today, a grid-stride loop around the one 16-byte load, and the one store
+    behind a predicate (so no load is dead), under a conservative PTX version and target."""
+    from tuner.compile import nvrtc_compile
+
+    status, log, _, ptx = nvrtc_compile(devicekernels.FLUSH_SOURCE, "flush.cu", ["--gpu-architecture=compute_75"])
+    assert status == 0, log
+    shipped = devicekernels.FLUSH_PTX
+    assert _memory_ops(shipped) == _memory_ops(ptx.decode()) == ["ld.global.v4.u32", "st.global.u32"]
+    assert shipped.startswith(".version 7.0\n.target sm_70\n") and ".visible .entry flush_read(" in shipped
+    loop = shipped[shipped.index("$L__BB0_2:") : shipped.index("@%p5 bra \t$L__BB0_2;")]
+    assert "ld.global.v4.u32" in loop and "st.global" not in loop
+    tail = shipped[shipped.index("$L__BB0_4:") :]
+    assert tail.index("@%p6 bra") < tail.index("st.global.u32")
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +64,16 @@ def device_kernels():
 
 @pytest.mark.gpu
 def test_read_flush_reads_without_writing(device_kernels):
+    flush = devicekernels.ReadFlush(device_kernels.stream)  # the shipped PTX, loaded by the driver
     buf = cupy.zeros(64 << 20, dtype=cupy.uint8)
     sink = cupy.full(1, 0xDEAD, dtype=cupy.uint32)
-    device_kernels.flush_read(buf, sink)
+    flush(buf, sink)
     device_kernels.stream.synchronize()
     assert int(sink[0]) == 0xDEAD
+    buf[:16] = 255  # a word of all ones: the one case the kernel stores, so its loads did happen
+    flush(buf[:16], sink)
+    device_kernels.stream.synchronize()
+    assert int(sink[0]) == 0xFFFFFFFF
 
 
 @pytest.mark.gpu

@@ -65,6 +65,28 @@ def test_defaults_compile_without_spills(name):
         assert compiled.registers <= 32
 
 
+@pytest.mark.parametrize("vec", [1, 2, 4, 8])
+def test_rmsnorm_l2_rows_read_twice_with_eviction_priorities(vec, monkeypatch, tmp_path):
+    """cache l2: two reads of each chunk (evict_last, then evict_first), never merged into one, at every width,
+    the weight's evict_last. Real NVRTC: PTX for the access count, a cubin for spills."""
+    from tuner.artifacts import compile_ptx
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    spc, family = _load("rmsnorm")
+    params = {**spc.default, "vec": vec, "cache": "l2", "hint": "evict", "min_blocks": 0}
+    assert spc.validate(params) is None
+    for prob in spc.problems:
+        source = render.render(family, params, spc.resolve(params, prob), prob.env)
+        ptx = compile_ptx(source).decode()
+        chunks = 8192 // (512 * vec)
+        streams = 2 if prob.sizes.get("residual") else 1  # x, and r with a residual
+        assert ptx.count("ld.global.L1::evict_last.L2::cache_hint") == chunks * (streams + 1)  # + the weight
+        assert ptx.count("ld.global.L1::evict_first.L2::cache_hint") == chunks * streams
+        assert "st.global.L1::no_allocate.L2::cache_hint" not in ptx and ptx.count("st.global") == chunks * streams
+        compiled = compile_source(source)
+        assert compiled.ok and compiled.spill_bytes == 0, getattr(compiled, "reason", compiled.functions)
+
+
 def test_default_uris():
     assert (
         render.uri(kernels.get("softmax"), space.load("softmax").default)

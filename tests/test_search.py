@@ -481,6 +481,32 @@ def test_a_recorded_subset_is_never_answered_from_the_full_spaces_cache():
     assert 0 < len(index) < len(full)
 
 
+def test_a_recording_older_than_a_knob_stands_for_its_default_only(tmp_path):
+    """A space that gained a knob after a recording was made (here the transpose space with a `min_blocks` launch
+    bound, default 0, which the H200 recording never had) replays the recording's configs at the knob's default
+    and answers no other value, whether the search is cut to the recording or not."""
+    from tuner.replay import ReplayEvaluator, later_knobs, recorded_subspace
+
+    text = SPACE.read_text()
+    text = text.replace("  vec: [1, 2, 4]\n", "  vec: [1, 2, 4]\n  min_blocks: [0, 2]\n")
+    text = text.replace("vec: 4}", "vec: 4, min_blocks: 0}")
+    (tmp_path / "transpose.yaml").write_text(text)
+    space = space_mod.load(tmp_path / "transpose.yaml")
+    problem = space.problem()
+    replay = ReplayEvaluator(RECORDING)
+    assert "min_blocks" in space.params and "min_blocks" not in replay.param_names
+    replay.later = later_knobs(space, replay.param_names)
+    assert replay.later == {"min_blocks": 0}
+    subset = recorded_subspace(space, replay.records, problem)
+    assert {c["min_blocks"] for c in subset.enumerate(problem)} == {0}
+    assert subset.count_valid(problem) == 156  # every config of the recording
+    config = {**space.default, "tile": 64, "rows_per_thread": 2, "pad": 2, "vec": 4}
+    kept = replay.evaluate(None, "transpose", config, problem)
+    assert kept.ok and kept.tbps > 3.9  # the recording's fastest config
+    other = replay.evaluate(None, "transpose", {**config, "min_blocks": 2}, problem)
+    assert not other.ok and "not in the replay recording" in other.reason
+
+
 KT_H200 = ROOT / "tests" / "data" / "kt" / "kt_transpose_h200.json"
 
 

@@ -4,15 +4,15 @@ CuPy builds its random generators and element-wise operations (``isnan``, ``abs`
 by JIT-compiling a kernel on first use and caching it under ``CUPY_CACHE_DIR``. On a fresh machine the check of
 the first config then pays for a dozen NVRTC compiles inside the GPU worker. The kernels here do the same work
 from one source compiled by `tuner.compile.compile_source` (content-addressed, under the tuner cache dir, so it
-is compiled once per machine and arch; before the GPU worker needs it, the driver's compile threads can build
-it) and loaded as a module with ``cupy.cuda.function.Module``, which compiles nothing.
+is compiled once per machine and arch, by the GPU worker as it starts, while its ceiling is timed) and loaded
+as a module with ``cupy.cuda.function.Module``, which compiles nothing.
 
 `DeviceRng` offers the four generator calls the kernel families use (``standard_normal``, ``random``,
 ``uniform``, ``integers``), as counter-based draws (SplitMix64 of seed and element index: every element is
 independent of the launch geometry, and a seed reproduces its inputs). `check_on_device` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
 `tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
-`flush_read` is the timing protocol's L2 flush (it reads a buffer of twice the L2).
+`ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2): PTX the driver loads, no NVRTC.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["CHECK_DTYPES", "DeviceKernels", "DeviceRng", "source"]
+__all__ = ["CHECK_DTYPES", "FLUSH_PTX", "FLUSH_SOURCE", "DeviceKernels", "DeviceRng", "ReadFlush", "source"]
 
 #: output dtype (numpy name) → C type, for the check kernel; references are float32 or float64
 CHECK_DTYPES = {
@@ -69,19 +69,6 @@ extern "C" __global__ void fill_integers_i64(long long* out, u64 n, u64 seed, lo
         out[i] = lo + (long long)(splitmix64(seed ^ splitmix64(2 * i)) % range);
 }
 
-// The L2 flush between timed launches: reads n 16-byte words, so that every line it brings in replaces one of
-// the previous launch's, and leaves no line dirty (a write flush would leave ~2x the L2 of dirty lines, whose
-// write-back lands on the next launch). The buffer holds zeros; the store never happens, but the compiler cannot
-// know that, so no load is dropped.
-extern "C" __global__ void flush_read(const uint4* buf, u64 n, unsigned* sink) {
-    unsigned acc = 0;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const uint4 v = buf[i];
-        acc |= v.x | v.y | v.z | v.w;
-    }
-    if (acc == 0xFFFFFFFFu) sink[0] = acc;
-}
-
 // acc[0] mismatches, acc[1] NaN outputs, acc[2] max abs error, acc[3] max rel error (bits of a double >= 0,
 // which order like unsigned integers). NaN errors count as mismatches and are left out of the maxima.
 template <typename O, typename R>
@@ -112,6 +99,89 @@ __device__ void check(const O* out, const R* ref, u64 n, double tol, u64* acc) {
 
 _THREADS = 256
 
+#: The L2 flush between timed launches, in CUDA C: the PTX below is NVRTC's (CUDA 13) for it.
+FLUSH_SOURCE = r"""
+typedef unsigned long long u64;
+// Reads n 16-byte words, so that every line it brings in replaces one of the previous launch's, and leaves no
+// line dirty (a write flush leaves ~2x the L2 of dirty lines, whose write-back lands on the next launch). The
+// buffer holds zeros; the store never happens, but the compiler cannot know that, so no load is dropped.
+extern "C" __global__ void flush_read(const uint4* buf, u64 n, unsigned* sink) {
+    unsigned acc = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const uint4 v = buf[i];
+        acc |= v.x | v.y | v.z | v.w;
+    }
+    if (acc == 0xFFFFFFFFu) sink[0] = acc;
+}
+"""
+
+#: FLUSH_SOURCE as PTX, which the driver loads without NVRTC: the copy ceiling is timed with the flush as soon as
+#: the worker's CUDA context exists, instead of after the NVRTC module (~1 s to build on a fresh machine, while
+#: the study's compiles take the CPUs). Shipped as text with a conservative .version / .target (every instruction
+#: in it is older); tests/test_devicekernels.py holds it to NVRTC's output for FLUSH_SOURCE.
+FLUSH_PTX = """\
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry flush_read(
+	.param .u64 flush_read_param_0,
+	.param .u64 flush_read_param_1,
+	.param .u64 flush_read_param_2
+)
+{
+	.reg .pred 	%p<8>;
+	.reg .b32 	%r<21>;
+	.reg .b64 	%rd<17>;
+
+	ld.param.u64 	%rd7, [flush_read_param_0];
+	ld.param.u64 	%rd8, [flush_read_param_1];
+	ld.param.u64 	%rd9, [flush_read_param_2];
+	mov.u32 	%r3, %ctaid.x;
+	mov.u32 	%r4, %ntid.x;
+	cvt.u64.u32 	%rd1, %r4;
+	mul.wide.u32 	%rd10, %r3, %r4;
+	mov.u32 	%r5, %tid.x;
+	cvt.u64.u32 	%rd11, %r5;
+	add.s64 	%rd16, %rd10, %rd11;
+	setp.ge.u64 	%p4, %rd16, %rd8;
+	mov.pred 	%p7, 0;
+	@%p4 bra 	$L__BB0_4;
+
+	mov.u32 	%r7, %nctaid.x;
+	cvt.u64.u32 	%rd12, %r7;
+	mul.lo.s64 	%rd3, %rd12, %rd1;
+	cvta.to.global.u64 	%rd4, %rd7;
+	mov.u32 	%r20, 0;
+
+$L__BB0_2:
+	shl.b64 	%rd13, %rd16, 4;
+	add.s64 	%rd14, %rd4, %rd13;
+	ld.global.v4.u32 	{%r8, %r9, %r10, %r11}, [%rd14];
+	or.b32  	%r16, %r9, %r20;
+	or.b32  	%r17, %r16, %r8;
+	or.b32  	%r18, %r17, %r10;
+	or.b32  	%r20, %r18, %r11;
+	add.s64 	%rd16, %rd16, %rd3;
+	setp.lt.u64 	%p5, %rd16, %rd8;
+	@%p5 bra 	$L__BB0_2;
+
+	setp.eq.s32 	%p7, %r20, -1;
+
+$L__BB0_4:
+	not.pred 	%p6, %p7;
+	@%p6 bra 	$L__BB0_6;
+
+	cvta.to.global.u64 	%rd15, %rd9;
+	mov.u32 	%r19, -1;
+	st.global.u32 	[%rd15], %r19;
+
+$L__BB0_6:
+	ret;
+
+}
+"""
+
 
 def source():
     """The module's `tuner.render.Source` (one text: its compile is cached like any config's)."""
@@ -133,6 +203,31 @@ def source():
     )
 
 
+def _blocks(n: int, sm_count: int) -> int:
+    """Blocks of _THREADS for a grid-stride loop over n items: enough to fill the GPU, at most 8 per SM."""
+    return max(1, min(math.ceil(n / _THREADS), sm_count * 8))
+
+
+class ReadFlush:
+    """The L2 flush (FLUSH_PTX) loaded on the current device: ``flush(buf, sink)`` enqueues a read of `buf` (a CuPy
+    array of zeros, a multiple of 16 bytes; `sink` one uint32 the kernel never writes) on `stream`."""
+
+    def __init__(self, stream):
+        import cupy
+
+        self.stream = stream
+        self.module = cupy.cuda.function.Module()
+        self.module.load(FLUSH_PTX.encode())
+        self.kernel = self.module.get_function("flush_read")
+        self._sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def __call__(self, buf, sink) -> None:
+        import numpy as np
+
+        n = buf.nbytes // 16
+        self.kernel((_blocks(n, self._sm_count),), (_THREADS,), (buf, np.uint64(n), sink), stream=self.stream)
+
+
 class DeviceKernels:
     """The module loaded on the current device, from `compiled` (a `tuner.compile.Compiled` of `source()`)."""
 
@@ -151,14 +246,7 @@ class DeviceKernels:
         return self._functions[name]
 
     def launch(self, name: str, n: int, args: tuple) -> None:
-        blocks = max(1, min(math.ceil(n / _THREADS), self._sm_count * 8))
-        self.function(name)((blocks,), (_THREADS,), args, stream=self.stream)
-
-    def flush_read(self, buf, sink) -> None:
-        """Enqueue the read flush of `buf` (a CuPy array of zeros, a multiple of 16 bytes) on the stream."""
-        import numpy as np
-
-        self.launch("flush_read", buf.nbytes // 16, (buf, np.uint64(buf.nbytes // 16), sink))
+        self.function(name)((_blocks(n, self._sm_count),), (_THREADS,), args, stream=self.stream)
 
     def rng(self, seed: int) -> DeviceRng:
         return DeviceRng(self, seed)

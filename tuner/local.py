@@ -339,14 +339,6 @@ class LocalPool:
         """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
         return all(getattr(w.evaluator, "measures", True) for w in self._workers)
 
-    def prefetch_worker_kernels(self, arch: str) -> None:
-        """Compile the GPU worker's own kernels (`tuner.devicekernels`) for `arch` in this process now: the worker
-        compiles the same source at its start, and on a fresh machine it then finds this compile in the cache, or
-        waits on its lock, instead of starting its own after its interpreter, CuPy and context are up."""
-        from tuner import devicekernels
-
-        self._compiler.submit(_compile, devicekernels.source(), arch)
-
     def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
         """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
         screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job."""

@@ -38,13 +38,22 @@ class ReplayEvaluator:
 
     Only verified measurements and kernel failures are replayed; duplicates and interrupted trials are skipped.
     A config the recording lacks is `Invalid` with a reason saying so. `delay_s` makes each answer take that long,
-    to stand in for GPU time when testing the driver's scaling.
+    to stand in for GPU time when testing the driver's scaling. `later`: knobs the space has and the recording
+    lacks (`later_knobs`), with the value the recording stands for; a config with another value is not recorded.
     """
 
     measures = False
 
-    def __init__(self, path: str | Path, study_name: str | None = None, delay_s: float = 0.0, gpu_index: int = 0):
+    def __init__(
+        self,
+        path: str | Path,
+        study_name: str | None = None,
+        delay_s: float = 0.0,
+        gpu_index: int = 0,
+        later: dict[str, Any] | None = None,
+    ):
         self.path = str(path)
+        self.later = dict(later or {})
         self.delay_s = delay_s
         self.gpu_index = gpu_index
         self.records, self.study_attrs, self.param_names = load_recording(self.path, study_name)
@@ -80,7 +89,7 @@ class ReplayEvaluator:
         if self.delay_s:
             time.sleep(self.delay_s)
         hit = self.records.get(params_key({name: config[name] for name in self.param_names if name in config}))
-        if hit is None:
+        if hit is None or any(config.get(name, value) != value for name, value in self.later.items()):
             return Invalid(reason=f"config not in the replay recording {self.path}")
         return result_from_attrs(*hit)
 
@@ -109,16 +118,24 @@ class RecordedSubspace(SearchSpace):
                 yield config
 
 
+def later_knobs(space: SearchSpace, recorded_names) -> dict[str, Any]:
+    """The space's knobs that a recording's configs lack (it was made before they existed), each at the space's
+    default: a knob joins a space with the default that leaves the kernel as it was (transpose's `order: row`),
+    so that is the value the recording measured."""
+    return {name: space.default[name] for name in space.params if name not in set(recorded_names)}
+
+
 def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None) -> RecordedSubspace:
     """The part of `space` that a recording (params key → record, as `load_records` returns) holds: the valid
     configs it recorded (measured or failed), each param's values cut to those they use (in declared order), and
     as default the space's default when recorded, else the recorded config nearest to it (fewest steps along
     each param's values; the first in enumeration order among equals). A search replayed over a partial
     recording is a search over this subset: a config the recording lacks is neither proposed as valid nor
-    counted. InputError when the recording holds none of the space's valid configs."""
+    counted. A recording made before a knob existed holds that knob at the space's default (`later_knobs`).
+    InputError when the recording holds none of the space's valid configs."""
     configs = [
         c
-        for c in (json.loads(k) for k in records)
+        for c in ({**later_knobs(space, json.loads(k)), **json.loads(k)} for k in records)
         if set(c) == set(space.params) and space.validate(c, problem) is None
     ]
     if not configs:

@@ -257,14 +257,17 @@ class Driver:
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.evaluator: EvaluatorFactory
         if opts.replay:
-            from tuner.replay import ReplayEvaluator
+            from tuner.replay import ReplayEvaluator, later_knobs
 
             replay = ReplayEvaluator(opts.replay, opts.replay_study)
+            replay.later = later = later_knobs(self.space, replay.param_names)
             # Over the recording, not the space: a space may be far too large to enumerate.
-            recorded = (json.loads(key) for key in replay.records)
+            recorded = ({**later, **json.loads(key)} for key in replay.records)
             if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
-            self.evaluator = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s)
+            self.evaluator = functools.partial(
+                ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s, later=later
+            )
             self.recording = replay  # the local engine's evaluators share it: a recording loads in ~0.5 s
             if opts.replay_recorded_only:
                 from tuner.replay import recorded_subspace
@@ -418,12 +421,12 @@ class Driver:
             self.space, self.problem, factory, gpus=count, inline=bool(opts.replay) and not opts.replay_delay_s
         )
         if not opts.replay:
-            # Compile while the GPU worker starts (for the usual arch; a GPU of another arch recompiles): the
-            # worker's own kernels, then the first configs the study will submit — the space's default for a
-            # search, the first configs of the listing for a grid (three per compile thread: all of a small grid).
+            # Compile while the GPU worker starts: the first configs the study will submit — the space's default
+            # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
+            # grid). Not the worker's own kernels: the worker builds them at its start, un-niced, in ~0.25 s on an
+            # H200 host, while a compile here queued behind the configs kept it waiting on the cache lock for ~0.6 s.
             from tuner.gpu import DEFAULT_ARCH
 
-            pool.prefetch_worker_kernels(DEFAULT_ARCH)
             first = [dict(self.space.default)]
             if opts.sampler == "grid":
                 walk = self.space.enumerate(self.problem, budget=space_mod.WALK_BUDGET)

@@ -5,9 +5,11 @@ LLM block, which also writes h (the new residual stream) as a second output and 
 `residual` is a problem property (it changes the arguments and bytes_moved), given as ``residual: 1``;
 a problem without residual leaves the key out (space files take positive integer sizes only).
 
-Knobs (templates/rmsnorm.cu.j2) as softmax's — `vec`, `threads`, `rows_per_block`, `cache` (reg/smem),
-`keep` (bf16 bits / fp32 values of a register-resident row), `hint` (plain __ldg/__stwb or streaming
-__ldcs/__stcs for the row data), `min_blocks` — plus `weight_early` (load the weight chunks with the row,
+Knobs (templates/rmsnorm.cu.j2) as softmax's — `vec`, `threads`, `rows_per_block`, `cache` (reg/smem, or l2:
+two passes, the row re-read from L2 for the normalization), `keep` (bf16 bits / fp32 values of a
+register-resident row), `hint` (plain __ldg/__stwb, streaming __ldcs/__stcs for the row data, or evict: loads
+with L2 eviction priorities, evict_first for data read for the last time, evict_last for the weight and l2's
+first pass), `min_blocks` — plus `weight_early` (load the weight chunks with the row,
 or after the reduction), `persist` (0: one block per `rows_per_block` rows; k > 0: a persistent grid of k blocks
 per SM, the space's derived ``blocks``) and `prefetch` (with persist: the block's next row is loaded before the
 current row's reduction). Configs recorded before `persist` and `prefetch` existed mean 0 for both.
