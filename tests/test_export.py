@@ -173,8 +173,8 @@ def build_study(
         ):
             record(config, TrialState.FAIL, {"failure": kind, "reason": reason}, 0.0)
         for bad in (
-            {"tile": 16, "rows_per_thread": 32, "pad": 0, "vec": 1},
-            {"tile": 64, "rows_per_thread": 1, "pad": 4, "vec": 1},
+            {"tile": 16, "rows_per_thread": 32, "pad": 0, "vec": 1, "order": "row"},
+            {"tile": 64, "rows_per_thread": 1, "pad": 4, "vec": 1, "order": "row"},
         ):
             reason = space.validate(bad, problem)
             assert reason is not None

@@ -171,7 +171,7 @@ params: {tile: [32], rows_per_thread: [4], pad: [one], vec: [1]}
 derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile * 4}
 """
         },
-        "transpose.cu.j2:20: cannot render",
+        "transpose.cu.j2:28: cannot render",
     ),
     ("replay-delay-negative", (*REPLAY, "--replay-delay", "-1"), {}, "--replay-delay"),
     ("replay-delay-nan", (*REPLAY, "--replay-delay", "nan"), {}, "--replay-delay"),

@@ -33,6 +33,9 @@ class CutoffProbe(ReplayEvaluator):
     def evaluate(self, compiled, family, config, problem, seed=None, budget_ms=25.0, min_reps=10, cutoff_ms=None):
         assert compiled is not None and compiled.ok  # a measuring evaluator gets the real cubin
         result = super().evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
+        if result.ok and result.repetitions < min_reps:
+            # the recording was made with the cut-off on: its cut-short configs stand for full timings here
+            result = dataclasses.replace(result, repetitions=min_reps)
         with self.lock:
             self.calls.append((result.uri if result.ok else "", cutoff_ms, budget_ms))
         if result.ok and cutoff_ms is not None and result.median_ms > cutoff_ms:

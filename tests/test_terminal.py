@@ -92,7 +92,7 @@ def test_best_through_a_narrow_pipe_keeps_the_command_on_one_line_and_it_runs_an
     commands = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("tuner render ")]
     assert len(commands) == 1, proc.stdout
     words = shlex.split(commands[0])
-    assert "--problem" in words and words.count("--set") == 4, words
+    assert "--problem" in words and words.count("--set") == 5, words  # tile, rows_per_thread, pad, vec, order
     uri = proc.stdout.splitlines()[0].split()[0]
     rendered = tuner(*words[1:], cwd=elsewhere)  # the copied command, from a directory without search_spaces/
     assert rendered.returncode == 0, rendered.stderr
@@ -116,7 +116,7 @@ def test_check_through_a_narrow_pipe_prints_whole_uris_as_plain_rows(elsewhere):
     assert len(rows) == 4 and "…" not in proc.stdout
     for row in rows:
         uri, registers, *_ = row.split("\t")
-        assert re.fullmatch(r"transpose_tile\d+_rpt\d+_pad\d+_vec\d+", uri) and int(registers) > 0
+        assert re.fullmatch(r"transpose_tile\d+_rpt\d+_pad\d+_vec\d+(_ord(col|diag))?", uri) and int(registers) > 0
     assert "compiled 4, failed 0" in proc.stderr
 
 
@@ -168,7 +168,7 @@ def test_replay_study_in_a_terminal_shows_live_progress_and_an_honest_summary(tm
     # The table's cells may fold over lines: read them as one text.
     text = " ".join(table.replace("│", " ").split())
     assert re.search(
-        r"best transpose_tile\d+_rpt\d+_pad\d+_vec\d+ \d\.\d{3} TB/s, 0\.\d\d× the copy ceiling, "
+        r"best transpose_tile\d+_rpt\d+_pad\d+_vec\d+(_ord(col|diag))? \d\.\d{3} TB/s, 0\.\d\d× the copy ceiling, "
         r"\d+ registers",
         text,
     ), text

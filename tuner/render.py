@@ -91,8 +91,12 @@ def _token(value: Any) -> str:
 
 
 def uri(family: kbase.Family, params: dict[str, Any]) -> str:
-    """``transpose_tile32_rpt8_pad1_vec4``: the kernel name and each param under its short name."""
-    parts = [family.name] + [f"{family.uri_names.get(k, k)}{_token(v)}" for k, v in params.items()]
+    """``transpose_tile32_rpt8_pad1_vec4``: the kernel name and each param under its short name (but a later knob
+    at its `Family.uri_defaults` value, so that configs recorded before it keep their uris)."""
+    omit = family.uri_defaults
+    parts = [family.name] + [
+        f"{family.uri_names.get(k, k)}{_token(v)}" for k, v in params.items() if k not in omit or omit[k] != v
+    ]
     return "_".join(parts)
 
 

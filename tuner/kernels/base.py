@@ -107,6 +107,9 @@ class Family:
     throughput_unit: str = "TB/s"
     #: Short names used in readable uris, e.g. {"tile_m": "tm"}; params not listed use their full name.
     uri_names: dict[str, str] = {}
+    #: Knobs added after configs were recorded, with the value that leaves the kernel as it was: a config at that
+    #: value keeps the uri (and kernel entry name) it had before the knob existed, e.g. {"order": "row"}.
+    uri_defaults: dict[str, object] = {}
 
     # -- launching ----------------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:

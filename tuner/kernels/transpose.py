@@ -2,7 +2,8 @@
 
 Knobs (templates/transpose.cu.j2): `tile` (square tile side), `rows_per_thread` (tile rows each thread moves,
 so that many independent global loads are in flight per thread), `pad` (SMEM row padding, floats) and `vec`
-(global access width, floats). The block is (tile/vec, tile/rows_per_thread) threads; one block per tile.
+(global access width, floats), `order` (which tile each block moves: along src rows, down src
+columns, or diagonally). The block is (tile/vec, tile/rows_per_thread) threads; one block per tile.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ class Transpose(Family):
     dtypes = ("float32",)
     problem_sizes = ("rows", "cols")
     throughput_unit = "TB/s"
-    uri_names = {"tile": "tile", "rows_per_thread": "rpt", "pad": "pad", "vec": "vec", "min_blocks": "mb"}
+    uri_names = {
+        "tile": "tile",
+        "rows_per_thread": "rpt",
+        "pad": "pad",
+        "vec": "vec",
+        "min_blocks": "mb",
+        "order": "ord",
+    }
+    uri_defaults = {"order": "row"}  # the kernel before the order knob: recorded configs keep their uris
 
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         tile, rpt, vec = config["tile"], config["rows_per_thread"], config["vec"]
