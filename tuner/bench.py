@@ -425,8 +425,8 @@ class GpuEvaluator:
         t0 = time.perf_counter()
         self._device = cupy.cuda.Device(self.device)
         self._arch = f"sm_{self._device.compute_capability}"
-        # Our random-input, check and flush kernels compile (or come from the compile cache) while the context
-        # and the flush buffer are set up: NVRTC releases the GIL.
+        # Our random-input and check kernels compile (or come from the compile cache) while the context, the
+        # flush buffer and the ceiling are set up: NVRTC releases the GIL.
         built: list[Any] = []
         compiler = threading.Thread(
             target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),

@@ -125,6 +125,14 @@ def later_knobs(space: SearchSpace, recorded_names) -> dict[str, Any]:
     return {name: space.default[name] for name in space.params if name not in set(recorded_names)}
 
 
+def recorded_configs(space: SearchSpace, records) -> Iterator[dict[str, Any]]:
+    """Each config of a recording (params key → record) as `space` names it: a knob the recording predates at the
+    space's default (`later_knobs`)."""
+    for key in records:
+        config = json.loads(key)
+        yield {**later_knobs(space, config), **config}
+
+
 def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None) -> RecordedSubspace:
     """The part of `space` that a recording (params key → record, as `load_records` returns) holds: the valid
     configs it recorded (measured or failed), each param's values cut to those they use (in declared order), and
@@ -135,7 +143,7 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
     InputError when the recording holds none of the space's valid configs."""
     configs = [
         c
-        for c in ({**later_knobs(space, json.loads(k)), **json.loads(k)} for k in records)
+        for c in recorded_configs(space, records)
         if set(c) == set(space.params) and space.validate(c, problem) is None
     ]
     if not configs:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import re
 import time
@@ -257,12 +256,12 @@ class Driver:
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.evaluator: EvaluatorFactory
         if opts.replay:
-            from tuner.replay import ReplayEvaluator, later_knobs
+            from tuner.replay import ReplayEvaluator, later_knobs, recorded_configs
 
             replay = ReplayEvaluator(opts.replay, opts.replay_study)
             replay.later = later = later_knobs(self.space, replay.param_names)
             # Over the recording, not the space: a space may be far too large to enumerate.
-            recorded = ({**later, **json.loads(key)} for key in replay.records)
+            recorded = recorded_configs(self.space, replay.records)
             if not any(self.space.validate(c, self.problem) is None for c in recorded):
                 raise InputError("replay file holds none of the space's configs", opts.replay)
             self.evaluator = functools.partial(
@@ -423,8 +422,10 @@ class Driver:
         if not opts.replay:
             # Compile while the GPU worker starts: the first configs the study will submit — the space's default
             # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
-            # grid). Not the worker's own kernels: the worker builds them at its start, un-niced, in ~0.25 s on an
-            # H200 host, while a compile here queued behind the configs kept it waiting on the cache lock for ~0.6 s.
+            # grid). Not the worker's own kernels: the worker builds them itself at its start, un-niced; a compile
+            # here, in the pool's niced threads beside the configs, did not have them ready sooner (the worker
+            # waited 0.58 s on its cache lock, as long as it waits building them itself on an H200 host:
+            # benchmarks/results/startup-2026-12-01-read-flush.md) and took a compile thread from the configs.
             from tuner.gpu import DEFAULT_ARCH
 
             first = [dict(self.space.default)]
