@@ -50,6 +50,27 @@ def test_compile_reports_resources_and_caches(tmp_path):
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_compile_nvrtc_answers_without_its_ptxas_report_is_compiled_again(monkeypatch):
+    """Some NVRTC builds answer a program they compiled before in the process from their own cache, with the
+    cubin and no ptxas report. Registers and spills must not silently read 0 then: the same code is compiled
+    once more under a name and text NVRTC has not seen. Here the first compile plays NVRTC's cache hit (real
+    NVRTC underneath, its report dropped)."""
+    real = compile_mod.nvrtc_compile
+    names: list[str] = []
+
+    def cached_once(text, name, options):
+        status, log, cubin, ptx = real(text, name, options)
+        hit = not names
+        names.append(name)
+        return status, ("" if hit else log), cubin, ptx
+
+    monkeypatch.setattr(compile_mod, "nvrtc_compile", cached_once)
+    src = _source('extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }')
+    out = compile_mod.compile_source(src, use_cache=False)
+    assert out.ok and out.registers > 0 and set(out.functions) == {"k"}
+    assert len(names) == 2 and names[0] == "k.cu" and names[1] != names[0]
+
+
 def test_cache_key_covers_source_options_arch_and_versions():
     src = _source("x")
     v = {"cupy": "1", "nvrtc": "13.0"}

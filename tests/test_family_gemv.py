@@ -815,6 +815,8 @@ WGMMA = {"mma": 4, "m_tile": 64, "vec": 8, "min_blocks": 1, "k_warps": 1, "rows_
         ("m16", {"split_k": 2, "cluster": 1, "threads": 128, "unroll": 4, "stages": 4}),
         ("m1", {"split_k": 1, "threads": 128, "unroll": 4, "stages": 6, "w_cache": "cs"}),
         ("down_m64", {"split_k": 4, "cluster": 1, "threads": 256, "unroll": 4, "stages": 3}),
+        # four warpgroups (256 W rows) at M = 64: red (64 KiB) aliases the ring, past the 48 KiB of static SMEM
+        ("m64", {"split_k": 4, "cluster": 1, "threads": 512, "unroll": 2, "stages": 4, "w_cache": "cs"}),
     ],
 )
 def test_wgmma_engine_compiles_for_sm90a(family, gemv_space, problem_name, overrides):

@@ -16,6 +16,7 @@ cubin: it is what the dashboard shows.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -244,12 +245,21 @@ def compile_source(
         return _compile(source, arch, opts, key, vers, (meta_path, cubin_path))
 
 
+_RETRIES = itertools.count()
+
+
 def _compile(
     source: Source, arch: str, opts: tuple[str, ...], key: str, vers: dict[str, str], paths: tuple[Path, Path] | None
 ) -> Compiled | CompileFailed:
     """Compile, and where `paths` (meta, cubin) are given, fill the cache entry: binaries first, the meta file
     last, since a reader takes the meta file's presence to mean the entry is whole."""
     status, log, cubin, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", opts)
+    if status == 0 and cubin and not _ENTRY.search(log):
+        # NVRTC 13.0 (seen on the H200 host) answers a program it compiled earlier in this process (e.g. under
+        # another cache dir) from a cache of its own: the cubin, but no ptxas report, so no registers or spills.
+        # The same code under a name and text it has not seen (a trailing comment) brings the report back.
+        nonce = f"{os.getpid()}-{next(_RETRIES)}"
+        status, log, cubin, ptx = nvrtc_compile(f"{source.text}\n// {nonce}\n", f"{source.uri}-{nonce}.cu", opts)
     if status != 0:
         failed = CompileFailed(reason=f"NVRTC: {first_error(log, status)}", details={"log": log, "uri": source.uri})
         if paths is not None:
