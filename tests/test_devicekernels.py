@@ -29,6 +29,22 @@ def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypat
     assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
 
 
+def test_the_worker_builds_the_checks_in_two_parts_that_cover_every_pair(tmp_path, monkeypatch):
+    """The first part (on the worker's critical path) holds the random-input kernels and the checks of
+    FIRST_CHECKS only; `Built` compiles the rest on a thread; together they hold every pair of CHECK_PAIRS."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
+    assert len(devicekernels.CHECK_PAIRS) == len(devicekernels.FIRST_CHECKS) + len(rest) == 14
+    later = devicekernels.Built(rest, "sm_90")
+    first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), "sm_90")
+    fills = {"fill_normal_f32", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"}
+    assert first.ok and set(first.functions) == fills | {"check_float32_float32", "check_float32_float64"}
+    built = later.result()
+    assert built.ok and {f"check_{o}_{r}" for o, r in rest} <= set(built.functions)
+    assert not ({f"check_{o}_{r}" for o, r in devicekernels.FIRST_CHECKS} & set(built.functions))
+    assert all(f.spill_store_bytes == 0 for f in [*first.functions.values(), *built.functions.values()])
+
+
 def _memory_ops(ptx: str) -> list[str]:
     """The global loads and stores of a PTX text's entry, in order (opcodes only)."""
     body = ptx[ptx.index(".visible .entry") :]
@@ -59,7 +75,11 @@ def device_kernels():
         pytest.skip("needs a CUDA GPU")
     arch = f"sm_{cupy.cuda.Device(0).compute_capability}"
     stream = cupy.cuda.Stream(non_blocking=True)
-    return devicekernels.DeviceKernels(compile_source(devicekernels.source(), arch), stream)
+    # as the GPU worker builds them: the first checks up front, the other pairs (int32 below) from `later`
+    first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), arch)
+    rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
+    later = devicekernels.Built(rest, arch)
+    return devicekernels.DeviceKernels(first, stream, devicekernels.FIRST_CHECKS, later)
 
 
 @pytest.mark.gpu

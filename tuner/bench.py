@@ -414,26 +414,18 @@ class GpuEvaluator:
         return self._info()
 
     def _start(self) -> None:
-        import threading
 
         import cupy
 
         from tuner import devicekernels
-        from tuner.compile import compile_source
         from tuner.compile import versions as compile_versions
 
         t0 = time.perf_counter()
         self._device = cupy.cuda.Device(self.device)
         self._arch = f"sm_{self._device.compute_capability}"
-        # Our random-input and check kernels compile (or come from the compile cache) while the context, the
-        # flush buffer and the ceiling are set up: NVRTC releases the GIL.
-        built: list[Any] = []
-        compiler = threading.Thread(
-            target=lambda: built.append(compile_source(devicekernels.source(), self._arch)),
-            name="tuner-worker-kernels",
-            daemon=True,
-        )
-        compiler.start()
+        # Our random-input kernels and the checks every shipped family uses compile (or come from the compile
+        # cache) while the context, the flush buffer and the ceiling are set up: NVRTC releases the GIL.
+        first = devicekernels.Built(devicekernels.FIRST_CHECKS, self._arch, uri="tuner_worker_kernels_first")
         self._device.use()
         props = _runtime.getDeviceProperties(self.device)
         name = props.get("name", b"")
@@ -474,14 +466,14 @@ class GpuEvaluator:
         else:
             self._ceiling_tbps = cached
         t_ceiling = time.perf_counter()
-        compiler.join()
-        if not built or not built[0].ok:
-            raise RuntimeError(
-                f"the worker's own kernels did not compile: {getattr(built[0], 'reason', '?')}"
-                if built
-                else "the worker's own kernels did not compile"
-            )
-        self._kernels = devicekernels.DeviceKernels(built[0], self.stream)
+        built = first.result()
+        if built is None or not built.ok:
+            raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built, 'reason', '?')}")
+        # The checks of the other dtypes (a family of one's own may store int8 or float64) compile behind the
+        # first trials; a check that needs one waits for them.
+        rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
+        later = devicekernels.Built(rest, self._arch, uri="tuner_worker_kernels_rest")
+        self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
@@ -493,7 +485,7 @@ class GpuEvaluator:
             "ceiling_s": round(t_ceiling - t_context, 3),
             "ceiling_cached": cached is not None,
             "worker_kernels_wait_s": round(t_done - t_ceiling, 3),
-            "worker_kernels_cached": bool(built[0].cached),
+            "worker_kernels_cached": bool(built.cached),
         }
 
     @property

@@ -3,13 +3,14 @@
 CuPy builds its random generators and element-wise operations (``isnan``, ``abs``, comparisons, reductions)
 by JIT-compiling a kernel on first use and caching it under ``CUPY_CACHE_DIR``. On a fresh machine the check of
 the first config then pays for a dozen NVRTC compiles inside the GPU worker. The kernels here do the same work
-from one source compiled by `tuner.compile.compile_source` (content-addressed, under the tuner cache dir, so it
-is compiled once per machine and arch, by the GPU worker as it starts, while its ceiling is timed) and loaded
-as a module with ``cupy.cuda.function.Module``, which compiles nothing.
+from sources compiled by `tuner.compile.compile_source` (content-addressed, under the tuner cache dir, so each is
+compiled once per machine and arch) and loaded as modules with ``cupy.cuda.function.Module``, which compiles
+nothing. The GPU worker builds two: the random-input kernels with the checks every shipped family needs
+(`FIRST_CHECKS`) while its ceiling is timed, then the checks of the other dtypes in the background (`Built`).
 
 `DeviceRng` offers the four generator calls the kernel families use (``standard_normal``, ``random``,
 ``uniform``, ``integers``), as counter-based draws (SplitMix64 of seed and element index: every element is
-independent of the launch geometry, and a seed reproduces its inputs). `check_on_device` compares one output
+independent of the launch geometry, and a seed reproduces its inputs). `DeviceKernels.check` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
 `tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
 `ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2): PTX the driver loads, no NVRTC.
@@ -20,7 +21,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["CHECK_DTYPES", "FLUSH_PTX", "FLUSH_SOURCE", "DeviceKernels", "DeviceRng", "ReadFlush", "source"]
+__all__ = [
+    "CHECK_DTYPES",
+    "CHECK_PAIRS",
+    "FIRST_CHECKS",
+    "FLUSH_PTX",
+    "FLUSH_SOURCE",
+    "Built",
+    "DeviceKernels",
+    "DeviceRng",
+    "ReadFlush",
+    "source",
+]
 
 #: output dtype (numpy name) → C type, for the check kernel; references are float32 or float64
 CHECK_DTYPES = {
@@ -33,6 +45,13 @@ CHECK_DTYPES = {
     "bool": "bool",
 }
 _REF_DTYPES = {"float32": "float", "float64": "double"}
+#: Every (output, reference) dtype pair the check kernels cover.
+CHECK_PAIRS = tuple((o, r) for o in CHECK_DTYPES for r in _REF_DTYPES)
+#: The pairs the GPU worker compiles before its first trial, beside the random-input kernels: every shipped
+#: family's outputs are float32 or are decoded to it for the check (bf16, fp8 codes), against float32 or float64
+#: references. The other pairs compile afterwards in the background (the whole module took 0.55-0.9 s of NVRTC
+#: on a fresh H200 host, this part ~0.15 s), and a check that needs one waits for them.
+FIRST_CHECKS = (("float32", "float32"), ("float32", "float64"))
 
 _PRELUDE = r"""
 typedef unsigned long long u64;
@@ -183,24 +202,46 @@ $L__BB0_6:
 """
 
 
-def source():
-    """The module's `tuner.render.Source` (one text: its compile is cached like any config's)."""
+def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
+    """The module's `tuner.render.Source` (one text: its compile is cached like any config's): the random-input
+    kernels and ``check_<output>_<reference>`` for each dtype pair of `checks`."""
     from tuner.render import Source
 
     lines = [_PRELUDE]
-    for o_name, o_type in CHECK_DTYPES.items():
-        for r_name, r_type in _REF_DTYPES.items():
-            lines.append(
-                f'extern "C" __global__ void check_{o_name}_{r_name}(const {o_type}* out, '
-                f"const {r_type}* ref, u64 n, double tol, u64* acc) {{ check(out, ref, n, tol, acc); }}"
-            )
+    for o_name, r_name in checks:
+        lines.append(
+            f'extern "C" __global__ void check_{o_name}_{r_name}(const {CHECK_DTYPES[o_name]}* out, '
+            f"const {_REF_DTYPES[r_name]}* ref, u64 n, double tol, u64* acc) {{ check(out, ref, n, tol, acc); }}"
+        )
     return Source(
         kernel="tuner_worker",
         text="\n".join(lines) + "\n",
         entry="fill_normal_f32",
-        uri="tuner_worker_kernels",
+        uri=uri,
         template="tuner/devicekernels.py",
     )
+
+
+class Built:
+    """A compile of `source(checks)` run on a daemon thread (NVRTC releases the GIL), so that the caller goes on
+    meanwhile; `result()` waits for it."""
+
+    def __init__(self, checks, arch: str, uri: str = "tuner_worker_kernels"):
+        import threading
+
+        from tuner.compile import compile_source
+
+        self.checks = tuple(checks)
+        self._out: list[Any] = []
+        self._thread = threading.Thread(
+            target=lambda: self._out.append(compile_source(source(self.checks, uri), arch)), name=uri, daemon=True
+        )
+        self._thread.start()
+
+    def result(self):
+        """The `Compiled` (or `CompileFailed`); None if the compile raised."""
+        self._thread.join()
+        return self._out[0] if self._out else None
 
 
 def _blocks(n: int, sm_count: int) -> int:
@@ -229,20 +270,45 @@ class ReadFlush:
 
 
 class DeviceKernels:
-    """The module loaded on the current device, from `compiled` (a `tuner.compile.Compiled` of `source()`)."""
+    """The module loaded on the current device, from `compiled` (a `tuner.compile.Compiled` of
+    `source(checks)`); check pairs outside `checks` come from `later` (a `Built` of the other pairs, loaded when
+    a check first needs it), else the check answers None."""
 
-    def __init__(self, compiled, stream):
+    def __init__(self, compiled, stream, checks=CHECK_PAIRS, later: Built | None = None):
         import cupy
 
         self.stream = stream
         self.module = cupy.cuda.function.Module()
         self.module.load(compiled.cubin)
+        self.checks = frozenset(checks)
+        self._later = later
+        self._later_module: Any = None
         self._functions: dict[str, Any] = {}
         self._sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def function(self, name: str):
         if name not in self._functions:
             self._functions[name] = self.module.get_function(name)
+        return self._functions[name]
+
+    def _check_function(self, pair: tuple[str, str]):
+        """The check kernel of an (output, reference) pair, or None where no module has it."""
+        name = f"check_{pair[0]}_{pair[1]}"
+        if pair in self.checks:
+            return self.function(name)
+        if self._later is None or pair not in self._later.checks:
+            return None
+        if name not in self._functions:
+            if self._later_module is None:
+                import cupy
+
+                built = self._later.result()
+                if built is None or not built.ok:
+                    self._later = None  # the CuPy path answers these checks from now on
+                    return None
+                self._later_module = cupy.cuda.function.Module()
+                self._later_module.load(built.cubin)
+            self._functions[name] = self._later_module.get_function(name)
         return self._functions[name]
 
     def launch(self, name: str, n: int, args: tuple) -> None:
@@ -262,9 +328,17 @@ class DeviceKernels:
             return None
         if not (out.flags.c_contiguous and ref.flags.c_contiguous):
             return None
+        kernel = self._check_function((o_name, r_name))
+        if kernel is None:
+            return None
         acc = cupy.empty(4, dtype=cupy.uint64)
         acc.data.memset_async(0, acc.nbytes, self.stream)
-        self.launch(f"check_{o_name}_{r_name}", out.size, (out, ref, np.uint64(out.size), np.float64(tolerance), acc))
+        kernel(
+            (_blocks(out.size, self._sm_count),),
+            (_THREADS,),
+            (out, ref, np.uint64(out.size), np.float64(tolerance), acc),
+            stream=self.stream,
+        )
         host = np.empty(4, dtype=np.uint64)
         acc.data.copy_to_host_async(host.ctypes.data, acc.nbytes, self.stream)
         self.stream.synchronize()
