@@ -414,7 +414,6 @@ class GpuEvaluator:
         return self._info()
 
     def _start(self) -> None:
-
         import cupy
 
         from tuner import devicekernels
