@@ -33,7 +33,7 @@ def test_the_worker_builds_the_checks_in_two_parts_that_cover_every_pair(tmp_pat
     """The first part (on the worker's critical path) holds the random-input kernels and the checks of
     FIRST_CHECKS only; `Built` compiles the rest on a thread; together they hold every pair of CHECK_PAIRS."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
+    rest = devicekernels.LATER_CHECKS
     assert len(devicekernels.CHECK_PAIRS) == len(devicekernels.FIRST_CHECKS) + len(rest) == 14
     later = devicekernels.Built(rest, "sm_90")
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), "sm_90")
@@ -77,7 +77,7 @@ def device_kernels():
     stream = cupy.cuda.Stream(non_blocking=True)
     # as the GPU worker builds them: the first checks up front, the other pairs (int32 below) from `later`
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), arch)
-    rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
+    rest = devicekernels.LATER_CHECKS
     later = devicekernels.Built(rest, arch)
     return devicekernels.DeviceKernels(first, stream, devicekernels.FIRST_CHECKS, later)
 

@@ -470,8 +470,7 @@ class GpuEvaluator:
             raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built, 'reason', '?')}")
         # The checks of the other dtypes (a family of one's own may store int8 or float64) compile behind the
         # first trials; a check that needs one waits for them.
-        rest = [pair for pair in devicekernels.CHECK_PAIRS if pair not in devicekernels.FIRST_CHECKS]
-        later = devicekernels.Built(rest, self._arch, uri="tuner_worker_kernels_rest")
+        later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
         self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
         t_done = time.perf_counter()
         self.startup = {

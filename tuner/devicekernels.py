@@ -25,6 +25,7 @@ __all__ = [
     "CHECK_DTYPES",
     "CHECK_PAIRS",
     "FIRST_CHECKS",
+    "LATER_CHECKS",
     "FLUSH_PTX",
     "FLUSH_SOURCE",
     "Built",
@@ -52,6 +53,8 @@ CHECK_PAIRS = tuple((o, r) for o in CHECK_DTYPES for r in _REF_DTYPES)
 #: references. The other pairs compile afterwards in the background (the whole module took 0.55-0.9 s of NVRTC
 #: on a fresh H200 host, this part ~0.15 s), and a check that needs one waits for them.
 FIRST_CHECKS = (("float32", "float32"), ("float32", "float64"))
+#: The pairs compiled behind the first trials.
+LATER_CHECKS = tuple(pair for pair in CHECK_PAIRS if pair not in FIRST_CHECKS)
 
 _PRELUDE = r"""
 typedef unsigned long long u64;
@@ -244,9 +247,11 @@ class Built:
         return self._out[0] if self._out else None
 
 
-def _blocks(n: int, sm_count: int) -> int:
-    """Blocks of _THREADS for a grid-stride loop over n items: enough to fill the GPU, at most 8 per SM."""
-    return max(1, min(math.ceil(n / _THREADS), sm_count * 8))
+def _launch(kernel, n: int, args: tuple, stream, sm_count: int) -> None:
+    """Launch a grid-stride kernel over n items on `stream`: blocks of _THREADS, enough to fill the GPU, at most
+    8 per SM."""
+    blocks = max(1, min(math.ceil(n / _THREADS), sm_count * 8))
+    kernel((blocks,), (_THREADS,), args, stream=stream)
 
 
 class ReadFlush:
@@ -266,7 +271,7 @@ class ReadFlush:
         import numpy as np
 
         n = buf.nbytes // 16
-        self.kernel((_blocks(n, self._sm_count),), (_THREADS,), (buf, np.uint64(n), sink), stream=self.stream)
+        _launch(self.kernel, n, (buf, np.uint64(n), sink), self.stream, self._sm_count)
 
 
 class DeviceKernels:
@@ -312,7 +317,7 @@ class DeviceKernels:
         return self._functions[name]
 
     def launch(self, name: str, n: int, args: tuple) -> None:
-        self.function(name)((_blocks(n, self._sm_count),), (_THREADS,), args, stream=self.stream)
+        _launch(self.function(name), n, args, self.stream, self._sm_count)
 
     def rng(self, seed: int) -> DeviceRng:
         return DeviceRng(self, seed)
@@ -333,11 +338,8 @@ class DeviceKernels:
             return None
         acc = cupy.empty(4, dtype=cupy.uint64)
         acc.data.memset_async(0, acc.nbytes, self.stream)
-        kernel(
-            (_blocks(out.size, self._sm_count),),
-            (_THREADS,),
-            (out, ref, np.uint64(out.size), np.float64(tolerance), acc),
-            stream=self.stream,
+        _launch(
+            kernel, out.size, (out, ref, np.uint64(out.size), np.float64(tolerance), acc), self.stream, self._sm_count
         )
         host = np.empty(4, dtype=np.uint64)
         acc.data.copy_to_host_async(host.ctypes.data, acc.nbytes, self.stream)
