@@ -55,8 +55,11 @@ def targets(paths: list[str], only, problems) -> list[dict]:
     """The `impl: tuner` records of result files: kernel, problem name, config (each distinct config once)."""
     found: dict[tuple[str, str, str], dict] = {}
     for path in paths:
-        for rec in json.loads(Path(path).read_text()):
-            if rec.get("impl") != "tuner" or not isinstance(rec.get("config"), dict):
+        records = json.loads(Path(path).read_text())
+        if not isinstance(records, list):
+            raise ValueError(f"{path} is not a list of result records (catalog.py, decode.py, decode_b.py write one)")
+        for rec in records:
+            if not isinstance(rec, dict) or rec.get("impl") != "tuner" or not isinstance(rec.get("config"), dict):
                 continue
             problem = rec.get("problem") or str(rec["shape"]).split()[0]
             if (only and rec["kernel"] not in only) or (problems and problem not in problems):
@@ -79,7 +82,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]])
-    chosen = targets(args.sources, args.only, args.problems)
+    try:
+        chosen = targets(args.sources, args.only, args.problems)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable, not JSON, not a list of records
+        print(f"head_to_head.py: --from: {exc}", file=sys.stderr)
+        return 2
     if not chosen:
         print("head_to_head.py: no `impl: tuner` record in --from matches --only/--problems", file=sys.stderr)
         return 2
