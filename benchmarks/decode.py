@@ -46,6 +46,8 @@ TARGETS = [
     ("gemv", "m32", 0.85, 1.15),
     ("gemv", "m64", 0.85, 1.15),
     ("gemv", "up_m1", 0.90, 1.15),
+    ("gemv", "up_m64", 0.85, 1.15),
+    ("gemv", "down_m1", 0.90, 1.15),
     ("gemv", "down_m64", 0.85, 1.15),
     ("fp8_quant", "quant_t32768_h8192", 0.90, 1.0),
     ("fp8_quant", "dequant_t32768_h8192", 0.90, 1.0),
@@ -106,6 +108,14 @@ def selected(args) -> list[tuple[str, str, float, float]]:
     return [t for t in TARGETS if (not args.only or t[0] in args.only) and (not args.problems or t[1] in args.problems)]
 
 
+def space_paths(args) -> dict[str, Path]:
+    """The space file each selected family is tuned with: a --space file naming it, else the shipped one."""
+    from tuner import space as space_mod
+
+    chosen = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
+    return {kernel: chosen.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
+
+
 def dry_run(args) -> int:
     """Render and compile the default plus a seeded sample of valid configs of every target (NVRTC, no GPU)."""
     from tuner import compile as tcompile
@@ -114,8 +124,9 @@ def dry_run(args) -> int:
 
     failures = 0
     t0 = time.time()
+    spaces = space_paths(args)
     for kernel, problem_name, _, _ in selected(args):
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(spaces[kernel])
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         valid = list(space.enumerate(problem))
@@ -184,9 +195,9 @@ def main() -> int:
     def write() -> None:
         (out / f"decode-{date}.json").write_text(json.dumps(records, indent=1, default=str) + "\n")
 
-    spaces = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
+    spaces = space_paths(args)
     for kernel, problem_name, target_copy, target_peer in selected(args):
-        space = space_mod.load(spaces.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml"))
+        space = space_mod.load(spaces[kernel])
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         t0 = time.time()
