@@ -237,7 +237,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush).median_ms
+            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush, hold=ev.hold).median_ms
             tbps = nbytes / ms / 1e9
             records.append(
                 {

@@ -267,7 +267,7 @@ def main() -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush).median_ms
+            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush, hold=ev.hold).median_ms
             tbps = nbytes / ms / 1e9
             peer_tbps.append(tbps)
             records.append(

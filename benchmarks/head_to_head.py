@@ -96,7 +96,7 @@ def main() -> int:
 
     from tuner import kernels
     from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark
+    from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark
     from tuner.compile import compile_source
     from tuner.render import render
 
@@ -125,13 +125,14 @@ def main() -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            return benchmark(run, stream=ev.stream, budget_ms=args.budget_ms, flush=ev._flush).median_ms
+            return benchmark(run, stream=ev.stream, budget_ms=args.budget_ms, flush=ev._flush, hold=ev.hold).median_ms
 
         tbps: dict[str, list[float]] = {name: [] for name in impls}
         for r in range(args.rounds):
             order = list(impls)
             shuffle.shuffle(order)
             for name in order:
+                gave_up = ev.hold.timeouts
                 if name == "tuner":
                     result = ev.evaluate(compiled, family, config, problem.env, budget_ms=args.budget_ms)
                     if not result.ok:
@@ -141,7 +142,17 @@ def main() -> int:
                 else:
                     ms = time_peer(impls[name])
                 tbps[name].append(nbytes / ms / 1e9)
-                records.append({"kernel": kernel, "problem": problem_name, "round": r, "impl": name, "median_ms": ms})
+                # a hold that gave up may have let host time into that timing (tuner.bench.LAUNCH_HOLD)
+                records.append(
+                    {
+                        "kernel": kernel,
+                        "problem": problem_name,
+                        "round": r,
+                        "impl": name,
+                        "median_ms": ms,
+                        "holds_given_up": ev.hold.timeouts - gave_up,
+                    }
+                )
         torch.cuda.empty_cache()
         base = {"kernel": kernel, "problem": problem_name, "gpu": ev.gpu_name, "date": date, "command": command}
         for name in impls:
@@ -187,7 +198,8 @@ def main() -> int:
         f"# Head to head on {ev.gpu_name}, {date}",
         "",
         f"Command: `{command}`. {args.rounds} rounds; in each, our config (verified every round) and every peer",
-        f"timed once in a shuffled order, {args.budget_ms:g} ms of launches each, L2 flushed before every launch.",
+        f"timed once in a shuffled order, {args.budget_ms:g} ms of launches each, L2 flushed before every launch,",
+        f"launches enqueued behind a stream hold ({LAUNCH_HOLD}; it gave up {ev.hold.timeouts} times).",
         "TB/s count each family's minimal bytes. Verdict: two-sided sign test over the rounds at p < 0.05.",
         "",
         "| kernel | problem | peer | ours TB/s (min-max) | peer TB/s (min-max) | ours / peer, median (min-max) | "

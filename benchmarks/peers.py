@@ -70,7 +70,7 @@ def time_peer(ev: GpuEvaluator, fn, budget_ms: float = 200.0):
         with torch.cuda.stream(torch_stream), stream:
             fn()
 
-    return benchmark(run, stream=stream, budget_ms=budget_ms, flush=ev._flush).median_ms
+    return benchmark(run, stream=stream, budget_ms=budget_ms, flush=ev._flush, hold=ev.hold).median_ms
 
 
 def main() -> int:

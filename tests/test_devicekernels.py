@@ -69,6 +69,28 @@ def test_the_shipped_flush_ptx_does_what_its_source_does():
     assert tail.index("@%p6 bra") < tail.index("st.global.u32")
 
 
+def test_the_shipped_hold_ptx_is_nvrtcs_for_its_source():
+    """HOLD_PTX (loaded by the driver) is NVRTC's PTX of HOLD_SOURCE instruction for instruction, under the
+    flush's conservative PTX version and target; its loop polls the host's word with a volatile load and reads
+    the global timer, and the one store (the give-up) is outside the loop."""
+    from tuner.compile import nvrtc_compile
+
+    status, log, _, ptx = nvrtc_compile(devicekernels.HOLD_SOURCE, "hold.cu", ["--gpu-architecture=compute_75"])
+    assert status == 0, log
+
+    def body(text: str) -> list[str]:
+        lines = (line.strip() for line in text.splitlines())
+        return [line for line in lines if line and not line.startswith(("//", ".version", ".target"))]
+
+    shipped = devicekernels.HOLD_PTX
+    assert body(shipped) == body(ptx.decode())
+    assert shipped.startswith(".version 7.0\n.target sm_70\n") and ".visible .entry hold(" in shipped
+    loop = shipped[shipped.index("$L__BB0_1:") : shipped.index("@%p2 bra \t$L__BB0_1;")]
+    assert "ld.volatile.global.u32" in loop and "%globaltimer" in loop and "st." not in loop
+    memory = [line.split()[0] for line in body(shipped) if line.startswith(("ld.", "st.")) and ".param" not in line]
+    assert memory == ["ld.volatile.global.u32", "st.volatile.global.u32"]
+
+
 @pytest.fixture(scope="module")
 def device_kernels():
     if not HAVE_GPU:
@@ -141,3 +163,46 @@ def test_one_pass_check_agrees_with_cupy(device_kernels, case):
         assert mine[0] == 0
     if case == "nan":
         assert mine[0] == 2 and mine[1] == 2
+
+
+@pytest.mark.gpu
+def test_the_hold_keeps_the_hosts_time_out_of_the_timings(device_kernels):
+    """A call that sleeps 2 ms on the host before a 1 MB memset: timed without the hold, each event pair holds
+    the GPU idling for the sleep; behind the hold, only the memset."""
+    import time
+
+    from tuner.bench import time_launches
+
+    stream = device_kernels.stream
+    hold = devicekernels.Hold(stream)
+    buf = cupy.empty(1 << 20, dtype=cupy.uint8)
+
+    def run() -> None:
+        time.sleep(0.002)
+        buf.data.memset_async(0, buf.nbytes, stream)
+
+    plain = sorted(time_launches(run, stream=stream, reps=8))
+    held = sorted(time_launches(run, stream=stream, reps=8, hold=hold))
+    assert plain[4] > 1.5 and held[4] < 0.1, (plain, held)
+    assert hold.timeouts == 0
+
+
+@pytest.mark.gpu
+def test_a_hold_the_host_does_not_release_in_time_gives_up(device_kernels):
+    """The hold lets the stream go after its timeout (no hang), says so, and the next batch is smaller."""
+    import time
+
+    from tuner.bench import time_launches
+
+    stream = device_kernels.stream
+    hold = devicekernels.Hold(stream, timeout_s=0.005)
+    buf = cupy.empty(1 << 20, dtype=cupy.uint8)
+
+    def run() -> None:
+        time.sleep(0.002)
+        buf.data.memset_async(0, buf.nbytes, stream)
+
+    t0 = time.perf_counter()
+    times = time_launches(run, stream=stream, reps=16, hold=hold)  # 32 ms of host time against 5 ms
+    assert len(times) == 16 and time.perf_counter() - t0 < 2.0
+    assert hold.timeouts >= 1

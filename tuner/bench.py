@@ -11,7 +11,8 @@ and implements the timing protocol of DESIGN.md once, for every caller:
   ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not a contender, and its
   3-repetition median is figure enough to steer the search); before each repetition a read of a buffer twice
   the L2 size flushes L2 (`L2_FLUSH`), outside the timed region; one CUDA event pair per repetition around all
-  the config's launches, on one stream; the median and p20/p80 are reported;
+  the config's launches, on one stream; the repetitions are enqueued behind a stream hold, in batches
+  (`LAUNCH_HOLD`), so that no timed region contains a wait for the host; the median and p20/p80 are reported;
 * the ceiling: a device-to-device copy timed with the same protocol (`measure_ceiling`), once per GPU: the
   figure is kept in ``ceilings.json`` under the tuner cache dir, keyed by the GPU's UUID and name, the driver,
   the CuPy version and the flush (`ceiling_cache_key`), and reused while they hold (``tuner ceiling`` measures
@@ -111,6 +112,14 @@ _NOT_READY = 600  # cudaErrorNotReady: what cudaStreamQuery answers while work i
 #: (benchmarks/results/launch_gap-2026-12-01.md).
 L2_FLUSH = "read 2x L2"
 
+#: How the host's enqueue time is kept out of the timings (recorded with every measurement, in `versions`): the
+#: repetitions are enqueued in batches behind a kernel that holds the stream until the whole batch is in
+#: (`tuner.devicekernels.Hold`). Without it, a call whose host side takes longer than the GPU's flush and kernel
+#: (a peer library's dispatch, or any call while the CPUs are busy) is timed with the GPU idle inside its event
+#: pair, waiting for the launch.
+LAUNCH_HOLD = "hold per batch of up to 16"
+HOLD_BATCH = 16
+
 # cuFuncGetAttribute / cuFuncSetAttribute attribute numbers (CUfunction_attribute), as CuPy exports them.
 _ATTR_MAX_THREADS = _driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 _ATTR_SHARED = _driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
@@ -194,21 +203,40 @@ def time_launches(
     reps: int,
     flush: Callable[[], None] | None = None,
     sync: Callable[[], None] | None = None,
+    hold=None,
 ) -> list[float]:
     """Time `reps` calls of `run` (which enqueues its work on `stream`): for each, `flush` (outside the
     timed region), then a CUDA event pair around `run`. Everything is enqueued first and synchronized once at
-    the end (`sync`, default ``stream.synchronize()``), so the host never waits between repetitions. Returns
-    the per-repetition milliseconds. The only place in the package that records CUDA events."""
+    the end (`sync`, default ``stream.synchronize()``), so the host never waits between repetitions. With a
+    `hold` (`tuner.devicekernels.Hold` on `stream`) the repetitions go in batches of up to HOLD_BATCH, each
+    enqueued behind the hold and released once it is all in, so that the GPU never waits for the host inside an
+    event pair; a batch that the hold gave up on (the host took longer than its timeout) halves the next one.
+    Returns the per-repetition milliseconds. The only place in the package that records CUDA events."""
     import cupy
 
     events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
-    for start, end in events:
-        if flush is not None:
-            flush()
-        start.record(stream)
-        run()
-        end.record(stream)
+    batch = HOLD_BATCH if hold is not None else reps
+    i = 0
+    while i < reps:
+        chunk = events[i : i + batch]
+        if hold is not None:
+            hold.hold()
+        try:
+            for start, end in chunk:
+                if flush is not None:
+                    flush()
+                start.record(stream)
+                run()
+                end.record(stream)
+        finally:
+            if hold is not None:
+                hold.release()
+        i += len(chunk)
+        if hold is not None and hold.gave_up():
+            batch = max(1, batch // 2)
     (sync or stream.synchronize)()
+    if hold is not None:
+        hold.gave_up()  # count a give-up of the last batch too
     return [cupy.cuda.get_elapsed_time(start, end) for start, end in events]
 
 
@@ -223,19 +251,21 @@ def benchmark(
     sync: Callable[[], None] | None = None,
     cutoff_ms: float | None = None,
     warm: bool = False,
+    hold=None,
 ) -> Timing:
     """The protocol around `time_launches`: one warm-up (skipped when `warm`: the caller has just run it), an
-    estimate from 3 repetitions, then the budget. When the estimate's median exceeds `cutoff_ms`, the estimate
-    is the result (3 repetitions) and the budget is not spent."""
+    estimate from 3 repetitions, then the budget, each behind `hold` when given (`LAUNCH_HOLD`). When the
+    estimate's median exceeds `cutoff_ms`, the estimate is the result (3 repetitions) and the budget is not
+    spent."""
     if not warm:
         run()
         (sync or stream.synchronize)()
-    first = summarize(time_launches(run, stream=stream, reps=3, flush=flush, sync=sync))
+    first = summarize(time_launches(run, stream=stream, reps=3, flush=flush, sync=sync, hold=hold))
     if cutoff_ms is not None and first.median_ms > cutoff_ms:
         return first
     estimate = first.median_ms
     reps = repetitions(estimate, budget_ms, min_reps, max_reps)
-    return summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync))
+    return summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync, hold=hold))
 
 
 def measure_ceiling(
@@ -446,12 +476,14 @@ class GpuEvaluator:
             "cuda_driver": _runtime.driverGetVersion(),
             "cuda_runtime": _runtime.runtimeGetVersion(),
             "l2_flush": L2_FLUSH,  # part of the ceiling's cache key too: a ceiling timed another way is stale
+            "launch_hold": LAUNCH_HOLD,
         }
         self._static_clocks = self._read_static_clocks()
         self._nvml = self._open_nvml()
         t_context = time.perf_counter()
         # The flush is PTX the driver loads (no NVRTC): the ceiling is timed with it while our NVRTC module builds.
         self._read_flush = devicekernels.ReadFlush(self.stream)
+        self.hold = devicekernels.Hold(self.stream)
         self._flush()
         key = ceiling_cache_key(
             self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes, self.ceiling_budget_ms
@@ -823,6 +855,7 @@ class GpuEvaluator:
             sync=self._sync,
             cutoff_ms=cutoff_ms,
             warm=True,  # the correctness launch above ran every launch of the config once
+            hold=self.hold,
         )
 
         seconds = timing.median_ms * 1e-3

@@ -13,7 +13,8 @@ nothing. The GPU worker builds two: the random-input kernels with the checks eve
 independent of the launch geometry, and a seed reproduces its inputs). `DeviceKernels.check` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
 `tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
-`ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2): PTX the driver loads, no NVRTC.
+`ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2) and `Hold` its stream hold (no
+timed launch waits on the host): PTX the driver loads, no NVRTC.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ __all__ = [
     "LATER_CHECKS",
     "FLUSH_PTX",
     "FLUSH_SOURCE",
+    "HOLD_PTX",
+    "HOLD_SOURCE",
     "Built",
     "DeviceKernels",
     "DeviceRng",
+    "Hold",
     "ReadFlush",
     "source",
 ]
@@ -205,6 +209,73 @@ $L__BB0_6:
 """
 
 
+#: The stream hold of the timing protocol, in CUDA C: the PTX below is NVRTC's (CUDA 13) for it. One thread waits
+#: until the host's word `released` reaches `ticket` (the host writes it once it has enqueued the launches behind
+#: the hold), so that those launches run back to back and none waits inside its timed region for the host to
+#: enqueue it. After `timeout_ns` it gives up and writes its ticket to `late`, so that a host that cannot enqueue
+#: (a full launch queue, a call that synchronizes) never hangs the stream.
+HOLD_SOURCE = r"""
+typedef unsigned long long u64;
+extern "C" __global__ void hold(const volatile unsigned* released, unsigned ticket, u64 timeout_ns,
+                                volatile unsigned* late) {
+    u64 start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    while ((int)(*released - ticket) < 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > timeout_ns) {
+            *late = ticket;
+            return;
+        }
+    }
+}
+"""
+
+#: HOLD_SOURCE as PTX the driver loads (as FLUSH_PTX, under the same conservative version and target;
+#: tests/test_devicekernels.py holds it to NVRTC's output).
+HOLD_PTX = """\
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry hold(
+	.param .u64 hold_param_0,
+	.param .u32 hold_param_1,
+	.param .u64 hold_param_2,
+	.param .u64 hold_param_3
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<10>;
+
+	ld.param.u64 	%rd6, [hold_param_0];
+	ld.param.u32 	%r1, [hold_param_1];
+	ld.param.u64 	%rd4, [hold_param_2];
+	ld.param.u64 	%rd7, [hold_param_3];
+	cvta.to.global.u64 	%rd1, %rd7;
+	cvta.to.global.u64 	%rd2, %rd6;
+	mov.u64 %rd5, %globaltimer;
+
+$L__BB0_1:
+	ld.volatile.global.u32 	%r2, [%rd2];
+	sub.s32 	%r3, %r2, %r1;
+	setp.gt.s32 	%p1, %r3, -1;
+	@%p1 bra 	$L__BB0_4;
+
+	mov.u64 %rd8, %globaltimer;
+	sub.s64 	%rd9, %rd8, %rd5;
+	setp.le.u64 	%p2, %rd9, %rd4;
+	@%p2 bra 	$L__BB0_1;
+
+	st.volatile.global.u32 	[%rd1], %r1;
+
+$L__BB0_4:
+	ret;
+
+}
+"""
+
+
 def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
     """The module's `tuner.render.Source` (one text: its compile is cached like any config's): the random-input
     kernels and ``check_<output>_<reference>`` for each dtype pair of `checks`."""
@@ -272,6 +343,63 @@ class ReadFlush:
 
         n = buf.nbytes // 16
         _launch(self.kernel, n, (buf, np.uint64(n), sink), self.stream, self._sm_count)
+
+
+class Hold:
+    """The stream hold (HOLD_PTX) loaded on the current device, and its two host words in mapped pinned memory.
+
+    ``hold()`` enqueues the hold kernel on `stream` under a new ticket; ``release()`` lets it go. Launches
+    enqueued between the two start together once the host has enqueued all of them: a call whose host side is
+    slower than its GPU side (a peer library's dispatch, a busy CPU) is timed on the GPU alone, as a kernel
+    launched from a CUDA graph would be. `timeouts` counts the holds that gave up (the host took longer than
+    `timeout_s` to release); launches behind such a hold may have waited on the host."""
+
+    def __init__(self, stream, timeout_s: float = 0.05):
+        import ctypes
+
+        import cupy
+
+        self.stream = stream
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.module = cupy.cuda.function.Module()
+        self.module.load(HOLD_PTX.encode())
+        self.kernel = self.module.get_function("hold")
+        rt = cupy.cuda.runtime
+        # mapped pinned memory: with unified addressing the device reads it at the host pointer
+        self._ptr = rt.hostAlloc(8, rt.hostAllocMapped | rt.hostAllocPortable)
+        self._words = (ctypes.c_uint32 * 2).from_address(self._ptr)  # [released, late]
+        self._words[0] = self._words[1] = 0
+        self._ticket = 0
+        self._late_seen = 0
+        self.timeouts = 0
+
+    def hold(self) -> None:
+        import numpy as np
+
+        self._ticket = (self._ticket + 1) & 0xFFFFFFFF
+        args = (np.uint64(self._ptr), np.uint32(self._ticket), np.uint64(self.timeout_ns), np.uint64(self._ptr + 4))
+        self.kernel((1,), (1,), args, stream=self.stream)
+
+    def release(self) -> None:
+        self._words[0] = self._ticket
+
+    def gave_up(self) -> bool:
+        """Whether a hold gave up since the last call (the device writes `late` when it does; read after a
+        synchronize, it is exact)."""
+        late = self._words[1]
+        if late != self._late_seen:
+            self._late_seen = late
+            self.timeouts += 1
+            return True
+        return False
+
+    def __del__(self) -> None:
+        try:
+            import cupy
+
+            cupy.cuda.runtime.freeHost(self._ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown or a lost context: the process frees it
+            pass
 
 
 class DeviceKernels:
