@@ -196,6 +196,32 @@ def repetitions(estimate_ms: float, budget_ms: float, min_reps: int = 10, max_re
     return int(min(max_reps, max(min_reps, round(budget_ms / estimate_ms))))
 
 
+def enqueue_behind(hold, n: int, enqueue: Callable[[int], None]) -> list[int]:
+    """Call ``enqueue(i)`` for i = 0 .. n-1 in order. Without a hold, in one go; with one
+    (`tuner.devicekernels.Hold`), in batches of up to HOLD_BATCH, each between ``hold.hold()`` and
+    ``hold.release()`` (released also when `enqueue` raises, so the stream is never left held); a batch the hold
+    gave up on (``hold.gave_up()``: the host took longer than its timeout) halves the next one. Returns the
+    batch sizes."""
+    sizes: list[int] = []
+    batch = HOLD_BATCH if hold is not None else n
+    i = 0
+    while i < n:
+        size = min(batch, n - i)
+        if hold is not None:
+            hold.hold()
+        try:
+            for j in range(i, i + size):
+                enqueue(j)
+        finally:
+            if hold is not None:
+                hold.release()
+        sizes.append(size)
+        i += size
+        if hold is not None and hold.gave_up():
+            batch = max(1, batch // 2)
+    return sizes
+
+
 def time_launches(
     run: Callable[[], None],
     *,
@@ -208,32 +234,22 @@ def time_launches(
     """Time `reps` calls of `run` (which enqueues its work on `stream`): for each, `flush` (outside the
     timed region), then a CUDA event pair around `run`. Everything is enqueued first and synchronized once at
     the end (`sync`, default ``stream.synchronize()``), so the host never waits between repetitions. With a
-    `hold` (`tuner.devicekernels.Hold` on `stream`) the repetitions go in batches of up to HOLD_BATCH, each
-    enqueued behind the hold and released once it is all in, so that the GPU never waits for the host inside an
-    event pair; a batch that the hold gave up on (the host took longer than its timeout) halves the next one.
-    Returns the per-repetition milliseconds. The only place in the package that records CUDA events."""
+    `hold` (`tuner.devicekernels.Hold` on `stream`) the repetitions are enqueued behind it in batches
+    (`enqueue_behind`), so that the GPU never waits for the host inside an event pair. Returns the
+    per-repetition milliseconds. The only place in the package that records CUDA events."""
     import cupy
 
     events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
-    batch = HOLD_BATCH if hold is not None else reps
-    i = 0
-    while i < reps:
-        chunk = events[i : i + batch]
-        if hold is not None:
-            hold.hold()
-        try:
-            for start, end in chunk:
-                if flush is not None:
-                    flush()
-                start.record(stream)
-                run()
-                end.record(stream)
-        finally:
-            if hold is not None:
-                hold.release()
-        i += len(chunk)
-        if hold is not None and hold.gave_up():
-            batch = max(1, batch // 2)
+
+    def repetition(i: int) -> None:
+        start, end = events[i]
+        if flush is not None:
+            flush()
+        start.record(stream)
+        run()
+        end.record(stream)
+
+    enqueue_behind(hold, reps, repetition)
     (sync or stream.synchronize)()
     if hold is not None:
         hold.gave_up()  # count a give-up of the last batch too
