@@ -861,6 +861,7 @@ class GpuEvaluator:
 
         # -- timing --
         phase[0] = "timing"
+        given_up = self.hold.timeouts
         timing = benchmark(
             run,
             stream=stream,
@@ -903,6 +904,7 @@ class GpuEvaluator:
             clocks=self.clocks(),
             versions={**self.versions, "arch": compiled.arch},
             uri=compiled.uri,
+            holds_given_up=self.hold.timeouts - given_up,
         )
 
 

@@ -111,7 +111,9 @@ class Measurement:
     Times are milliseconds per call of the whole config (all of its launches). `bytes_moved` is the family's
     minimal traffic (each input read once, each output written once), so `tbps` is useful bandwidth, never
     inflated by re-reads. `ceiling_tbps` is the device-to-device copy measured on the same GPU with the same
-    protocol; `fraction_of_ceiling` = tbps / ceiling_tbps.
+    protocol; `fraction_of_ceiling` = tbps / ceiling_tbps. `holds_given_up` counts the batches of repetitions
+    whose stream hold gave up before the host had enqueued them (`tuner.bench.LAUNCH_HOLD`): above 0, some
+    repetitions may include time the GPU spent waiting for the host.
     """
 
     median_ms: float
@@ -138,6 +140,7 @@ class Measurement:
     clocks: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     uri: str = ""
+    holds_given_up: int = 0
 
     kind = "ok"
 
