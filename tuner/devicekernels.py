@@ -325,6 +325,16 @@ def _launch(kernel, n: int, args: tuple, stream, sm_count: int) -> None:
     kernel((blocks,), (_THREADS,), args, stream=stream)
 
 
+def _load_ptx(ptx: str, name: str):
+    """(module, function) of a shipped PTX text loaded by the driver (no NVRTC); the module must outlive the
+    function's launches."""
+    import cupy
+
+    module = cupy.cuda.function.Module()
+    module.load(ptx.encode())
+    return module, module.get_function(name)
+
+
 class ReadFlush:
     """The L2 flush (FLUSH_PTX) loaded on the current device: ``flush(buf, sink)`` enqueues a read of `buf` (a CuPy
     array of zeros, a multiple of 16 bytes; `sink` one uint32 the kernel never writes) on `stream`."""
@@ -333,9 +343,7 @@ class ReadFlush:
         import cupy
 
         self.stream = stream
-        self.module = cupy.cuda.function.Module()
-        self.module.load(FLUSH_PTX.encode())
-        self.kernel = self.module.get_function("flush_read")
+        self.module, self.kernel = _load_ptx(FLUSH_PTX, "flush_read")
         self._sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def __call__(self, buf, sink) -> None:
@@ -361,9 +369,7 @@ class Hold:
 
         self.stream = stream
         self.timeout_ns = int(timeout_s * 1e9)
-        self.module = cupy.cuda.function.Module()
-        self.module.load(HOLD_PTX.encode())
-        self.kernel = self.module.get_function("hold")
+        self.module, self.kernel = _load_ptx(HOLD_PTX, "hold")
         rt = cupy.cuda.runtime
         # mapped pinned memory: with unified addressing the device reads it at the host pointer
         self._ptr = rt.hostAlloc(8, rt.hostAllocMapped | rt.hostAllocPortable)
