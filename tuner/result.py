@@ -114,6 +114,14 @@ class Measurement:
     protocol; `fraction_of_ceiling` = tbps / ceiling_tbps. `holds_given_up` counts the batches of repetitions
     whose stream hold gave up before the host had enqueued them (`tuner.bench.LAUNCH_HOLD`): above 0, some
     repetitions may include time the GPU spent waiting for the host.
+
+    `threads_per_block` is the threads of the config's main launch. `gpu_ms` is the GPU time the evaluation ran
+    the config's own launches (the checked launch and every timed repetition, by CUDA events), so "GPU busy"
+    counts work and not a worker's occupied time. `phases_s` is the host wall of the evaluation's stages, in
+    seconds: "inputs" (drawing or taking the input set), "reference" (computing a reference: 0 when the pool's
+    was reused), "compare" (the output check), "launch" (the checked launch and its wait), "timing" (all timed
+    repetitions with their flushes). A failure found by the check carries the same dict in
+    ``details["phases_s"]``.
     """
 
     median_ms: float
@@ -141,6 +149,9 @@ class Measurement:
     versions: dict[str, Any] = field(default_factory=dict)
     uri: str = ""
     holds_given_up: int = 0
+    threads_per_block: int = 0
+    gpu_ms: float = 0.0
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     kind = "ok"
 
