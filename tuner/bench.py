@@ -3,9 +3,13 @@
 It runs inside a process that owns one GPU (a Ray actor, or the child of `tuner.worker.IsolatedEvaluator`)
 and implements the timing protocol of DESIGN.md once, for every caller:
 
-* correctness first: fresh random inputs (a fresh seed per check), outputs poisoned with NaN (all bytes 0xFF,
-  a NaN in every IEEE float format), every launch of the config run, the outputs compared on the GPU with the
-  family's reference: ``|out - ref| / max(|ref|, 1) <= tolerance`` element-wise, and any NaN fails;
+* correctness first: the inputs of one of the problem's pooled input sets, drawn again on the GPU from its seed
+  (`tuner.verify`: two sets by default, taken in turn, each reference computed once and kept; an explicit seed
+  is a fresh set whose reference is computed for it), outputs poisoned with NaN (all bytes 0xFF, a NaN in every
+  IEEE float format), every launch of the config run, the outputs compared on the GPU with the reference:
+  ``|out - ref| / max(|ref|, 1) <= tolerance`` element-wise, and any NaN fails; a reference that raises or
+  answers the wrong shape or dtype is a `WrongResult` with ``details["phase"] = "reference"``, which stops a
+  study (it is every config's reference);
 * timing: one warm-up (the correctness launch serves as it), a first estimate from 3 repetitions, then enough
   repetitions for ``budget_ms`` of timed work (at least ``min_reps``) — unless the estimate is already above
   ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not a contender, and its
@@ -31,6 +35,7 @@ marks the evaluator `poisoned`: its process must be replaced. Any other exceptio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -43,7 +48,8 @@ import numpy as np
 from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
-from tuner import kernels
+from tuner import kernels, verify
+from tuner.evaluator import fresh_seed
 from tuner.expr import ceil_div
 from tuner.gpu import GpuFacts
 from tuner.kernels import bf16
@@ -173,17 +179,25 @@ def cuda_failure(exc: BaseException, phase: str) -> LaunchFailed | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-call milliseconds over `repetitions` timed repetitions."""
+    """Per-call milliseconds over `repetitions` timed repetitions; `total_ms` sums every repetition timed on the
+    way (the estimate's too): the GPU time the protocol spent on the call."""
 
     median_ms: float
     p20_ms: float
     p80_ms: float
     repetitions: int
+    total_ms: float = 0.0
 
 
 def summarize(times_ms: list[float]) -> Timing:
     p20, median, p80 = np.percentile(np.asarray(times_ms, dtype=np.float64), [20, 50, 80])
-    return Timing(median_ms=float(median), p20_ms=float(p20), p80_ms=float(p80), repetitions=len(times_ms))
+    return Timing(
+        median_ms=float(median),
+        p20_ms=float(p20),
+        p80_ms=float(p80),
+        repetitions=len(times_ms),
+        total_ms=float(np.sum(times_ms)),
+    )
 
 
 def repetitions(estimate_ms: float, budget_ms: float, min_reps: int = 10, max_reps: int = 10_000) -> int:
@@ -281,7 +295,8 @@ def benchmark(
         return first
     estimate = first.median_ms
     reps = repetitions(estimate, budget_ms, min_reps, max_reps)
-    return summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync, hold=hold))
+    timing = summarize(time_launches(run, stream=stream, reps=reps, flush=flush, sync=sync, hold=hold))
+    return dataclasses.replace(timing, total_ms=timing.total_ms + first.total_ms)
 
 
 def measure_ceiling(
@@ -386,6 +401,14 @@ def _np_dtype(name: str):
     return np.dtype(name)
 
 
+#: The stages of an evaluation whose host wall `Measurement.phases_s` reports.
+PHASES = ("inputs", "reference", "launch", "compare", "timing")
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 6) for name, seconds in phases.items()}
+
+
 def _problem_dict(problem) -> dict[str, Any]:
     return dict(getattr(problem, "env", problem))
 
@@ -433,6 +456,7 @@ class GpuEvaluator:
         module_cache_size: int = 256,
         max_reps: int = 10_000,
         ceiling: str = "cached",
+        input_sets: int = verify.POOL_SIZE,
     ):
         self.device = device
         self.gpu_index = device if gpu_index is None else gpu_index
@@ -446,6 +470,8 @@ class GpuEvaluator:
         #: "cached": reuse the ceiling measured earlier on this GPU (same UUID, driver, CuPy, buffer and budget;
         #: see `ceiling_cache_key`), measuring and storing it when there is none; "measure": always measure
         self.ceiling_mode = ceiling
+        #: input sets kept per problem with their references (`tuner.verify`); 0: fresh inputs for every check
+        self.input_sets = input_sets
         self.poisoned = False
         self.poisoned_by: LaunchFailed | TimedOut | None = None
         self._started = False
@@ -520,6 +546,7 @@ class GpuEvaluator:
         # first trials; a check that needs one waits for them.
         later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
         self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
+        self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
@@ -787,22 +814,31 @@ class GpuEvaluator:
         # -- correctness --
         phase[0] = "correctness check"
         stream = self.stream
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        phases = dict.fromkeys(PHASES, 0.0)
+        outputs_spec = family.outputs(problem, config)
+        key = verify.pool_key(family, problem, config)
+        pooled = self._pool.draw(key) if seed is None else None
+        if pooled is not None:
+            seed = pooled.seed
+        elif seed is None:
+            seed = fresh_seed()
         with stream:
-            rng = self._kernels.rng(seed)  # our kernels: no CuPy JIT on a fresh machine
-            inputs = family.inputs(cupy, problem, rng)
+            inputs = self._inputs(family, problem, seed, phases)
+            # A checked name that is not an output is an input the kernel updates in place.
+            checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
+            checked_dtypes.update(
+                (name, np.dtype(inputs[name].dtype).name)
+                for name in family.checked()
+                if name not in outputs_spec and name in inputs
+            )
+            kept = pooled is not None and pooled.ready
             try:
-                reference = family.reference(cupy, inputs, problem, config=config)
-            except ReferenceFailed as exc:  # a user's reference raised: this config's trial fails, the study goes on
-                return WrongResult(reason=str(exc), details={"phase": "reference", "seed": seed})
-            outputs = {
-                name: cupy.empty(shape, dtype=_np_dtype(dtype))
-                for name, (shape, dtype) in family.outputs(problem, config).items()
-            }
-            for array in outputs.values():
-                if array.nbytes:
-                    array.data.memset_async(0xFF, array.nbytes, stream)  # NaN in every IEEE float format
+                reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
+            except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
+                return WrongResult(
+                    reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
+                )
+            outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
             arrays = {**inputs, **outputs}
 
             def argument(name: str):
@@ -825,22 +861,11 @@ class GpuEvaluator:
                 for function, grid, block, args, smem in calls:
                     function(grid, block, args, shared_mem=smem, stream=stream)
 
-            phase[0] = "launch"
-            run()
-            self._sync()
-            phase[0] = "correctness check"
-            tolerance = family.tolerance(problem)
-            out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
-            # A checked name that is not an output is an input the kernel updates in place.
-            checks = [
-                self._check(
-                    name,
-                    family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
-                    reference[name],
-                    tolerance[name] if isinstance(tolerance, dict) else tolerance,
-                )
-                for name in (family.checked() or tuple(reference))
-            ]
+            checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
+            if kept and not all(check.ok for check in checks):
+                checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
+            elif kept and all(check.ok for check in checks):
+                pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
             del reference
         bad = [check for check in checks if not check.ok]
         if bad:
@@ -856,12 +881,15 @@ class GpuEvaluator:
                     "nan_count": worst.nan_count,
                     "tolerance": worst.tolerance,
                     "seed": seed,
+                    "verification": self._pool.protocol(key) if pooled is not None else "fresh input set",
+                    "phases_s": _rounded(phases),
                 },
             )
 
         # -- timing --
         phase[0] = "timing"
         given_up = self.hold.timeouts
+        started = time.perf_counter()
         timing = benchmark(
             run,
             stream=stream,
@@ -874,6 +902,7 @@ class GpuEvaluator:
             warm=True,  # the correctness launch above ran every launch of the config once
             hold=self.hold,
         )
+        phases["timing"] = time.perf_counter() - started
 
         seconds = timing.median_ms * 1e-3
         bytes_moved = int(family.bytes_moved(problem))
@@ -902,10 +931,122 @@ class GpuEvaluator:
             gpu=self._gpu_name,
             gpu_index=self.gpu_index,
             clocks=self.clocks(),
-            versions={**self.versions, "arch": compiled.arch},
+            versions={
+                **self.versions,
+                "arch": compiled.arch,
+                "verification": self._pool.protocol(key) if pooled is not None else "fresh input set",
+            },
             uri=compiled.uri,
             holds_given_up=self.hold.timeouts - given_up,
+            threads_per_block=main_threads,
+            # the checked launch ran the same work as one repetition: counted at the median
+            gpu_ms=timing.total_ms + timing.median_ms,
+            phases_s=_rounded(phases),
         )
+
+    # -- the check's stages (see tuner.verify for the pool) -------------------------------------------------
+    def _inputs(self, family: Family, problem, seed: int, phases: dict[str, float]) -> dict[str, Any]:
+        """The input set of `seed`, drawn on the GPU by our generator (the same arrays for the same seed)."""
+        import cupy
+
+        started = time.perf_counter()
+        inputs = family.inputs(cupy, problem, self._kernels.rng(seed))
+        self._sync()
+        phases["inputs"] += time.perf_counter() - started
+        return inputs
+
+    def _reference(self, family, inputs, problem, config, checked_dtypes, pooled, key, phases) -> dict[str, Any]:
+        """The reference of this check: the pooled set's kept one, else computed (and kept, for a pooled set)."""
+        import cupy
+
+        started = time.perf_counter()
+        try:
+            if pooled is not None and pooled.ready:
+                return pooled.reference()
+            what = f"reference of {family.name}"
+            try:
+                expected = family.reference(cupy, inputs, problem, config=config)
+            except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+                raise ReferenceFailed(f"{what} ran out of memory: {exc}".splitlines()[0]) from None
+            reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes, what)
+            if pooled is not None:
+                self._pool.keep(key, pooled, reference)
+            return reference
+        finally:
+            self._sync()
+            phases["reference"] += time.perf_counter() - started
+
+    def _checked_launch(
+        self, family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases
+    ) -> list[OutputCheck]:
+        """Poison the outputs, run every launch of the config once, compare with `reference`."""
+        import cupy
+
+        started = time.perf_counter()
+        for array in outputs.values():
+            if array.nbytes:
+                array.data.memset_async(0xFF, array.nbytes, self.stream)  # NaN in every IEEE float format
+        phase[0] = "launch"
+        run()
+        self._sync()
+        phase[0] = "correctness check"
+        phases["launch"] += time.perf_counter() - started
+        started = time.perf_counter()
+        tolerance = family.tolerance(problem)
+        out_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
+        checks = [
+            self._check(
+                name,
+                family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
+                reference[name],
+                tolerance[name] if isinstance(tolerance, dict) else tolerance,
+            )
+            for name in (family.checked() or tuple(reference))
+        ]
+        phases["compare"] += time.perf_counter() - started
+        return checks
+
+    def _recheck(self, family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases):
+        """A mismatch against a kept reference: before the config is blamed, compare again with the reference
+        restored from its host copy (a kernel of an earlier config may have written over the device copy) and,
+        while no config has matched this set yet, with a reference computed afresh from the set's inputs (drawn
+        again: the kernel may have updated some in place). A fresh reference that the output matches means the
+        family's inputs do not come back from their seed: its key leaves the pool."""
+        import cupy
+
+        def compare(reference) -> list[OutputCheck]:
+            started = time.perf_counter()
+            tolerance = family.tolerance(problem)
+            out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
+            again = [
+                self._check(
+                    name,
+                    family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
+                    reference[name],
+                    tolerance[name] if isinstance(tolerance, dict) else tolerance,
+                )
+                for name in (family.checked() or tuple(reference))
+            ]
+            phases["compare"] += time.perf_counter() - started
+            return again
+
+        restored = pooled.restore()
+        if restored is not None:
+            checks = compare(restored)
+            if all(check.ok for check in checks):
+                return checks
+        if pooled.confirmed:
+            return checks
+        fresh_inputs = self._inputs(family, problem, pooled.seed, phases)
+        started = time.perf_counter()
+        expected = family.reference(cupy, fresh_inputs, problem, config=config)
+        reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes)
+        self._sync()
+        phases["reference"] += time.perf_counter() - started
+        again = compare(reference)
+        if all(check.ok for check in again):
+            self._pool.forget(key, "its inputs did not come back from their seed: drawn afresh for every check")
+        return again
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.evaluator import Evaluator, EvaluatorFactory
+from tuner.evaluator import Evaluator, EvaluatorFactory, fresh_seed
 from tuner.kernels.base import Family
 from tuner.render import render
 from tuner.result import LaunchFailed, Result, TimedOut
@@ -320,6 +320,8 @@ class Pool:
                     self.space.family_ref,
                     job.config,
                     self.problem.env,
+                    # a finalist is verified again on a fresh input set that no config has seen
+                    seed=None if job.screening else fresh_seed(),
                     budget_ms=job.budget_ms,
                     cutoff_ms=self.cutoff_ms if job.screening else None,
                 )

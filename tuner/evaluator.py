@@ -11,6 +11,9 @@ The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms,
   False (it answers without running anything, so nothing is compiled for it);
 * `family` is a `Family` or a registered family's name; `config` the resolved config (params + derived);
   `problem` a `Problem` or its env dict;
+* `seed` None checks against the evaluator's pool of input sets (`tuner.verify`: references computed once);
+  an int is a fresh input set drawn from that seed, its reference computed for it (`fresh_seed` makes one: the
+  study's finalists are verified so before they are reported);
 * `budget_ms`, `min_reps` and `cutoff_ms` are the timing protocol's (`tuner.bench.benchmark`): a config whose
   3-repetition estimate exceeds `cutoff_ms` is reported from those 3 repetitions; an evaluator that does not
   time anything ignores them;
@@ -24,13 +27,19 @@ The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from tuner.kernels.base import Family
 from tuner.result import Result
 
-__all__ = ["Evaluator", "EvaluatorFactory"]
+__all__ = ["Evaluator", "EvaluatorFactory", "fresh_seed"]
+
+
+def fresh_seed() -> int:
+    """A seed no input set has had (63 random bits): `evaluate(seed=fresh_seed())` checks on a fresh set."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.clock import since_command
-from tuner.evaluator import Evaluator, EvaluatorFactory
+from tuner.evaluator import Evaluator, EvaluatorFactory, fresh_seed
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
 
@@ -158,8 +158,16 @@ class _Gpu:
             family = pool.space.family_ref or pool.family
             # The cut-off is read now, not at submit: results that came in while the job waited count.
             cutoff_ms = pool.cutoff_ms if job.screening else None
+            # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
+            seed = None if job.screening else fresh_seed()
             result = self.evaluator.evaluate(
-                job.compiled, family, job.config, pool.problem.env, budget_ms=job.budget_ms, cutoff_ms=cutoff_ms
+                job.compiled,
+                family,
+                job.config,
+                pool.problem.env,
+                seed=seed,
+                budget_ms=job.budget_ms,
+                cutoff_ms=cutoff_ms,
             )
         except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
             result = LaunchFailed(

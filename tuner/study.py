@@ -250,7 +250,10 @@ class Driver:
         self.family = self.space.family
         from tuner.kernels.custom import check_reference
 
-        check_reference(self.space, self.problem, required=not opts.replay)  # before anything is written
+        # Before anything is written. On a GPU the worker's first check runs the reference (once per input set,
+        # where the data is) and a fault there stops the study; running it here too, on the host at full size,
+        # would cost seconds and GBs at LLM sizes. A replay has no worker to run it: it is tried here.
+        check_reference(self.space, self.problem, required=not opts.replay, run=bool(opts.replay))
         if opts.objectives not in ("first", "all"):
             raise InputError(f"--objectives {opts.objectives}: choose first or all")
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
@@ -703,6 +706,9 @@ class Driver:
                         key = params_key(self.codec.decode(trial.params))
                         running.pop(key, None)
                         counted += self._tell(fast, mirror, trial, result, stats)
+                        if not result.ok and result.details.get("phase") == "reference":
+                            # The reference is every config's: its fault fails them all, so the study stops here.
+                            raise InputError(result.reason, str(self.space.path))
                         (measured if result.ok else failed)[key] = trial.number
                         self._set_cutoff(pool, stats)
                         for dup in waiting.pop(key, []):

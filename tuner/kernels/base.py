@@ -141,6 +141,12 @@ class Family:
         `ReferenceFailed`: the config's trial then fails with that reason."""
         raise NotImplementedError
 
+    def reference_key(self, config: Config) -> tuple:
+        """The values of `config` that the reference reads (default: none, the same reference for every config).
+        The GPU evaluator computes a reference once per input set and key (`tuner.verify`), so a family whose
+        expected output depends on the config (copy: its stride and vec) must name what it reads here."""
+        return ()
+
     def tolerance(self, problem: Problem) -> float | dict[str, float]:
         """Allowed max |out - ref| / max(|ref|, 1) element-wise; fits the dtype and the reduction length. A dict
         gives one tolerance per checked output name."""

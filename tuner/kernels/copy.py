@@ -55,6 +55,9 @@ class Copy(Family):
         src = inputs["src"][: n * stride].reshape(n // vec, vec * stride)
         return {"dst": xp.ascontiguousarray(src[:, :vec]).reshape(n)}
 
+    def reference_key(self, config: Config) -> tuple:
+        return (config["stride"], config["vec"])
+
     def tolerance(self, problem: Problem) -> float:
         return 0.0  # pure data movement: every element must arrive bit for bit
 

@@ -191,11 +191,12 @@ def guarded(fn, what: str, directory: Path | None, *args, **kwargs):
 # the reference, tried once before any GPU work
 
 
-def check_reference(space, problem=None, required: bool = False) -> None:
+def check_reference(space, problem=None, required: bool = False, run: bool = True) -> None:
     """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
     config, and check it returns every checked output with its declared shape. InputError naming the reference's
     file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
-    Shipped and registered families are not checked (their own tests do that)."""
+    Shipped and registered families are not checked (their own tests do that). With `run` False only the
+    presence of a reference is checked (a study on a GPU: its worker runs the reference once per input set)."""
     import numpy as np
 
     family = space.family
@@ -208,6 +209,8 @@ def check_reference(space, problem=None, required: bool = False) -> None:
                 "add 'reference: FILE.py:function' to its block (without one, render and check work)",
                 str(space.path),
             )
+        return
+    if not run:
         return
     problem = problem or space.problem()
     config = space.resolve(space.default, problem)

@@ -20,20 +20,35 @@ expressions of the problem's sizes and the config. A space file says so in its `
       flops: 2 * n                           #   written once); useful FLOPs (default 0)
       tolerance: 1.0e-5                      # default: by dtype (1e-4 float32, 5e-3 float16, 2e-2 bfloat16)
       reference: ref.py:scale_add            # optional: FILE.py:function or module:function
+      reference_arrays: numpy                # optional: numpy | xp | torch (default: read from the function)
 
 Shapes, scalar values, bytes and FLOPs read only the problem (sizes, ``dtype``, ``elem_bytes``); the launch may
 also read params and derived values. Every expression goes through `tuner.expr` (AST-checked, no code runs).
 
-Inputs are fresh standard-normal arrays of the declared dtype; outputs are NaN-poisoned before each checked
-launch. The reference receives every input as a float64 NumPy array and every scalar by name (keyword
-arguments) and returns the expected output (one output) or a dict name → array; it runs the user's code, by the
-user's choice. Without a reference, ``tuner render`` and ``tuner check`` work, but results cannot be verified, so a
+An array's dtype is the problem's (``dtype``), a name (float32, float16, bfloat16, float64) or the CUDA type the
+kernel takes (``__nv_bfloat16``, ``__half``, ``float``, ``double``): a kernel written with ``cuda_bf16.h`` types
+takes ``const __nv_bfloat16*`` and is launched with 2-byte arrays of bf16 bits.
+
+Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.verify`: a pool of input sets
+whose references are computed once); outputs are NaN-poisoned before each checked launch. The reference receives
+every input and every scalar by name (keyword arguments) and returns the expected output (one output) or a dict
+name → array; it runs the user's code, by the user's choice. How it receives the arrays (``reference_arrays``,
+read from the function when not given):
+
+* ``numpy`` (the default): float64 NumPy arrays on the host — the inputs travel to the host once per input set;
+* ``xp`` (the function has a parameter named ``xp``): arrays of the module it is passed as ``xp`` — CuPy on the
+  GPU, NumPy where there is none — in float32 (bf16 and fp16 decoded; float64 inputs stay float64), so the
+  reference runs where the data is;
+* ``torch`` (a parameter annotated ``torch.Tensor``): torch tensors of the declared dtype on the GPU through
+  DLPack (bf16 as ``torch.bfloat16``, no bit patterns), CPU tensors where there is no GPU; it may return
+  tensors. Without a reference, ``tuner render`` and ``tuner check`` work, but results cannot be verified, so a
 study on a GPU refuses to start. One launch per config (a kernel that needs several is a `Family` subclass).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +60,22 @@ from tuner.expr import Expr, ExprError
 from tuner.kernels import bf16
 from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
 
-FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference")
+FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference", "reference_arrays")
 REQUIRED = ("name", "arguments", "launch")
 ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value")
 ROLES = ("input", "output", "scalar")
 LAUNCH_FIELDS = ("grid", "block", "smem")
 ARRAY_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+#: The CUDA types a kernel's pointer arguments name, as the array dtypes that launch them.
+CUDA_TYPES = {
+    "__nv_bfloat16": "bfloat16",
+    "__half": "float16",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+}
+#: How a reference receives its arrays (see the module docstring).
+REFERENCE_ARRAYS = ("numpy", "xp", "torch")
 SCALAR_DTYPES = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64}
 PROBLEM_DTYPE = "dtype"  # an argument whose dtype is the problem's
 
@@ -89,11 +114,13 @@ class DeclarativeFamily(Family):
         tolerance_value: float | None,
         reference_fn=None,
         reference_name: str = "",
+        reference_arrays: str = "numpy",
     ):
         self.name, self.dtypes, self.arguments = name, dtypes, arguments
         self.grid, self.block, self.smem = grid, block, smem
         self.bytes_expr, self.flops_expr, self.tolerance_value = bytes_expr, flops_expr, tolerance_value
         self.reference_fn, self.reference_name = reference_fn, reference_name
+        self.reference_arrays = reference_arrays
         self.has_reference = reference_fn is not None
         self.uri_names = {}
 
@@ -138,10 +165,17 @@ class DeclarativeFamily(Family):
             isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance < 0
         ):
             raise fail(f"kernel: tolerance must be a number ≥ 0, got {tolerance!r}", "kernel", "tolerance")
-        reference_fn, reference_name = None, ""
+        reference_fn, reference_name, arrays = None, "", block.get("reference_arrays")
+        if arrays is not None and arrays not in REFERENCE_ARRAYS:
+            raise fail(
+                f"kernel: reference_arrays {arrays!r}: choose {', '.join(REFERENCE_ARRAYS)}",
+                "kernel",
+                "reference_arrays",
+            )
         if block.get("reference") is not None:
             reference_name = block["reference"]
-            reference_fn = _reference(reference_name, directory, fail)
+            reference_fn, found = _reference(reference_name, directory, fail)
+            arrays = arrays or found
         family = cls(
             name,
             tuple(dtypes),
@@ -154,6 +188,7 @@ class DeclarativeFamily(Family):
             None if tolerance is None else float(tolerance),
             reference_fn,
             reference_name,
+            arrays or "numpy",
         )
         family.template_dir = str(directory)
         return family
@@ -245,14 +280,20 @@ class DeclarativeFamily(Family):
         kwargs = {}
         for arg in self.arguments:
             if arg.role == "input":
-                value = inputs[arg.name]
-                if arg.dtype_of(problem) == "bfloat16":
-                    value = bf16.decode(xp, value)
-                value = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
-                kwargs[arg.name] = np.asarray(value, dtype=np.float64)
+                kwargs[arg.name] = self._reference_array(xp, inputs[arg.name], arg.dtype_of(problem))
             elif arg.role == "scalar":
                 kwargs[arg.name] = inputs[arg.name]
+        if self.reference_arrays == "xp":
+            kwargs["xp"] = xp
+        elif self.reference_arrays == "torch" and xp is not np:
+            xp.cuda.get_current_stream().synchronize()  # torch reads on its own stream what ours wrote
         result = self.reference_fn(**kwargs)
+        if self.reference_arrays == "torch":
+            result = (
+                {k: _from_torch(xp, v) for k, v in result.items()}
+                if isinstance(result, dict)
+                else _from_torch(xp, result)
+            )
         outputs = self.outputs(problem, config or {})
         if not isinstance(result, dict):
             if len(outputs) != 1:
@@ -276,6 +317,17 @@ class DeclarativeFamily(Family):
                 )
             expected[name] = xp.asarray(value)
         return expected
+
+    def _reference_array(self, xp, value, dtype: str):
+        """One input as the reference receives it (`reference_arrays`)."""
+        if self.reference_arrays == "torch":
+            return _to_torch(xp, value, dtype)
+        if dtype == "bfloat16":
+            value = bf16.decode(xp, value)
+        if self.reference_arrays == "xp":
+            return value if value.dtype.kind == "f" and value.dtype.itemsize >= 4 else value.astype(xp.float32)
+        value = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
+        return np.asarray(value, dtype=np.float64)
 
     def tolerance(self, problem: Problem) -> float | dict[str, float]:
         return self.tolerance_value if self.tolerance_value is not None else super().tolerance(problem)
@@ -362,9 +414,11 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
         if "shape" not in item:
             raise fail(f"kernel: argument: missing field 'shape' for array {name!r}", *keys)
         dtype = item.get("dtype", PROBLEM_DTYPE)
+        dtype = CUDA_TYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         if dtype != PROBLEM_DTYPE and dtype not in ARRAY_DTYPES:
             raise fail(
-                f"kernel: array {name!r}: dtype must be 'dtype' (the problem's) or one of {', '.join(ARRAY_DTYPES)}",
+                f"kernel: array {name!r}: dtype must be 'dtype' (the problem's), one of {', '.join(ARRAY_DTYPES)} "
+                f"or a CUDA type ({', '.join(CUDA_TYPES)})",
                 *keys,
                 "dtype",
             )
@@ -394,4 +448,54 @@ def _reference(spec: Any, directory: Path, fail):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(custom.guarded, fn, f"reference {spec}", directory)
+    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), reference_arrays_of(fn)
+
+
+def reference_arrays_of(fn) -> str:
+    """How `fn` wants its arrays, read from its signature: "xp" when it has a parameter named ``xp``, "torch" when
+    a parameter is annotated ``torch.Tensor`` (or ``Tensor``), else "numpy"."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "numpy"
+    if "xp" in parameters:
+        return "xp"
+    for parameter in parameters.values():
+        note = parameter.annotation
+        text = (
+            note.strip("'\"")  # a string annotation (`from __future__ import annotations` makes every one a string)
+            if isinstance(note, str)
+            else f"{getattr(note, '__module__', '')}.{getattr(note, '__name__', '')}"
+        )
+        if text in ("Tensor", "torch.Tensor") or text.endswith("torch.Tensor"):
+            return "torch"
+    return "numpy"
+
+
+def _to_torch(xp, value, dtype: str):
+    """An input array as a torch tensor of its declared dtype: through DLPack on the GPU, from NumPy on the host;
+    bf16 bits reinterpreted as torch.bfloat16."""
+    import torch
+
+    bits = dtype in ("bfloat16",)
+    if xp is np:
+        array = np.ascontiguousarray(value)
+        tensor = torch.from_numpy(array.view(np.int16) if bits else array)
+    else:
+        tensor = torch.from_dlpack(value.view(xp.int16) if bits else value)
+    return tensor.view(torch.bfloat16) if bits else tensor
+
+
+def _from_torch(xp, value):
+    """A reference's tensor as an array of `xp` (bf16 widened to float32); anything else as it is."""
+    if not type(value).__module__.startswith("torch"):
+        return value
+    import torch
+
+    value = value.detach()
+    if value.dtype == torch.bfloat16:
+        value = value.float()
+    if xp is np or value.device.type != "cuda":
+        return xp.asarray(value.cpu().numpy())
+    torch.cuda.current_stream().synchronize()  # torch computed on its stream; ours reads next
+    return xp.from_dlpack(value.contiguous())
