@@ -255,10 +255,11 @@ def test_the_reference_is_computed_once_per_input_set_and_an_explicit_seed_is_a_
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
 def test_a_wrong_kernel_still_fails_and_a_kept_reference_written_over_is_restored(evaluator, binaries):
     family = Counted()
-    assert isinstance(_run(evaluator, binaries, family), Measurement)
-    assert isinstance(_run(evaluator, binaries, family), Measurement)
+    # four good configs: each set computed once, then matched on inputs drawn again (confirmed)
+    assert all(isinstance(_run(evaluator, binaries, family), Measurement) for _ in range(4))
     wrong = _run(evaluator, binaries, family, mode="wrong")
     assert isinstance(wrong, WrongResult) and wrong.details["verification"].startswith("pool of 2")
+    assert family.calls == POOL_SIZE  # a confirmed set is not computed again to blame a config
     key = pool_key(family, PROBLEM, {"mode": "good"})
     for kept in evaluator._pool.sets[key]:
         kept.device["y"].fill(7.0)  # as a kernel writing out of bounds might
