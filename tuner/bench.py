@@ -1009,9 +1009,9 @@ class GpuEvaluator:
     def _recheck(self, family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases):
         """A mismatch against a kept reference: before the config is blamed, compare again with the reference
         restored from its host copy (a kernel of an earlier config may have written over the device copy) and,
-        while no config has matched this set yet, with a reference computed afresh from the set's inputs (drawn
-        again: the kernel may have updated some in place). A fresh reference that the output matches means the
-        family's inputs do not come back from their seed: its key leaves the pool."""
+        while no config has matched this set yet, with a reference computed afresh from the inputs the kernel
+        read (drawn again from the seed where the kernel updates some in place). A fresh reference that the output
+        matches means the family's inputs do not come back from their seed: its key leaves the pool."""
         import cupy
 
         def compare(reference) -> list[OutputCheck]:
@@ -1037,7 +1037,13 @@ class GpuEvaluator:
                 return checks
         if pooled.confirmed:
             return checks
-        fresh_inputs = self._inputs(family, problem, pooled.seed, phases)
+        in_place = [name for name in family.checked() if name not in family.outputs(problem, config)]
+        # The inputs the kernel read, unless it updated some in place: then drawn again from the seed.
+        fresh_inputs = (
+            self._inputs(family, problem, pooled.seed, phases)
+            if in_place
+            else {name: arrays[name] for name in arrays if name not in family.outputs(problem, config)}
+        )
         started = time.perf_counter()
         expected = family.reference(cupy, fresh_inputs, problem, config=config)
         reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes)
