@@ -172,11 +172,13 @@ class Counted(Family):
 
     name = "counted"
     template = "counted.cu.j2"
+    made = 0
     problem_sizes = ("n",)
 
     def __init__(self, seeded: bool = True, fail: bool = False):
         self.seeded, self.fail, self.calls = seeded, fail, 0
-        self.ref = f"counted-{seeded}-{fail}-{id(self)}"
+        Counted.made += 1  # a key of its own in the evaluator's pool (an id() may be reused once freed)
+        self.ref = f"counted-{Counted.made}"
 
     def launches(self, entry, config, problem):
         n = problem["n"]
@@ -273,7 +275,9 @@ def test_inputs_that_do_not_come_back_from_their_seed_leave_the_pool(evaluator, 
     family = Counted(seeded=False)
     results = [_run(evaluator, binaries, family) for _ in range(4)]
     assert all(isinstance(r, Measurement) for r in results), results
-    assert results[-1].versions["verification"].startswith("fresh inputs per check (its inputs did not come back")
+    key = pool_key(family, PROBLEM, {"mode": "good"})
+    assert evaluator._pool.protocol(key).startswith("fresh inputs per check (its inputs did not come back")
+    assert results[-1].versions["verification"] == "fresh input set"
 
 
 @pytest.mark.gpu
