@@ -275,9 +275,7 @@ def test_inputs_that_do_not_come_back_from_their_seed_leave_the_pool(evaluator, 
     family = Counted(seeded=False)
     results = [_run(evaluator, binaries, family) for _ in range(4)]
     assert all(isinstance(r, Measurement) for r in results), results
-    key = pool_key(family, PROBLEM, {"mode": "good"})
-    assert evaluator._pool.protocol(key).startswith("fresh inputs per check (its inputs did not come back")
-    assert results[-1].versions["verification"] == "fresh input set"
+    assert results[-1].versions["verification"].startswith("fresh inputs per check (its inputs did not come back")
 
 
 @pytest.mark.gpu

@@ -817,7 +817,8 @@ class GpuEvaluator:
         phases = dict.fromkeys(PHASES, 0.0)
         outputs_spec = family.outputs(problem, config)
         key = verify.pool_key(family, problem, config)
-        pooled = self._pool.draw(key) if seed is None else None
+        explicit = seed is not None  # an explicit seed: a fresh set, its reference computed for it and not kept
+        pooled = self._pool.draw(key) if not explicit else None
         if pooled is not None:
             seed = pooled.seed
         elif seed is None:
@@ -881,7 +882,7 @@ class GpuEvaluator:
                     "nan_count": worst.nan_count,
                     "tolerance": worst.tolerance,
                     "seed": seed,
-                    "verification": self._pool.protocol(key) if pooled is not None else "fresh input set",
+                    "verification": "fresh input set" if explicit else self._pool.protocol(key),
                     "phases_s": _rounded(phases),
                 },
             )
@@ -934,7 +935,7 @@ class GpuEvaluator:
             versions={
                 **self.versions,
                 "arch": compiled.arch,
-                "verification": self._pool.protocol(key) if pooled is not None else "fresh input set",
+                "verification": "fresh input set" if explicit else self._pool.protocol(key),
             },
             uri=compiled.uri,
             holds_given_up=self.hold.timeouts - given_up,
