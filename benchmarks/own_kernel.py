@@ -100,8 +100,9 @@ PENDING_FEATURES = {
     "cuda_bf16_include": "NVRTC include paths from the CUDA wheels: swiglu.cu includes <cuda_bf16.h> (tuner check, "
     "tuner study and tuner.tune compile it; compile_ours falls back to -I of cuda_include_dirs())",
     "bf16_arguments": "bf16 arguments declared with dtype: bfloat16 and a __nv_bfloat16* parameter",
-    "xp_reference": "ref.py:swiglu takes xp (CuPy arrays, reference on the GPU) where offered; NumPy float64 on the "
-    "host otherwise (~5 s per reference at M = 16384)",
+    "xp_reference": "ref.py:swiglu takes xp (CuPy arrays: the reference on the GPU) where offered, or the input-set "
+    "pool computes it once per input set: today every checked config gets a NumPy float64 reference on the host "
+    "(5.6 s at M = 4096 on a 2-CPU machine, 4x that at M = 16384), which the contenders' caps do not fit",
     "gpu_ms_phases": "Measurement.gpu_ms and phases_s in every trial (else GPU time from median_ms x launches)",
     "script_spawn": "tuner.tune from a plain script with no main guard: today the study's writer process is "
     "started with multiprocessing's spawn, which re-runs the script; the study then waits for it forever",
@@ -231,12 +232,18 @@ def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, 
         for line in proc.stdout:
             ran.lines.append((time.perf_counter() - spawned_at, line))
 
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is gone already
+            pass
+
     def read_stderr() -> None:
         for line in proc.stderr:
             errors.append(line)
             if give_up_on and give_up_on in line and proc.poll() is None:
                 ran.gave_up = True
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_group()
 
     readers = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr)]
     for reader in readers:
@@ -244,9 +251,10 @@ def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float, 
     try:
         ran.returncode = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group()
         proc.wait()
     ran.wall_s = time.perf_counter() - spawned_at
+    kill_group()  # what the process left running (its own children) would hold the GPU and the pipes
     for reader in readers:
         reader.join(timeout=10)
     ran.stderr = "".join(errors)
@@ -887,7 +895,14 @@ def run_part(args, jobs: list[tuple[str, str]], tmp: Path, started: float, write
 
 
 def one_line(contender: str, o: dict[str, Any]) -> str:
-    """What a contender's outcome says, in a line of the run's log."""
+    """What a contender's outcome says, in a line of the run's log (its keys, should a figure be missing)."""
+    try:
+        return _one_line(contender, o)
+    except (KeyError, TypeError, ValueError):  # a figure the outcome lacks or holds as None
+        return f"done: {', '.join(o)}"
+
+
+def _one_line(contender: str, o: dict[str, Any]) -> str:
     if "error" in o:
         partial = o.get("partial")
         more = f"; {partial['configs_done']} configs done" if partial else ""
@@ -1106,15 +1121,14 @@ def best_lines(records: list[dict[str, Any]]) -> list[str]:
     for r in records:
         c = r["contenders"]
         ours = r["best"]
-        kt = (c.get("kernel_tuner") or {}).get("best") or ((c.get("kernel_tuner") or {}).get("partial") or {}).get(
-            "best"
-        )
+        kt_outcome = c.get("kernel_tuner") or {}
+        kt = kt_outcome.get("best") or (kt_outcome.get("partial") or {}).get("best")
         tri = (c.get("triton") or {}).get("best")
+        tri_text = f"BLOCK_SIZE {tri['BLOCK_SIZE']} num_warps {tri['num_warps']}" if tri else "-"
         lines.append(
             f"| {r['problem']} | {ours.get('uri') or '-'}: {_f(ours.get('median_ms'), '.4f')} ms "
             f"| {config_text(kt['config']) if kt else '-'}: {_f((kt or {}).get('time_ms'), '.4f')} ms "
-            f"| {tri and {k: tri[k] for k in ('BLOCK_SIZE', 'num_warps')}}: "
-            f"{_f((tri or {}).get('median_ms'), '.4f')} ms |"
+            f"| {tri_text}: {_f((tri or {}).get('median_ms'), '.4f')} ms |"
         )
     return lines
 
