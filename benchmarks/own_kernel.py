@@ -1219,7 +1219,7 @@ def dry_tuner_check(tmp: Path) -> tuple[str, bool, str]:
 def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
     """Every config through NVRTC three ways: ours as rendered; Kernel Tuner's string (its #define prefix before
     swiglu.cu) with our options, whose PTX must be ours; and that string with the options Kernel Tuner's CuPy
-    backend compiles with (CuPy adds -ftz=true and the arch)."""
+    backend compiles with (`cupy_options`; CuPy adds -ftz=true and the arch)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kernel_tuner import util as kt_util
@@ -1236,8 +1236,8 @@ def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
     names = list(kt_util.default_block_size_names)
     incl = [f"-I{d}" for d in includes]
     ours_opts = [*BASE_OPTIONS, f"--gpu-architecture={arch}", *incl]
-    kt_opts = [*KT_COMPILER_OPTIONS, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space", "-Xptxas=-v"]
-    kt_opts += incl
+    kt_opts = [*cupy_options(KT_COMPILER_OPTIONS, incl), "-ftz=true", f"-arch={arch}"]
+    kt_opts += ["--device-as-default-execution-space", "-Xptxas=-v"]
 
     def one(params):
         rendered = render(space.family, params, space.resolve(params, problem), problem.env)
@@ -1275,6 +1275,17 @@ def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
         ),
         (f"configs that spill (min_blocks caps their registers): {len(spills)}", True, "; ".join(spills[:6])),
     ]
+
+
+def cupy_options(options: list[str], fallback_includes: list[str]) -> list[str]:
+    """The NVRTC options CuPy's RawModule (Kernel Tuner's CuPy backend) compiles with: its bundled CCCL first, its
+    own headers, the CUDA headers of the toolkit it found (cupy._core.core.assemble_cupy_compiler_options, a
+    private function: where it is missing, `options` and the CUDA headers we found)."""
+    try:
+        from cupy._core.core import assemble_cupy_compiler_options
+    except ImportError:
+        return [*options, *fallback_includes]
+    return list(assemble_cupy_compiler_options(tuple(options)))
 
 
 def dry_kernel_tuner() -> list[tuple[str, bool, str]]:
