@@ -34,7 +34,8 @@ Writes ``own_kernel-DATE.json`` (a list, one record per problem) and ``own_kerne
 else benchmarks/results; ``-partN`` in the names for a part), and ``own_kernel-DATE[-partN]-raw.tar.gz`` (the
 study databases and Kernel Tuner's cache files). Part 1 is M = 4096 with every contender and M = 16384 without
 Kernel Tuner (~6 min on an H200); part 2 is Kernel Tuner at M = 16384 (~5-8 min). Exit code 1 when a contender
-failed or a correctness check did not pass (what the others measured is still written).
+failed or a correctness check did not pass (what the others measured is still written); 2, before any GPU work,
+when ``tuner check --sample 1`` cannot compile a config (tuner does not find cuda_bf16.h yet; --force runs anyway).
 
 Top-level imports are the standard library's only: a child process (Kernel Tuner's, Triton's) pays for nothing of
 ours.
@@ -1203,15 +1204,17 @@ def dry_space() -> list[tuple[str, bool, str]]:
     return out
 
 
-def dry_tuner_check(tmp: Path) -> tuple[str, bool, str]:
-    """``tuner check`` on the space, as a user runs it (passes once tuner finds cuda_bf16.h itself)."""
+def dry_tuner_check(tmp: Path, sample: int | None = None) -> tuple[str, bool, str]:
+    """``tuner check`` on the space (every config, or a sample), as a user runs it: it passes once tuner finds
+    cuda_bf16.h itself (PENDING_FEATURES["cuda_bf16_include"])."""
     cmd = [sys.executable, "-m", "tuner", "check", str(SPACE.relative_to(ROOT)), "--json"]
-    ran = run_timed(cmd, ROOT, fresh_env(tmp, "check"), 600)
+    cmd += [] if sample is None else ["--sample", str(sample)]
+    ran = run_timed(cmd, ROOT, fresh_env(tmp, f"check-{sample}"), 600)
     report, _ = last_json(ran)
     if report is None:
         return "tuner check: no JSON report", False, ran.stderr[-1500:]
     reasons = [c.get("reason", "") for c in report.get("configs", []) if c.get("failure")]
-    good = report.get("failed") == 0 and report.get("compiled") == CONFIGS
+    good = report.get("failed") == 0 and report.get("compiled") == (sample or CONFIGS)
     detail = "" if good else f"first failure: {reasons[0][:300] if reasons else '?'}"
     return f"tuner check: {report.get('compiled')} compiled, {report.get('failed')} failed", good, detail
 
@@ -1504,6 +1507,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="side-by-side rounds (default 8)")
     parser.add_argument("--budget-ms", type=float, default=200.0, help="timed launches per impl and round")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the projects, caches and databases")
+    parser.add_argument(
+        "--force", action="store_true", help="run even when tuner check cannot compile a config (the preflight)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="no GPU: compile every config, check every set-up")
     parser.add_argument("--arch", default="sm_90", help="--dry-run: the arch to compile for")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge the parts' JSON files into one; exit")
@@ -1536,6 +1542,12 @@ def main(argv: list[str] | None = None) -> int:
         return records
 
     try:
+        # A tuner that cannot compile cuda_bf16.h yet would spend the device call on failed studies: stop first.
+        if not args.force and any(c in ("tuner", "tune", "peers") for _, c in jobs):
+            what, good, detail = dry_tuner_check(tmp, sample=1)
+            if not good:
+                print(f"preflight: {what}; {detail}\nnot running (--force runs anyway)", file=sys.stderr)
+                return 2
         outcomes = run_part(args, jobs, tmp, started, write)
         records = write(outcomes)
         raw = bundle_raw(out, stem, outcomes)
