@@ -346,9 +346,9 @@ import numpy as np
 import tuner
 
 
-def swiglu(x, H, xp=np):
+def swiglu(x, H):
     gate, up = x[:, :H], x[:, H:]
-    return gate / (1.0 + xp.exp(-gate)) * up
+    return gate / (1.0 + np.exp(-gate)) * up
 
 
 template = @HEADER@ + Path(@SOURCE@).read_text()
