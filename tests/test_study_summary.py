@@ -4,7 +4,7 @@
 occupied; the summary splits the rest into compile, check (by stage) and timing. The real driver and local engine
 (real NVRTC compiles in threads), real Optuna and a real SQLite study run over an in-process evaluator that answers
 each config of the declarative scale_add example with a real Measurement after host work longer than its GPU
-time, as a host-side reference check would; every few configs the check finds a wrong result, which carries its
+time, as a host-side reference check would; every third evaluation the check finds a wrong result, which carries its
 stages too.
 """
 
