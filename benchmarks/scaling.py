@@ -93,6 +93,8 @@ def run_study(
         "evaluated_per_wall_s": round(evaluated / wall, 3),
         "trials": s["trials"],
         "gpu_busy_fraction": s["gpu_busy_fraction"],
+        # the only busy figure of a replay (its GPU time is the recording's): the workers' time in evaluate
+        "workers_busy_fraction": s.get("workers_busy_fraction"),
         "measured": s["measured_this_run"],
         "workers": [
             {"gpu": g["gpu"], "gpu_index": g.get("gpu_index"), "ceiling_tbps": g["ceiling_tbps"]} for g in s["gpus"]
@@ -156,7 +158,8 @@ def main() -> int:
             runs.append(r)
             print(
                 f"{job} N={n}: {r['evaluated_per_s']:.2f} configs/s after start-up, process wall "
-                f"{r['process_wall_s']:.1f} s, first result {r['cold_start_s']} s, busy {r['gpu_busy_fraction']}",
+                f"{r['process_wall_s']:.1f} s, first result {r['cold_start_s']} s, GPU busy {r['gpu_busy_fraction']}, "
+                f"workers busy {r['workers_busy_fraction']}",
                 flush=True,
             )
     for job in args.jobs:

@@ -161,20 +161,20 @@ def test_prefetched_configs_are_measured_before_they_are_asked_for_and_only_once
         pool.prefetch(configs[2], "sm_80", evaluate=True)  # compiled for another GPU: never measured here
         _settled(pool, 3)
         assert pool.poll(0.1) == []  # nothing reaches the driver until it asks
-        busy = pool.busy_seconds()
+        busy = pool.spent().occupied_s
         assert 1.1 < busy < 2.5  # two evaluations of 0.6 s, not three
         started = time.time()
         pool.submit(0, configs[0])
         pool.submit(1, configs[1])
         results = _drain(pool, 2)
         assert time.time() - started < 0.5  # answered from what was measured, not measured again
-        assert all(r.ok for r in results.values()) and pool.busy_seconds() == busy
+        assert all(r.ok for r in results.values()) and pool.spent().occupied_s == busy
         assert set(pool.built) == {0, 1} and set(pool.ran_on) == {0, 1}
         # a finalist (another budget) and the config prefetched for another arch are measured afresh
         pool.submit(2, configs[2])
         pool.submit(3, configs[0], budget_ms=300.0, screening=False)
         results = _drain(pool, 2)
-        assert all(r.ok for r in results.values()) and pool.busy_seconds() > busy + 1.1
+        assert all(r.ok for r in results.values()) and pool.spent().occupied_s > busy + 1.1
 
 
 def test_a_config_resolved_otherwise_by_the_time_it_is_asked_for_is_measured_afresh(space, tmp_path, monkeypatch):
@@ -184,12 +184,12 @@ def test_a_config_resolved_otherwise_by_the_time_it_is_asked_for_is_measured_afr
     with _pool(space, _child_factory(0.6), gpus=1) as pool:
         pool.prefetch(params, "sm_90", evaluate=True)
         _settled(pool, 1)
-        busy = pool.busy_seconds()
+        busy = pool.spent().occupied_s
         resolve = space.resolve
         monkeypatch.setattr(space, "resolve", lambda p, problem: {**resolve(p, problem), "grid_hint": 7})
         pool.submit(0, params)
         assert _drain(pool, 1)[0].ok
-        assert pool.busy_seconds() > busy + 0.5  # measured again, as resolved now
+        assert pool.spent().occupied_s > busy + 0.5  # measured again, as resolved now
 
 
 def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, tmp_path, monkeypatch):
@@ -205,7 +205,7 @@ def test_a_config_asked_for_while_it_is_measured_ahead_is_delivered_once(space, 
         assert _drain(pool, 1)[0].ok
         time.sleep(1.2)
         assert pool.poll(0.1) == [] and pool.in_flight == 0  # once, not twice
-        assert 0.9 < pool.busy_seconds() < 1.9
+        assert 0.9 < pool.spent().occupied_s < 1.9
 
 
 def test_a_worker_that_cannot_start_is_reported_by_wait_ready(space):

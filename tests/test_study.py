@@ -78,6 +78,9 @@ def test_replay_study_over_two_logical_gpus(tmp_path, engine):
     assert summary["trials"] == 468 == len(evaluated) == len(study.trials)
     assert not summary["screened_this_run"]
     assert summary["startup"]["engine"] == engine
+    # Nothing ran on a GPU here: the workers' busy share is reported, no GPU time nor stages the recording holds.
+    assert summary["workers_busy_fraction"] is not None
+    assert summary["gpu_busy_fraction"] is None and summary["gpu_s"] is None and summary["phases_s"] is None
     states = Counter(t.state.name for t in study.trials)
     assert states["RUNNING"] == 0 and states["COMPLETE"] > 0
     assert {g["gpu_index"] for g in summary["gpus"]} == {0, 1}

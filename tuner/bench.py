@@ -49,7 +49,7 @@ from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import kernels, verify
-from tuner.evaluator import fresh_seed
+from tuner.evaluator import PHASES, fresh_seed
 from tuner.expr import ceil_div
 from tuner.gpu import GpuFacts
 from tuner.kernels import bf16
@@ -399,10 +399,6 @@ def _np_dtype(name: str):
     if name == "bfloat16":
         return np.dtype(bf16.STORAGE)
     return np.dtype(name)
-
-
-#: The stages of an evaluation whose host wall `Measurement.phases_s` reports.
-PHASES = ("inputs", "reference", "launch", "compare", "timing")
 
 
 def _rounded(phases: dict[str, float]) -> dict[str, float]:
@@ -865,7 +861,7 @@ class GpuEvaluator:
             checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
             if kept and not all(check.ok for check in checks):
                 checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
-            elif kept and all(check.ok for check in checks):
+            elif kept and pooled is not None:
                 pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
             del reference
         bad = [check for check in checks if not check.ok]

@@ -9,7 +9,9 @@ past the time limit is killed and replaced; its trial gets the typed failure and
 Each actor wraps whatever `tuner.evaluator.Evaluator` the caller's factory builds there: `tuner.bench.GpuEvaluator`
 on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one (``ray.init(num_gpus=N)`` on a machine without
 a GPU), so the same driver, Ray plumbing and fault handling are exercised on CPUs. The pool never asks which: an
-evaluator whose `measures` is False gets no compile step (it needs no cubin).
+evaluator whose `measures` is False gets no compile step (it needs no cubin). `spent` sums what the work cost
+(`tuner.evaluator.Spent`): each result as the driver collects it (so a replaced actor's work still counts), each
+compile task's wall as the task measured it, and the time each live actor spent in `evaluate`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.evaluator import Evaluator, EvaluatorFactory, fresh_seed
+from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.kernels.base import Family
 from tuner.render import render
 from tuner.result import LaunchFailed, Result, TimedOut
@@ -79,14 +81,17 @@ class Job:
 
 
 def _compile_task(source, arch):
+    """Compile on a cluster CPU; returns (the compile's result, its wall in seconds there)."""
     from tuner.compile import compile_source
 
-    return compile_source(source, arch)
+    started = time.perf_counter()
+    result = compile_source(source, arch)
+    return result, time.perf_counter() - started
 
 
 class _GpuActor:
     """Owns one (real or logical) GPU and the evaluator `factory` builds on it; an `Evaluator` itself, with the
-    time spent in `evaluate` counted. Wrapped with ray.remote(num_gpus=1) by `Pool`."""
+    time spent in `evaluate` counted (`occupied`). Wrapped with ray.remote(num_gpus=1) by `Pool`."""
 
     def __init__(self, factory: EvaluatorFactory):
         import ray
@@ -96,7 +101,7 @@ class _GpuActor:
         self.gpu_index = int(ids[0]) if ids else 0
         self.evaluator: Evaluator = factory(self.gpu_index)
         self.measures = self.evaluator.measures
-        self.busy_s = 0.0
+        self.occupied_s = 0.0
 
     def start(self) -> dict[str, Any]:
         import socket
@@ -112,8 +117,9 @@ class _GpuActor:
             "node": ray.get_runtime_context().get_node_id(),
         }
 
-    def busy(self) -> float:
-        return self.busy_s
+    def occupied(self) -> float:
+        """Seconds this actor has spent inside `evaluate`."""
+        return self.occupied_s
 
     def evaluate(
         self,
@@ -130,7 +136,7 @@ class _GpuActor:
         try:
             return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
         finally:
-            self.busy_s += time.perf_counter() - started
+            self.occupied_s += time.perf_counter() - started
 
     def close(self) -> None:
         self.evaluator.close()
@@ -203,6 +209,8 @@ class Pool:
         #: trial number → (Source, Compiled) of each config compiled, for its artifacts (taken by the driver)
         self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
+        #: the results collected and compiles done so far (`spent` adds the live actors' occupied time)
+        self._spent = Spent()
         self.started = time.perf_counter()
 
     # -- actors -----------------------------------------------------------------------------------------------
@@ -266,7 +274,8 @@ class Pool:
             for ref in done:
                 if ref in self.compiling:
                     job = self.compiling.pop(ref)
-                    result = ray.get(ref)
+                    result, compile_s = ray.get(ref)
+                    self._spent.add_compile(compile_s)
                     if result.ok:
                         job.compiled = result
                         if job.number >= 0:
@@ -298,6 +307,7 @@ class Pool:
             if getattr(result, "details", {}).get("sticky"):
                 # The CUDA context is poisoned: everything after this on that actor would fail too.
                 self._replace(slot)
+        self._spent.add(result)
         self.finished.append((job.number, result))
 
     def _check_hangs(self) -> None:
@@ -329,10 +339,14 @@ class Pool:
                     slot.head_started = time.perf_counter()
                 slot.queue.append((ref, job))
 
-    def busy_seconds(self) -> float:
+    def spent(self) -> Spent:
+        """What the evaluations and compiles have cost so far. The time occupied is the live actors' own count:
+        an actor that was replaced took its count with it."""
         import ray
 
-        return sum(ray.get([s.actor.busy.remote() for s in self.slots]))
+        spent = self._spent.copy()
+        spent.occupied_s = sum(ray.get([s.actor.occupied.remote() for s in self.slots]))
+        return spent
 
     def close(self) -> None:
         import ray

@@ -1,7 +1,7 @@
 """The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
 
 `LocalPool` offers the interface of `tuner.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
-``gpus``, ``arch``, ``ran_on``, ``built``, ``busy_seconds``, ``close``) so the study driver runs unchanged over
+``gpus``, ``arch``, ``ran_on``, ``built``, ``spent``, ``close``) so the study driver runs unchanged over
 either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
 
 * the evaluators come from the same `tuner.evaluator.EvaluatorFactory` a Ray actor would call. For real GPUs
@@ -18,7 +18,10 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
   arch, budget) takes that result instead of measuring again. The GPU's work is the same either way: a
   screening evaluation with the default budget, under the cut-off in force when it runs;
 * one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
-  waits for the driver's loop; results come back through a queue that `poll` drains.
+  waits for the driver's loop; results come back through a queue that `poll` drains;
+* `spent` sums what the work cost (`tuner.evaluator.Spent`): each evaluation's result (its GPU time and host
+  stages) as the GPU thread gets it, speculative ones included (the GPU ran them, claimed or not), and the wall
+  of each compile in its compile thread.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.clock import since_command
-from tuner.evaluator import Evaluator, EvaluatorFactory, fresh_seed
+from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
 
@@ -102,7 +105,6 @@ class _Gpu:
         self.error: BaseException | None = None
         self.started_s: float | None = None
         self.ready_at_s: float | None = None  # seconds from the command's start
-        self.busy_s = 0.0
         self.up = threading.Event()  # set once start() returned or raised
         self.thread = threading.Thread(target=self._main, name=f"tuner-gpu{index}", daemon=True)
         if pool.inline:
@@ -173,7 +175,7 @@ class _Gpu:
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
-        self.busy_s += time.perf_counter() - started
+        pool.account(result, time.perf_counter() - started)
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
@@ -229,6 +231,9 @@ class LocalPool:
         self._lock = threading.Lock()
         #: when the first evaluation began (perf_counter): a GPU may measure before the driver's loop starts
         self.busy_since: float | None = None
+        #: what the evaluations and compiles cost so far (see `spent`); the GPU and compile threads add to it
+        self._spent = Spent()
+        self._spent_lock = threading.Lock()
         self.closing = False
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         self.startup: dict[str, Any] = {
@@ -290,7 +295,7 @@ class LocalPool:
         source = render(self.family, params, config, self.problem.env)
         key = (source.text, arch)
         if key not in self._prefetched:
-            self._prefetched[key] = self._compiler.submit(_compile, source, arch)
+            self._prefetched[key] = self._compiler.submit(self._timed_compile, source, arch)
         if evaluate and self.measures_hint and key not in self._speculations:
             speculation = _Speculation(arch=arch, budget_ms=budget_ms, config=config)
             self._speculations[key] = speculation
@@ -386,7 +391,7 @@ class LocalPool:
             job.source = render(self.family, job.params, job.config, self.problem.env)
         future = self._prefetched.pop((job.source.text, self.arch), None)
         if future is None:
-            future = self._compiler.submit(_compile, job.source, self.arch)
+            future = self._compiler.submit(self._timed_compile, job.source, self.arch)
         future.add_done_callback(functools.partial(self._compiled, job))
 
     def _compiled(self, job: _Job, future: Future) -> None:
@@ -433,8 +438,25 @@ class LocalPool:
             out.append((number, result))
         return out
 
-    def busy_seconds(self) -> float:
-        return sum(w.busy_s for w in self._workers)
+    def _timed_compile(self, source, arch):
+        """In a compile thread: compile, and count its wall in `spent`."""
+        started = time.perf_counter()
+        try:
+            return _compile(source, arch)
+        finally:
+            elapsed = time.perf_counter() - started
+            with self._spent_lock:
+                self._spent.add_compile(elapsed)
+
+    def account(self, result: Result, occupied_s: float) -> None:
+        """In a GPU thread: count a result its evaluator returned after `occupied_s` of work."""
+        with self._spent_lock:
+            self._spent.add(result, occupied_s)
+
+    def spent(self) -> Spent:
+        """What the pool's evaluations and compiles have cost so far (a copy: the threads go on adding)."""
+        with self._spent_lock:
+            return self._spent.copy()
 
     def close(self) -> None:
         """Stop the GPU threads and their evaluators (a GPU worker's child exits)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.evaluator import Spent
 from tuner.gpu import DEFAULT_ARCH, GpuFacts
 from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
@@ -320,6 +321,8 @@ class ReplayPool:
         self.ran_on: dict[int, int] = {}
         self.built: dict[int, Any] = {}
         self.startup: dict[str, Any] = {}
+        #: the recorded results answered so far: what the recording says its GPU spent, not this process
+        self._spent = Spent()
         self.started = time.perf_counter()
 
     @property
@@ -334,10 +337,13 @@ class ReplayPool:
         if not self.queue:
             return []
         number, params = self.queue.popleft()
-        return [(number, self.replay.evaluate(None, "", params, self.problem))]
+        result = self.replay.evaluate(None, "", params, self.problem)
+        self._spent.add(result)
+        return [(number, result)]
 
-    def busy_seconds(self) -> float:
-        return 0.0
+    def spent(self) -> Spent:
+        """The recorded results answered so far; no worker is ever occupied (answers come at once)."""
+        return self._spent.copy()
 
     def close(self) -> None:
         self.queue.clear()

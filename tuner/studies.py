@@ -529,6 +529,10 @@ def derived(trial: FrozenTrial) -> dict[str, Any]:
 
 
 def threads(trial: FrozenTrial) -> int | None:
-    """Threads per block of a trial's config (its derived "threads"), None where not recorded."""
+    """Threads per block of a trial's config: its derived "threads", else the threads of the main launch its
+    measurement reported (`Measurement.threads_per_block`, for a family that derives none, such as a declarative
+    one); None where neither was recorded."""
     value = derived(trial).get("threads", trial.user_attrs.get("threads"))
+    if value is None:
+        value = trial.user_attrs.get("threads_per_block") or None  # 0: a measurement from before the field
     return int(value) if value is not None else None

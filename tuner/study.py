@@ -31,7 +31,7 @@ from tuner import space as space_mod
 from tuner.clock import since_command
 from tuner.dbfiles import check_storage
 from tuner.errors import InputError
-from tuner.evaluator import EvaluatorFactory
+from tuner.evaluator import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
 from tuner.gpu import GpuFacts
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
@@ -715,12 +715,13 @@ class Driver:
                             self._tell_duplicate(fast, mirror, dup, trial.number, stats)
                     progress.update(counted)
             loop_end = time.perf_counter()
-            busy = pool.busy_seconds()  # before the finalists: their GPU time falls after loop_end
+            spent = pool.spent()  # before the finalists: their work falls after loop_end
             finalists = self._retime_finalists(fast, pool, set_study_attr) if pool.measures else []
             finalists_s = time.perf_counter() - loop_end
             wall = loop_end - self.t0
             started = loop_started
             gpus = pool.gpus
+            measures, compile_threads = pool.measures, getattr(pool, "compile_slots", None)
             pool_startup = {
                 "imports_s": round(self.t_imports, 3),
                 "storage_s": round(storage_s, 3),
@@ -758,8 +759,7 @@ class Driver:
             "cold_start_s": round(first_result_at - self.t0 + self.t_imports, 3) if first_result_at else None,
             "gpus": gpus,
             "startup": pool_startup,
-            # Busy = inside a GPU worker's evaluate (launch, verify, time); compiling is CPU work elsewhere.
-            "gpu_busy_fraction": round(busy / (busy_window * len(gpus)), 3) if busy_window > 0 else None,
+            **_time_split(spent, wall, busy_window, len(gpus), compile_threads, measures),
             "after_start_s": round(after_start, 3),
             "evaluated_per_s": round(evaluated / after_start, 3) if after_start > 0 else None,
             "finalists_s": round(finalists_s, 3),
@@ -1174,6 +1174,54 @@ def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
     return f"first result at {human_seconds(cold)}: {text}, then {human_seconds(max(cold - startup, 0.0))} {first}"
 
 
+def _time_split(
+    spent: Spent, wall_s: float, window_s: float, gpus: int, compile_threads: int | None, measures: bool
+) -> dict[str, Any]:
+    """The summary's account of where the search's time went (finalists excluded), from the pool's `Spent`.
+
+    * "gpu_busy_fraction": the GPU time of the configs' own launches (Σ `Measurement.gpu_ms`: checked launch and
+      timed repetitions) over the GPU window × GPUs: the time the GPUs ran work, not the time a worker held them.
+      None for a replay (its GPU time is the recording's, not this run's) and where no measurement reported its
+      GPU time; a lower bound where "gpu_time_missing" (measurements that reported none) is above 0. "gpu_s" is
+      the sum itself.
+    * "workers_busy_fraction": the time the workers spent inside ``evaluate`` (GPU work, host work and waits
+      alike) over the same window × GPUs; for a replay, the only figure of the three. "gpu_window_s": the window,
+      from the first evaluation (a GPU may measure before the search starts) to the end of the search.
+    * "phases_s": seconds summed over this run's results: "compile" (every compile, over the pool's
+      "compile_threads") and the evaluation's stages (`tuner.evaluator.PHASES`, where the evaluator reports them;
+      the checks' failures included). None for a replay.
+    * "phases_share": "compile" of the wall × compile threads; "check" (`tuner.evaluator.CHECK_PHASES`) and
+      "timing" of the GPU window × GPUs, the denominator of the busy fractions. None for a replay.
+    """
+    lanes = window_s * gpus
+    out: dict[str, Any] = {
+        "gpu_busy_fraction": None,
+        "gpu_s": None,
+        "gpu_time_missing": None,
+        "workers_busy_fraction": round(spent.occupied_s / lanes, 3) if lanes > 0 else None,
+        "gpu_window_s": round(window_s, 3),
+        "compile_threads": compile_threads,
+        "phases_s": None,
+        "phases_share": None,
+    }
+    if not measures:
+        return out
+    out["gpu_time_missing"] = spent.gpu_untimed
+    if spent.gpu_timed:
+        out["gpu_s"] = round(spent.gpu_s, 3)
+        out["gpu_busy_fraction"] = round(spent.gpu_s / lanes, 3) if lanes > 0 else None
+    stages = [k for k in PHASES if k in spent.phases_s] + sorted(set(spent.phases_s) - set(PHASES))
+    out["phases_s"] = {"compile": round(spent.compile_s, 3), **{k: round(spent.phases_s[k], 3) for k in stages}}
+    share: dict[str, float] = {}
+    if compile_threads and wall_s > 0:
+        share["compile"] = round(spent.compile_s / (wall_s * compile_threads), 3)
+    if stages and lanes > 0:
+        share["check"] = round(sum(spent.phases_s.get(k, 0.0) for k in CHECK_PHASES) / lanes, 3)
+        share["timing"] = round(spent.phases_s.get("timing", 0.0) / lanes, 3)
+    out["phases_share"] = share
+    return out
+
+
 class _Progress:
     """A rich progress bar: trials done/N, best so far, trials/s, failures by kind; `where` (where the trials
     go) is printed above it as the study starts."""
@@ -1242,9 +1290,14 @@ class _Progress:
         if summary["failures_this_run"]:
             table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
         table.add_row("wall time", f"{human_seconds(summary['wall_s'])}; {_first_seconds(summary, replay)}")
-        busy = summary["gpu_busy_fraction"]
-        if busy is not None and not (replay and busy == 0):  # an in-process replay has no workers to be busy
-            table.add_row("replay workers busy" if replay else "GPU busy", f"{busy:.0%}")
+        if replay:
+            occupied = summary.get("workers_busy_fraction")
+            if occupied:  # an in-process replay has no workers to be busy
+                table.add_row("replay workers busy", f"{occupied:.0%}")
+        elif "gpu_busy_fraction" in summary:
+            table.add_row("GPU busy", _gpu_busy_text(summary))
+            if summary.get("phases_s"):
+                table.add_row("time in", _time_in_text(summary))
         best = summary["best"]
         if best:
             if self.stats.unit == "TFLOP/s":
@@ -1256,6 +1309,37 @@ class _Progress:
         # Wide enough for the uri and the storage whole: they are copied from here.
         width = max(self.console.width, len(str(best["uri"] if best else "")) + 30, len(summary["storage"]) + 30)
         self.console.print(table, width=width)
+
+
+def _gpu_busy_text(summary: dict[str, Any]) -> str:
+    """The summary's "GPU busy" row: the GPUs' share of work, beside the workers' share of occupied time."""
+    busy, occupied = summary.get("gpu_busy_fraction"), summary.get("workers_busy_fraction")
+    workers = f"workers occupied {occupied:.0%}" if occupied is not None else ""
+    if busy is None:
+        return "n/a: no measurement reported its GPU time" + (f" ({workers})" if workers else "")
+    missing = summary.get("gpu_time_missing") or 0
+    text = (f"≥ {busy:.0%}" if missing else f"{busy:.0%}") + f" ({summary['gpu_s']:.3g} s running the configs"
+    text += f"; {missing} measurements reported no GPU time" if missing else ""
+    return text + (f"; {workers})" if workers else ")")
+
+
+def _time_in_text(summary: dict[str, Any]) -> str:
+    """The summary's "time in" row: compile, check (by stage) and timing, in seconds and as shares (see
+    `_time_split`)."""
+    from tuner.console import human_seconds
+
+    phases, share = summary["phases_s"], summary.get("phases_share") or {}
+    threads = summary.get("compile_threads")
+    compile_share = f" ({share['compile']:.0%} of {threads} threads)" if "compile" in share else ""
+    parts = [f"compile {human_seconds(phases['compile'])}{compile_share}"]
+    if "check" in share:
+        stages = ", ".join(f"{k} {human_seconds(phases[k])}" for k in CHECK_PHASES if k in phases)
+        check = sum(phases.get(k, 0.0) for k in CHECK_PHASES)
+        parts.append(f"check {human_seconds(check)} ({share['check']:.0%} of the GPU window: {stages})")
+        parts.append(f"timing {human_seconds(phases.get('timing', 0.0))} ({share['timing']:.0%})")
+    else:
+        parts.append("check and timing n/a (the evaluator reported no stages)")
+    return " · ".join(parts)
 
 
 def run_study(opts: StudyOptions) -> dict[str, Any]:
