@@ -284,3 +284,23 @@ def test_a_reference_of_the_wrong_shape_is_a_reference_fault(evaluator, binaries
     result = _run(evaluator, binaries, Counted(fail=True))
     assert isinstance(result, WrongResult) and result.details["phase"] == "reference"
     assert "returned 'y' with shape (3,), the kernel writes (4194304,)" in result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_a_study_whose_reference_raises_stops_at_its_first_check_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    _axpy_space(tmp_path, "def axpy(x, n):\n    return x[n + 10 ** 9]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "study", "axpy", "--space", "axpy.yaml", "--trials", "4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if "tuner: error" in line]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "reference ref.py:axpy raised IndexError" in lines[0] and "ref.py:2" in lines[0], lines[0]
