@@ -357,9 +357,9 @@ def _compile(
         nonce = f"{os.getpid()}-{next(_RETRIES)}"
         status, log, cubin, ptx = nvrtc_compile(f"{source.text}\n// {nonce}\n", f"{name[:-3]}-{nonce}.cu", opts)
     if status != 0:
-        # the reason names files as the template's folder sees them: "URI.cu(12): error: ..."
-        here = os.path.dirname(name) + os.sep if os.path.dirname(name) else ""
-        reason = first_error(log, status).replace(here, "") if here else first_error(log, status)
+        reason = first_error(log, status)
+        if os.path.dirname(name):  # files named as the template's folder sees them: "URI.cu(12): error: ..."
+            reason = reason.replace(os.path.dirname(name) + os.sep, "")
         failed = CompileFailed(reason=f"NVRTC: {reason}", details={"log": log, "uri": source.uri})
         if paths is not None:
             meta = {"ok": False, "reason": failed.reason, "log": log, "key": key, "arch": arch, "uri": source.uri}

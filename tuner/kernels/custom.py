@@ -203,18 +203,15 @@ def check_reference(space, problem=None, required: bool = False) -> None:
     """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
     config, and check it returns every checked output with its declared shape. InputError naming the reference's
     file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
-    When `required`, the default config is compiled once first (`tuner.compile.check_includes`): an include
-    NVRTC cannot open is one InputError naming the template, the include and the folders searched, not one
-    failed trial per config. Shipped and registered families are not checked (their own tests do that)."""
+    When `required`, the default config is compiled once before the reference runs
+    (`tuner.compile.check_includes`): an include NVRTC cannot open is one InputError naming the template, the
+    include and the folders searched, not one failed trial per config. Shipped and registered families are not
+    checked (their own tests do that)."""
     import numpy as np
 
     family = space.family
     if not family.ref.startswith(kernels.SPACE_PREFIX):
         return
-    if required:
-        from tuner.compile import check_includes
-
-        check_includes(space, problem)
     if getattr(family, "has_reference", True) is False:
         if required:
             raise InputError(
@@ -223,6 +220,10 @@ def check_reference(space, problem=None, required: bool = False) -> None:
                 str(space.path),
             )
         return
+    if required:
+        from tuner.compile import check_includes
+
+        check_includes(space, problem)
     problem = problem or space.problem()
     config = space.resolve(space.default, problem)
     env = problem.env
