@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.compile import first_error, nvrtc_compile, target_arch
+from tuner.compile import first_error, include_options, nvrtc_compile, nvrtc_options, program_name, target_arch
 from tuner.errors import InputError
 from tuner.gpu import DEFAULT_ARCH
 from tuner.result import StudyAttr, TrialAttr
@@ -41,7 +41,9 @@ def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:
     """PTX of a rendered source for a virtual arch (NVRTC; no GPU needed). Raises InputError with NVRTC's first
     error line when it does not compile."""
     arch = target_arch(source.text, arch)
-    status, log, _, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", [f"--gpu-architecture={arch}", "-std=c++17"])
+    # the source's own options and include folders, as for its cubin; no ptxas report, no line table
+    options = [o for o in nvrtc_options(source, arch) if o not in ("-Xptxas=-v", "-lineinfo")]
+    status, log, _, ptx = nvrtc_compile(source.text, program_name(source), [*options, *include_options(source)])
     if status != 0:
         raise InputError(f"{source.uri}: {first_error(log, status)}")
     return ptx

@@ -181,6 +181,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     family = s.family
     check_reference(s, problem)  # a user's reference runs once with NumPy: it must return the outputs' shapes
     arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
+    compile_mod.check_includes(s, problem, arch)  # a missing include: one line, not one failure per config
     configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]

@@ -3,11 +3,19 @@
 No GPU is needed: NVRTC writes an sm_XX cubin and the ptxas report (``-Xptxas=-v``), from which we read
 registers, static shared memory, stack frame and spill bytes per entry point.
 
-Results are cached on disk, content-addressed: the key is sha256 over the rendered source, the NVRTC options,
-the arch and the CuPy/NVRTC versions, so any change to any of them is a miss. Files are written to a temporary
+A source may include CUDA's own headers (``cuda_bf16.h``, ``cuda_fp16.h``, ``cuda_fp8.h``, ``cooperative_groups.h``,
+``cuda/pipeline``, ``cuda/barrier``: the folders `tuner.includes.system_include_dirs` finds) and local files
+beside its template or in the space's ``-I`` folders (`Source.include_dirs`). The program is named as if it lay
+in its template's folder, so that ``#include "x.cuh"`` looks there first, never in the process's working folder.
+
+Results are cached on disk, content-addressed: the key is sha256 over the rendered source, the bytes of every
+local file it can include (`tuner.includes.local_includes`), the NVRTC options (include folders apart: where a
+file lies does not change what it holds), the arch, the CuPy/NVRTC versions and CUDA's header folders and
+versions, so any change to any of them is a miss. Files are written to a temporary
 name and `os.replace`d into place (`tuner.files.atomic_write`), so concurrent workers never see half a file, and a
 per-key lock file makes a second process wait for the first's compile instead of repeating it. Compile failures
-are cached too, with their log: a broken config costs NVRTC once. The PTX of each compile is kept beside its
+are cached too, with their log: a broken config costs NVRTC once. A cache folder that cannot be written (a
+read-only home) costs the caching, with one warning, not the compile. The PTX of each compile is kept beside its
 cubin: it is what the dashboard shows.
 
 `nvrtc_compile` is the package's one call into NVRTC; everything that compiles CUDA goes through it.
@@ -20,18 +28,23 @@ import itertools
 import json
 import os
 import re
+import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from tuner import includes
+from tuner.errors import InputError
 from tuner.files import atomic_write, locked
 from tuner.gpu import DEFAULT_ARCH
 from tuner.render import Source
 from tuner.result import CompileFailed
 
-CACHE_VERSION = "1"
+#: 2: keys cover local includes, CUDA's header folders and versions, and a source's own options
+CACHE_VERSION = "2"
 BASE_OPTIONS = ("-std=c++17", "-Xptxas=-v", "-lineinfo")
 
 
@@ -124,9 +137,11 @@ def nvrtc_version() -> str:
 
 
 def versions() -> dict[str, str]:
+    """CuPy's and NVRTC's versions, and those of CUDA's headers where they are found
+    (`tuner.includes.header_versions`): what a compiled config depends on besides its source and options."""
     import cupy
 
-    return {"cupy": cupy.__version__, "nvrtc": nvrtc_version()}
+    return {"cupy": cupy.__version__, "nvrtc": nvrtc_version(), **includes.header_versions()}
 
 
 def default_arch() -> str:
@@ -168,26 +183,102 @@ def first_error(log: str, status: int) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TUNER_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuner"
+    """``$TUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner`` (a folder in the temporary
+    folder where the user has no home), under `CACHE_VERSION`."""
+    root = os.environ.get("TUNER_CACHE_DIR")
+    if not root:
+        try:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and no password entry
+            base = os.path.join(tempfile.gettempdir(), f"tuner-{os.getuid()}")
+        root = os.path.join(base, "tuner")
     return Path(root) / CACHE_VERSION
 
 
-def cache_key(source: Source, options: Iterable[str], arch: str, vers: dict[str, str]) -> str:
-    blob = json.dumps({"source": source.text, "options": list(options), "arch": arch, "versions": vers}, sort_keys=True)
+def cache_key(
+    source: Source,
+    options: Iterable[str],
+    arch: str,
+    vers: dict[str, str],
+    local: Iterable[tuple[str, str]] = (),
+    system_dirs: Iterable[str] = (),
+) -> str:
+    """sha256 of what a compile's result depends on: the source text, the NVRTC `options` (include folders
+    apart), `arch`, `vers` (`versions`), `local` ((name, sha256) of each local include:
+    `tuner.includes.local_includes`) and the folders of CUDA's headers."""
+    blob = json.dumps(
+        {
+            "source": source.text,
+            "options": list(options),
+            "arch": arch,
+            "versions": vers,
+            "includes": [list(item) for item in local],
+            "system_include_dirs": list(system_dirs),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def program_name(source: Source) -> str:
+    """The name NVRTC gives the program (in its messages, and for the folder it searches first for a quoted
+    include): ``URI.cu`` in the template's folder, or plain ``URI.cu`` for a source that has none."""
+    name = f"{source.uri}.cu"
+    return os.path.join(source.include_dirs[0], name) if source.include_dirs else name
+
+
+def nvrtc_options(source: Source, arch: str) -> tuple[str, ...]:
+    """The options every compile of `source` for `arch` gets, include folders apart: `BASE_OPTIONS` (less its
+    ``-std`` where the source names another), the target, the source's own options."""
+    base: tuple[str, ...] = BASE_OPTIONS
+    if any(o.startswith(("--std=", "-std=")) for o in source.options):
+        base = tuple(o for o in base if not o.startswith("-std="))
+    return (*base, f"--gpu-architecture={arch}", *source.options)
+
+
+def include_options(source: Source) -> list[str]:
+    """``-I`` options: the source's local folders, then CUDA's header folders, in NVRTC's search order."""
+    return [f"-I{d}" for d in dict.fromkeys([*source.include_dirs, *includes.system_include_dirs()])]
+
+
+_UNCACHED: set[Path] = set()
+_CACHEABLE: set[Path] = set()
+
+
+def _cache_folder(arch: str) -> Path | None:
+    """The cache folder for `arch`, made if missing; None (warned once) where it cannot be made or written."""
+    folder = cache_dir() / arch
+    if folder in _CACHEABLE:
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        usable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError:
+        usable = False
+    if usable:
+        _CACHEABLE.add(folder)
+        return folder
+    if folder not in _UNCACHED:
+        _UNCACHED.add(folder)
+        warnings.warn(
+            f"compile cache {folder} cannot be written: compiling without it (set TUNER_CACHE_DIR)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return None
 
 
 def _load_cached(meta_path: Path, cubin_path: Path, source: Source) -> Compiled | CompileFailed | None:
     try:
         meta = json.loads(meta_path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):
         return None
     if not meta.get("ok"):
         return CompileFailed(reason=meta["reason"], details={"log": meta["log"], "uri": source.uri})
     try:
         cubin = cubin_path.read_bytes()
         ptx = cubin_path.with_suffix(".ptx").read_bytes()
-    except FileNotFoundError:
+    except OSError:
         return None
     functions = {k: FunctionResources(**v) for k, v in meta["functions"].items()}
     return Compiled(
@@ -227,22 +318,26 @@ def compile_source(
     use_cache: bool = True,
 ) -> Compiled | CompileFailed:
     """Compile one source to a cubin for `arch` (its arch-specific variant where the source needs it:
-    `target_arch`). Never raises for a bad kernel: NVRTC's refusal is a CompileFailed with the log (decided by
+    `target_arch`), with the source's own options and then `options`, its include folders and CUDA's searched
+    for its includes. Never raises for a bad kernel: NVRTC's refusal is a CompileFailed with the log (decided by
     NVRTC's status code, not its message)."""
     arch = target_arch(source.text, arch)
-    opts = (*BASE_OPTIONS, f"--gpu-architecture={arch}", *options)
+    opts = (*nvrtc_options(source, arch), *options)
     vers = versions()
-    key = cache_key(source, opts, arch, vers)
-    folder = cache_dir() / arch
+    system_dirs = includes.system_include_dirs()
+    local = includes.local_includes(source.text, source.include_dirs, system_dirs)
+    key = cache_key(source, opts, arch, vers, local, system_dirs)
+    searched = (*opts, *include_options(source))
+    folder = _cache_folder(arch) if use_cache else None
+    if folder is None:
+        return _compile(source, arch, searched, key, vers, None)
     meta_path, cubin_path = folder / f"{key}.json", folder / f"{key}.cubin"
-    if not use_cache:
-        return _compile(source, arch, opts, key, vers, None)
     if (hit := _load_cached(meta_path, cubin_path, source)) is not None:
         return hit
     with locked(folder / f"{key}.lock"):  # a second process waits here, then finds the first's result
         if (hit := _load_cached(meta_path, cubin_path, source)) is not None:
             return hit
-        return _compile(source, arch, opts, key, vers, (meta_path, cubin_path))
+        return _compile(source, arch, searched, key, vers, (meta_path, cubin_path))
 
 
 _RETRIES = itertools.count()
@@ -253,15 +348,19 @@ def _compile(
 ) -> Compiled | CompileFailed:
     """Compile, and where `paths` (meta, cubin) are given, fill the cache entry: binaries first, the meta file
     last, since a reader takes the meta file's presence to mean the entry is whole."""
-    status, log, cubin, ptx = nvrtc_compile(source.text, f"{source.uri}.cu", opts)
+    name = program_name(source)
+    status, log, cubin, ptx = nvrtc_compile(source.text, name, opts)
     if status == 0 and cubin and not _ENTRY.search(log):
         # NVRTC 13.0 (seen on the H200 host) answers a program it compiled earlier in this process (e.g. under
         # another cache dir) from a cache of its own: the cubin, but no ptxas report, so no registers or spills.
         # The same code under a name and text it has not seen (a trailing comment) brings the report back.
         nonce = f"{os.getpid()}-{next(_RETRIES)}"
-        status, log, cubin, ptx = nvrtc_compile(f"{source.text}\n// {nonce}\n", f"{source.uri}-{nonce}.cu", opts)
+        status, log, cubin, ptx = nvrtc_compile(f"{source.text}\n// {nonce}\n", f"{name[:-3]}-{nonce}.cu", opts)
     if status != 0:
-        failed = CompileFailed(reason=f"NVRTC: {first_error(log, status)}", details={"log": log, "uri": source.uri})
+        reason = first_error(log, status)
+        if os.path.dirname(name):  # files named as the template's folder sees them: "URI.cu(12): error: ..."
+            reason = reason.replace(os.path.dirname(name) + os.sep, "")
+        failed = CompileFailed(reason=f"NVRTC: {reason}", details={"log": log, "uri": source.uri})
         if paths is not None:
             meta = {"ok": False, "reason": failed.reason, "log": log, "key": key, "arch": arch, "uri": source.uri}
             atomic_write(paths[0], json.dumps(meta), make_parents=True)
@@ -309,3 +408,67 @@ def compile_many(
             if on_done:
                 on_done(src, result)
             yield src, result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the pre-flight: a missing include is the space's fault, said once
+
+
+def check_includes(space, problem=None, arch: str = DEFAULT_ARCH) -> None:
+    """Compile the default config of `space` (a `tuner.space.SearchSpace`) on `problem` (default: its first)
+    once, through the cache, and raise InputError when NVRTC cannot open one of its includes: one line naming
+    the template (and the template's line, where the include is written there), the include and every folder
+    searched. Any other compile failure is left to the configs' trials, where it belongs (another config may
+    compile). A template fault raises its TemplateError here, before any trial. Only a family a space defines
+    (``space:`` reference) is checked: the shipped and registered ones' templates are tested with them."""
+    from tuner.kernels import SPACE_PREFIX
+    from tuner.render import render, template_file
+
+    family = space.family
+    if not family.ref.startswith(SPACE_PREFIX):
+        return
+    problem = problem or space.problem()
+    source = render(family, space.default, space.resolve(space.default, problem), problem.env)
+    result = compile_source(source, arch)
+    if result.ok:
+        return
+    missing = includes.missing_include(result.details.get("log", ""))
+    if missing is None:
+        return
+    template = template_file(family)
+    message = describe_missing(source, missing)
+    in_template = os.path.basename(missing.file) == os.path.basename(program_name(source))
+    line = _template_line(template, missing.name) if in_template else None
+    raise InputError(message, str(template), line)
+
+
+def describe_missing(source: Source, missing: includes.MissingInclude) -> str:
+    """``#include "x.cuh" not found (searched: A, B, C)`` for an include the rendered `source` makes, or
+    ``#include "x.cuh" in common.cuh:3 not found (...)`` for one a local header makes: the folders in NVRTC's
+    order, with a hint where CUDA's own headers were not found at all."""
+    system_dirs = includes.system_include_dirs()
+    program = program_name(source)
+    beside: list[str] = []
+    where = ""
+    if os.path.basename(missing.file) != os.path.basename(program):  # a header's include: it looks beside itself
+        beside = [os.path.dirname(missing.file)] if os.path.dirname(missing.file) else []
+        where = f" in {os.path.basename(missing.file)}:{missing.line}"
+    folders = list(dict.fromkeys([*beside, *source.include_dirs, *system_dirs]))
+    text = f'#include "{missing.name}"{where} not found (searched: {", ".join(folders) or "no folders"})'
+    if not system_dirs:
+        text += (
+            "; CUDA's headers were not found: install nvidia-cuda-runtime and nvidia-cuda-cccl "
+            "(pip install 'tuner[cuda13]')"
+        )
+    return text
+
+
+def _template_line(template: Path, name: str) -> int | None:
+    """The 1-based line of `template` that writes ``#include "name"`` (or ``<name>``), if exactly one does."""
+    pattern = re.compile(rf'^\s*#\s*include\s*["<]{re.escape(name)}[">]')
+    try:
+        lines = template.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [i + 1 for i, text in enumerate(lines) if pattern.match(text)]
+    return hits[0] if len(hits) == 1 else None

@@ -5,6 +5,10 @@ One strict Jinja2 environment over the shipped templates (package data, ``tuner/
 space's directory, or an installed package's): an undefined variable is an error naming the template and line,
 never an empty string that turns into a baffling compile error later.
 
+A `Source` carries what NVRTC needs besides the text: the folders to search for the template's local
+``#include "..."`` files (the template's own folder first, then `Family.include_dirs`) and the family's checked
+compile options (`Family.compile_options`).
+
 What a template sees: every param and derived value of the config, the problem's sizes, ``dtype``, ``ctype``
 (the C type of the dtype), ``elem_bytes``, and ``entry``, the name its ``extern "C" __global__`` entry point must
 have (extra kernels of the same config are named ``entry`` + "_" + suffix).
@@ -40,6 +44,10 @@ class Source:
     entry: str
     uri: str
     template: str
+    #: folders for local ``#include``s, absolute, the template's own folder first (empty: none)
+    include_dirs: tuple[str, ...] = ()
+    #: NVRTC options of the family's, after the tuner's own (`tuner.compile.BASE_OPTIONS`)
+    options: tuple[str, ...] = ()
 
 
 def environment(templates_dir: Path | str = TEMPLATES_DIR, *extra_dirs: Path | str) -> jinja2.Environment:
@@ -73,6 +81,14 @@ def template_file(family: kbase.Family) -> Path:
         if (directory / family.template).is_file():
             return directory / family.template
     raise TemplateError(f"template {family.template!r} not found in {own or TEMPLATES_DIR}")
+
+
+def include_dirs(family: kbase.Family, template: str | Path | None) -> tuple[str, ...]:
+    """The folders NVRTC searches for the local includes of a source rendered from the file `template`: the
+    template's own folder (as a C compiler looks beside the including file), then `Family.include_dirs`, each
+    once. `template` None (a template not read from a file) contributes no folder."""
+    folders = [str(Path(template).resolve().parent)] if template else []
+    return tuple(dict.fromkeys([*folders, *family.include_dirs]))
 
 
 def templates_hash(family: kbase.Family, templates_dir: Path | str | None = None) -> str:
@@ -149,7 +165,15 @@ def render(
         raise TemplateError(
             f"cannot render with {_describe(params)}: {type(exc).__name__}: {exc}", where, line
         ) from None
-    return Source(kernel=family.name, text=text, entry=name, uri=name, template=family.template)
+    return Source(
+        kernel=family.name,
+        text=text,
+        entry=name,
+        uri=name,
+        template=family.template,
+        include_dirs=include_dirs(family, template.filename),
+        options=tuple(family.compile_options),
+    )
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

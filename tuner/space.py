@@ -15,6 +15,9 @@ rule configs out before any work, derived values the template needs, and the stu
     objectives:
       - throughput: maximize
 
+``template:`` gives the family a template beside the space, and ``compile_options:`` NVRTC options of its own
+(``[-DTILE=4, --use_fast_math, -I include]``: a known list, `tuner.compile_options`).
+
 Every fault is a `SpaceError` naming the file and, where YAML knows it, the line. Enumeration is lazy and
 backtracks: a constraint is checked as soon as the params it reads are bound, so a space with a million
 Cartesian points and ten thousand valid ones is walked in well under a second.
@@ -58,6 +61,7 @@ TOP_LEVEL_KEYS = (
     "derived",
     "objectives",
     "default",
+    "compile_options",
 )
 METRICS = (
     "throughput",

@@ -98,6 +98,11 @@ class Family:
     template: str = ""
     #: Directory that holds `template` (a space's directory, an installed package's); None: the shipped ones.
     template_dir: str | None = None
+    #: NVRTC options for every config, after the tuner's own (a space's checked ``compile_options:``).
+    compile_options: tuple[str, ...] = ()
+    #: Folders NVRTC searches for local ``#include``s after the template's own folder (a space's ``-I`` folders
+    #: and the space's folder); CUDA's own headers are found without them (`tuner.includes`).
+    include_dirs: tuple[str, ...] = ()
     #: How any process finds this family again (`tuner.kernels.get`): its name, or ``space:PATH``.
     ref: str = ""
     dtypes: tuple[str, ...] = ("float32",)

@@ -10,8 +10,10 @@ A space file chooses its family with one of
   (`tuner.kernels.declarative`): data only, no code runs but AST-checked expressions (and the reference, if the
   block names one, which is again the user's choice).
 
-``template: FILE.cu.j2`` (next to the space) gives the family a template of its own. Every fault is an
-InputError that names the file and, where there is one, the line.
+``template: FILE.cu.j2`` (next to the space) gives the family a template of its own, and ``compile_options:``
+NVRTC options of its own (checked: `tuner.compile_options`). A family a space defines searches the space's
+folder (and its ``-I`` folders) for local ``#include`` files. Every fault is an InputError that names the file
+and, where there is one, the line.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ from tuner.kernels.base import Family, ReferenceFailed
 def space_family(data: dict[str, Any], path: Path, fail) -> Family:
     """The family of the space loaded from `path` (its YAML mapping `data`), registered under its reference.
     `fail(message, *keys)` builds the SpaceError that names the space file and the line of `keys`."""
+    from tuner import compile_options
+
     directory = path.resolve().parent
     kernel, spec, template = data.get("kernel"), data.get("family"), data.get("template")
+    # checked before any of the user's code is imported: a refused option costs nothing to report
+    options = compile_options.parse(data.get("compile_options"), directory, fail)
     if spec is not None:
         if isinstance(kernel, dict):
             raise fail("a space has either a 'family:' line or a declarative 'kernel:' block, not both", "family")
@@ -58,7 +64,7 @@ def space_family(data: dict[str, Any], path: Path, fail) -> Family:
                 "kernel",
             )
         family = kernels.get(kernel)
-        if template is None:
+        if template is None and options == compile_options.CompileOptions():
             return family
         family = copy.copy(family)  # the registered instance stays as it is for other spaces
     else:
@@ -78,6 +84,8 @@ def space_family(data: dict[str, Any], path: Path, fail) -> Family:
             f"template {family.template!r} not found in {family.template_dir}",
             "template" if template is not None else ("family" if spec is not None else "kernel"),
         )
+    family.compile_options = (*family.compile_options, *options.options)
+    family.include_dirs = tuple(dict.fromkeys([*family.include_dirs, *options.include_dirs, str(directory)]))
     return kernels.register(kernels.SPACE_PREFIX + str(path.resolve()), family)
 
 
@@ -195,8 +203,11 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
     """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
     config, and check it returns every checked output with its declared shape. InputError naming the reference's
     file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
-    Shipped and registered families are not checked (their own tests do that). With `run` False only the
-    presence of a reference is checked (a study on a GPU: its worker runs the reference once per input set)."""
+    When `required`, the default config is compiled once before the reference runs
+    (`tuner.compile.check_includes`): an include NVRTC cannot open is one InputError naming the template, the
+    include and the folders searched, not one failed trial per config. With `run` False the reference itself
+    is not run (a study on a GPU: its worker runs it once per input set). Shipped and registered families are
+    not checked (their own tests do that)."""
     import numpy as np
 
     family = space.family
@@ -210,6 +221,10 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
                 str(space.path),
             )
         return
+    if required:
+        from tuner.compile import check_includes
+
+        check_includes(space, problem)
     if not run:
         return
     problem = problem or space.problem()
