@@ -21,3 +21,14 @@ def writer_that_dies(conn, url, parent) -> None:
     """A writer entry that fails at once, as a writer that cannot import its storage's driver would."""
     print("the storage's driver is missing", file=sys.stderr, flush=True)
     raise SystemExit(4)
+
+
+def slow_reader(conn, delay_s: float) -> None:
+    """Reads nothing for `delay_s`, then every message up to ("stop",); answers with their numbers, in order."""
+    import time
+
+    time.sleep(delay_s)
+    numbers = []
+    while (message := conn.recv())[0] != "stop":
+        numbers.append(message[0])
+    conn.send(numbers)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from child_helpers import DiesAtStart, writer_that_dies
+from child_helpers import DiesAtStart, slow_reader, writer_that_dies
 
 from tuner import child as child_mod
 from tuner.worker import IsolatedEvaluator, WorkerError
@@ -176,6 +176,31 @@ def test_a_connection_wraps_an_inherited_file_descriptor():
     assert parent.poll(5)
     with pytest.raises(EOFError):
         parent.recv()
+
+
+def test_arguments_that_do_not_pickle_raise_before_a_process_starts(monkeypatch):
+    import threading
+
+    started = []
+    monkeypatch.setattr(child_mod.subprocess, "Popen", lambda *a, **k: started.append(a))
+    with pytest.raises(TypeError, match="pickle"):
+        child_mod.start_child(slow_reader, (threading.Lock(),))
+    assert started == []
+
+
+def test_an_outbox_never_blocks_on_a_child_that_is_slow_to_read():
+    """What the writer's driver relies on: megabytes sent while the child reads nothing arrive later, in order."""
+    proc = child_mod.start_child(slow_reader, (1.5,), name="tuner-test-reader")
+    outbox = child_mod.Outbox(proc.conn)
+    started = time.perf_counter()
+    for number in range(400):
+        outbox.put((number, b"x" * 16384))  # 6.5 MB: far past what the socket buffers
+    outbox.put(("stop",))
+    assert time.perf_counter() - started < 1.0
+    assert proc.conn.poll(60) and proc.conn.recv() == list(range(400))
+    outbox.close(10)
+    assert proc.join(10) == 0
+    proc.close()
 
 
 def test_children_end_with_the_parent(tmp_path):

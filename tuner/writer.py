@@ -222,7 +222,7 @@ class _Mirror:
     ):
         self.url = url
         self.proc = start_child(target or _writer_main, (url, os.getpid(), *extra), name="tuner-writer")
-        self.outbox = Outbox(self.proc.conn, name="tuner-writer-outbox")
+        self.outbox = Outbox(self.proc.conn)
         if study_id is not None:
             self.bind(study_id)
 
