@@ -20,6 +20,7 @@ import pytest
 from child_helpers import DiesAtStart, slow_reader, writer_that_dies
 
 from tuner import child as child_mod
+from tuner.errors import InputError
 from tuner.worker import IsolatedEvaluator, WorkerError
 from tuner.writer import _Mirror
 
@@ -27,74 +28,82 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
 TRIALS = 8
 
-#: What a user writes: no main guard, a study, then a GPU worker of its own (answering from the recording), so
-#: both kinds of child start from the form under test. Children that ran this again would print the marker twice
-#: (their stdout is the caller's).
+#: What a user writes: no main guard, a study (its writer is a child), then a GPU worker of its own, so both kinds of
+#: child start from the form under test. The worker's evaluator is made of built-ins (its child imports nothing
+#: more than a GPU worker's does before CuPy). Children that ran this again would print the marker twice (their
+#: stdout is the caller's).
 SCRIPT = f"""\
-import os
+import functools, os, types
 import tuner
-from tuner.replay import ReplayEvaluator
 from tuner.worker import IsolatedEvaluator
 
 print("the script ran", flush=True)
-worker = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})
+stand_in = functools.partial(types.SimpleNamespace, start=functools.partial(dict, gpu="stand-in"), ceiling_tbps=4.0)
+worker = IsolatedEvaluator(evaluator_factory=stand_in)
 worker.launch()  # its start overlaps the study's
 result = tuner.study("transpose", trials={TRIALS}, seed=1, replay={str(RECORDING)!r}, storage="sqlite:///study.db")
 info = worker.start()
-measured = worker.evaluate(None, "transpose", tuner.load_space("transpose").default, {{}})
-assert worker.pid != os.getpid()
+assert worker.pid != os.getpid() and worker.ceiling() == 4.0
 worker.close()
-print("done", result.summary["trials"], info["gpu"], type(measured).__name__, flush=True)
+print("done", result.summary["trials"], info["gpu"], flush=True)
 """
 
 
+@pytest.fixture(scope="module")
+def forms_cache(tmp_path_factory) -> Path:
+    """One tuner cache for the four forms (never ~/.cache): the first lists the transpose space's valid set
+    (seconds of CPU), the others find the listing, as a user's second run would."""
+    return tmp_path_factory.mktemp("forms-cache")
+
+
 def _run(
-    argv: list[str], tmp_path: Path, stdin: str | None = None, env: dict[str, str] | None = None
+    argv: list[str], cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None, cache: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """`argv` in `tmp_path`, with this tuner on its path and nothing written under the home directory."""
+    """`argv` in `cwd`, with this tuner on its path and nothing written under the home directory."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "TUNER_CACHE_DIR": str(tmp_path / "cache"),
-        "IPYTHONDIR": str(tmp_path / "ipython"),
+        "TUNER_CACHE_DIR": str(cache or cwd / "cache"),
+        "IPYTHONDIR": str(cwd / "ipython"),
         **(env or {}),
     }
-    return subprocess.run(argv, cwd=tmp_path, input=stdin, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(argv, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=120, env=env)
 
 
 def _check(proc: subprocess.CompletedProcess, db: Path) -> None:
     """Exit 0, the script's body ran once, the study's trials are stored, no leaked resources reported."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("the script ran") == 1, proc.stdout
-    assert f"done {TRIALS} replay:transpose_h200.db Measurement" in proc.stdout, proc.stdout
+    assert f"done {TRIALS} stand-in" in proc.stdout, proc.stdout
     (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
     trials = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}").trials
     assert len(trials) == TRIALS and all(t.state.is_finished() for t in trials)
     assert "leaked" not in proc.stderr and "bootstrapping phase" not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_a_plain_script_without_a_main_guard(tmp_path):
+def test_a_plain_script_without_a_main_guard(tmp_path, forms_cache):
     (tmp_path / "tune_it.py").write_text(SCRIPT)
-    _check(_run([sys.executable, "tune_it.py"], tmp_path), tmp_path / "study.db")
+    _check(_run([sys.executable, "tune_it.py"], tmp_path, cache=forms_cache), tmp_path / "study.db")
 
 
-def test_a_script_on_standard_input(tmp_path):
-    _check(_run([sys.executable, "-"], tmp_path, stdin=SCRIPT), tmp_path / "study.db")
+def test_a_script_on_standard_input(tmp_path, forms_cache):
+    _check(_run([sys.executable, "-"], tmp_path, stdin=SCRIPT, cache=forms_cache), tmp_path / "study.db")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("IPython") is None, reason="IPython is not installed")
-def test_ipython(tmp_path):
+def test_ipython(tmp_path, forms_cache):
     # A notebook's kernel runs the same IPython shell: its __main__ is the shell's namespace, with no file.
     argv = [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "--quick", "-c", SCRIPT]
-    _check(_run(argv, tmp_path), tmp_path / "study.db")
+    _check(_run(argv, tmp_path, cache=forms_cache), tmp_path / "study.db")
 
 
-def test_pytest(tmp_path):
+def test_pytest(tmp_path, forms_cache):
     body = textwrap.indent(SCRIPT, "    ")
     (tmp_path / "test_generated.py").write_text(f"def test_study():\n{body}")
     # -s: the marker printed by the test reaches this process's stdout, as a script's does
     argv = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_generated.py"]
-    _check(_run(argv, tmp_path, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}), tmp_path / "study.db")
+    proc = _run(argv, tmp_path, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, cache=forms_cache)
+    _check(proc, tmp_path / "study.db")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -154,6 +163,16 @@ def test_a_writer_that_dies_says_why(tmp_path):
     assert str(info.value).endswith("last lines on stderr ---\nthe storage's driver is missing")
     with pytest.raises(RuntimeError, match="(?s)study writer exited with code 4\n.*driver is missing"):
         mirror.close(timeout=10)
+
+
+def test_a_family_defined_in_main_is_refused_before_it_reaches_the_worker():
+    """Its class cannot be imported by name in the child (which never runs the caller's __main__): bad input,
+    said in the caller, rather than an unpickling error from the worker."""
+    from tuner.kernels.base import Family
+
+    local = type("Local", (Family,), {"name": "local", "template": "local.cu.j2", "__module__": "__main__"})
+    with pytest.raises(InputError, match=r"family 'local': its class Local is defined in __main__"):
+        IsolatedEvaluator()._family_ref(local())
 
 
 # ------------------------------------------------------------------------------------------------------------

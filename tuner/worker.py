@@ -2,9 +2,9 @@
 
 `IsolatedEvaluator` keeps one child process (`tuner.child.start_child`: a fresh interpreter that runs this module,
 never the caller's ``__main__``) that owns one GPU and a `tuner.bench.GpuEvaluator`, and sends it work over a
-pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``)
-before CuPy touches CUDA, sets up once (context, flush buffer, copy ceiling: about a second) and stays alive
-across calls. What a kernel can do to a process stays in the child:
+pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``) before CuPy touches CUDA, sets up once (context, flush
+buffer, copy ceiling: about a second) and stays alive across calls. What a kernel can do to a process stays in
+the child:
 
 * it hangs → no answer within ``timeout_s``: the child is killed, the call returns `TimedOut`;
 * it kills the process (or the driver does) → the call returns `LaunchFailed` ("worker died ...", with the
@@ -14,10 +14,10 @@ across calls. What a kernel can do to a process stays in the child:
 
 In every case the next call starts a fresh child, so one caller can go on evaluating. A child that dies or hangs
 while starting raises `WorkerError` with its last lines on stderr (its stderr reaches the caller's ``sys.stderr``
-as it is written, `tuner.child`). The protocol is tuples
-over the pipe; what crosses is picklable by construction: the `Compiled` (cubin bytes and resources), the
-family's *name* (or, for a family that is not registered, the Family object itself: its class must be
-importable by the child), the resolved config, the problem's env dict, the seed and the budget.
+as it is written, `tuner.child`). The protocol is tuples over the pipe; what crosses is picklable by
+construction: the `Compiled` (cubin bytes and resources), the family's *name* (or, for a family that is not
+registered, the Family object itself: its class must be importable by name in the child, so not one defined in
+the caller's ``__main__``), the resolved config, the problem's env dict, the seed and the budget.
 
     parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
                      ("ceiling",)   ("stop",)
@@ -325,7 +325,8 @@ class IsolatedEvaluator:
 
     def _family_ref(self, family: Family | str) -> Family | str:
         """A family that `tuner.kernels.get` resolves (shipped, registered, or defined by a space file) crosses by
-        its reference; any other Family crosses pickled."""
+        its reference; any other Family crosses pickled, which needs its class importable by name in the child:
+        one defined in the caller's ``__main__`` is an InputError here, not an unpickling error there."""
         if isinstance(family, str):
             return family
         from tuner import kernels
@@ -336,6 +337,12 @@ class IsolatedEvaluator:
                 return ref
         except (KeyError, InputError):
             pass
+        if type(family).__module__ == "__main__":
+            raise InputError(
+                f"family {family.name!r}: its class {type(family).__qualname__} is defined in __main__ (a script or "
+                "a notebook cell), which the GPU worker cannot import; define it in a module, or name it in a space "
+                "file (family: FILE.py:CLASS)"
+            )
         return family
 
     def evaluate(
