@@ -128,15 +128,15 @@ def test_kill_9_of_the_driver_alone_leaves_no_orphan(tmp_path):
                 seen = 0
     assert seen >= 3, "the study did not get going"
     children = _children(proc.pid)
-    writer = [c for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+    writer = [c for c in children if "tuner-writer" in Path(f"/proc/{c}/cmdline").read_text()]
     tracker = [c for c in children if "resource_tracker" in Path(f"/proc/{c}/cmdline").read_text()]
-    assert writer and tracker
+    assert writer and not tracker  # the writer's pipe holds no semaphore: no tracker process to orphan either
     os.kill(proc.pid, signal.SIGKILL)  # the driver alone, not its process group
     proc.wait()
     deadline = time.time() + 20
     while time.time() < deadline and any(_alive(c) for c in children):
         time.sleep(0.25)
-    assert not [c for c in writer + tracker if _alive(c)], "the writer or resource tracker outlived the driver"
+    assert not [c for c in writer if _alive(c)], "the writer outlived the driver"
     again = subprocess.run(study_cmd(url, 40), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     check_invariants(optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url), 40)

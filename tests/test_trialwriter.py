@@ -381,8 +381,8 @@ def test_finish_falls_back_to_optunas_calls_when_the_guard_says_no(tmp_path, mon
         writer.finish(one_id, [(one_ids[0], pairs[0][1])])
 
 
-def _writer_with_short_hold(url, inbox, done, parent, calls: str) -> None:
-    """`_writer_main` (in a spawned process) holding trials 0.3 s, whose bulk writes take 2 s longer (messages sent
+def _writer_with_short_hold(conn, url, parent, calls: str) -> None:
+    """`_writer_main` (in the writer's process) holding trials 0.3 s, whose bulk writes take 2 s longer (messages sent
     meanwhile arrive in one pass), and which logs the number of trials of each `finish` call to `calls`."""
     from tuner import writer as study
 
@@ -400,28 +400,18 @@ def _writer_with_short_hold(url, inbox, done, parent, calls: str) -> None:
         return finish(self, study_id, trials)
 
     TrialWriter.write, TrialWriter.finish = slow_write, logged_finish
-    study._writer_main(url, inbox, done, parent)
+    study._writer_main(conn, url, parent)
 
 
 def test_the_writer_process_completes_trials_held_past_the_hold_in_one_pass(tmp_path):
     """Trials still running after `WRITER_HOLD_S` are written RUNNING; their finishes, arriving together, are
     completed in one `finish` call, and the durable trials are then the records the driver sent."""
-    import multiprocessing as mp
-    import os
-
     from tuner.writer import _Mirror
 
     url, storage, study_id = new_study(tmp_path, "m", 3)
     pairs = running_and_finished(3)
     calls = tmp_path / "calls.txt"
-    ctx = mp.get_context("spawn")
-    mirror = _Mirror.__new__(_Mirror)  # _Mirror's queues and methods, the writer above as its process
-    mirror.url, mirror.inbox, mirror.done = url, ctx.Queue(), ctx.Queue()
-    mirror.proc = ctx.Process(
-        target=_writer_with_short_hold, args=(url, mirror.inbox, mirror.done, os.getpid(), str(calls)), daemon=True
-    )
-    mirror.proc.start()
-    mirror.bind(study_id)
+    mirror = _Mirror(url, study_id, target=_writer_with_short_hold, extra=(str(calls),))  # the writer above
     for number, (running, _) in enumerate(pairs):
         mirror.start(number, running)
     deadline = time.monotonic() + 60  # the spawned writer imports Optuna first

@@ -7,14 +7,11 @@ the claim atomic on SQLite and on a database server shared by several hosts). Th
 pid, start time). A second driver is refused with that name; it takes the lease over by itself when the holder
 ran on the same host and is no longer alive (a killed driver), and with ``--takeover`` otherwise (a holder on
 another host that crashed).
-
-Also here: the parent-death check that the study's writer process uses to exit when its driver is killed.
 """
 
 from __future__ import annotations
 
 import os
-import queue as queue_mod
 import socket
 import time
 import uuid
@@ -143,13 +140,3 @@ def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None =
         raise InputError(f"study {study_name!r}: another driver is claiming it at this moment; try again", url)
     finally:
         engine.dispose()
-
-
-def get_unless_orphaned(inbox, parent: int | None, poll_s: float = 0.5):
-    """The next message of `inbox`, or None once the process `parent` is gone (this process was re-parented)."""
-    while True:
-        try:
-            return inbox.get(timeout=poll_s)
-        except queue_mod.Empty:
-            if parent is not None and os.getppid() != parent:
-                return None

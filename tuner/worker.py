@@ -1,19 +1,23 @@
 """Fault containment for callers that are not Ray actors (``tuner bench``, tests): a GPU evaluator in a child.
 
-`IsolatedEvaluator` keeps one child process (``multiprocessing`` spawn context) that owns one GPU and a
-`tuner.bench.GpuEvaluator`, and sends it work over a Pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``)
-before CuPy touches CUDA, sets up once (context, flush buffer, copy ceiling: about a second) and stays alive
-across calls. What a kernel can do to a process stays in the child:
+`IsolatedEvaluator` keeps one child process (`tuner.child.start_child`: a fresh interpreter that runs this module,
+never the caller's ``__main__``) that owns one GPU and a `tuner.bench.GpuEvaluator`, and sends it work over a
+pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``) before CuPy touches CUDA, sets up once (context, flush
+buffer, copy ceiling: about a second) and stays alive across calls. What a kernel can do to a process stays in
+the child:
 
 * it hangs → no answer within ``timeout_s``: the child is killed, the call returns `TimedOut`;
-* it kills the process (or the driver does) → the call returns `LaunchFailed` ("worker died ...");
+* it kills the process (or the driver does) → the call returns `LaunchFailed` ("worker died ...", with the
+  child's last lines on stderr in ``details["stderr"]``);
 * it poisons the CUDA context (a sticky error such as an illegal address) → the child returns that
   `LaunchFailed` and exits by itself.
 
-In every case the next call starts a fresh child, so one caller can go on evaluating. The protocol is tuples
-over the pipe; what crosses is picklable by construction: the `Compiled` (cubin bytes and resources), the
-family's *name* (or, for a family that is not registered, the Family object itself: its class must be
-importable by the child), the resolved config, the problem's env dict, the seed and the budget.
+In every case the next call starts a fresh child, so one caller can go on evaluating. A child that dies or hangs
+while starting raises `WorkerError` with its last lines on stderr (its stderr reaches the caller's ``sys.stderr``
+as it is written, `tuner.child`). The protocol is tuples over the pipe; what crosses is picklable by
+construction: the `Compiled` (cubin bytes and resources), the family's *name* (or, for a family that is not
+registered, the Family object itself: its class must be importable by name in the child, so not one defined in
+the caller's ``__main__``), the resolved config, the problem's env dict, the seed and the budget.
 
     parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
                      ("ceiling",)   ("stop",)
@@ -25,36 +29,39 @@ importable by the child), the resolved config, the problem's env dict, the seed 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tuner.child import Child, start_child
 from tuner.errors import InputError
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
-    from multiprocessing.context import SpawnProcess
 
     from tuner.kernels.base import Family
 
-# Nothing heavier than the standard library and tuner.result at this module's top: the child imports this module
-# (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner study`` imports it to launch the
-# workers; NumPy and the kernel families would add ~0.3 s to both.
+# Nothing heavier than the standard library, tuner.child and tuner.result at this module's top: the child imports
+# this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner study`` imports it to
+# launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
 __all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
 
 
 class WorkerError(RuntimeError):
     """The child could not start, or raised an exception (a bug, not a property of the config); `remote` holds
-    the child's traceback. The child is gone; the next call starts a fresh one."""
+    the child's traceback, `stderr` its last lines on stderr where it died or hung without a reply (both are in
+    the message). The child is gone; the next call starts a fresh one."""
 
-    def __init__(self, message: str, remote: str = ""):
-        super().__init__(message + (f"\n--- in the GPU worker ---\n{remote}" if remote else ""))
+    def __init__(self, message: str, remote: str = "", stderr: str = ""):
+        text = message + (f"\n--- in the GPU worker ---\n{remote}" if remote else "")
+        text += f"\n--- the GPU worker's last lines on stderr ---\n{stderr}" if stderr else ""
+        super().__init__(text)
         self.remote = remote
+        self.stderr = stderr
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,11 +184,10 @@ class IsolatedEvaluator:
         self.info: dict[str, Any] = {}
         self.restarts = 0  # children started after the first
         self.poisoned = False  # never: a poisoned child is replaced (the attribute mirrors GpuEvaluator's)
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc: SpawnProcess | None = None
+        self._proc: Child | None = None
         self._conn: Connection | None = None
         self._children = 0
-        self._dying: list = []  # retired children still releasing their GPU context
+        self._dying: list[Child] = []  # retired children still releasing their GPU context
 
     # -- child life -----------------------------------------------------------------------------------------
     @property
@@ -189,7 +195,7 @@ class IsolatedEvaluator:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
+        return self._proc is not None and self._proc.alive()
 
     def launch(self) -> None:
         """Start the child's process if none is running, without waiting for it to set up (`start` waits): a
@@ -198,16 +204,10 @@ class IsolatedEvaluator:
             return
         self._retire(wait_s=1.0)
         self._bury(wait_s=30.0)  # a retired child's context must be gone before a new one is made
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=_child_main,
-            args=(child_conn, self.gpu, self.evaluator_factory, self.evaluator_kwargs),
-            name=f"tuner-gpu{self.gpu}",
-            daemon=True,
+        proc = start_child(
+            _child_main, (self.gpu, self.evaluator_factory, self.evaluator_kwargs), name=f"tuner-gpu{self.gpu}"
         )
-        proc.start()
-        child_conn.close()  # the child holds the only other end: its death reads as EOF here
-        self._proc, self._conn = proc, parent_conn
+        self._proc, self._conn = proc, proc.conn
         if self._children:
             self.restarts += 1
         self._children += 1
@@ -219,17 +219,20 @@ class IsolatedEvaluator:
         if self.info and self.alive():
             return self.info
         self.launch()
-        parent_conn = self._conn
-        assert parent_conn is not None
+        parent_conn, proc = self._conn, self._proc
+        assert parent_conn is not None and proc is not None
         who = f"GPU worker for GPU {self.gpu}"
         if not parent_conn.poll(self.start_timeout_s):
             self._retire(kill=True)
-            raise WorkerError(f"{who} did not start within {self.start_timeout_s:g} s")
+            stderr = proc.stderr_tail()
+            raise WorkerError(f"{who} did not start within {self.start_timeout_s:g} s", stderr=stderr)
         try:
             reply = parent_conn.recv()
         except (EOFError, OSError):
             code = self._retire()
-            raise WorkerError(f"{who} died while starting (exit code {code})") from None
+            stderr = proc.stderr_tail()
+            last = stderr.splitlines()[-1].strip() if stderr else "it wrote nothing to stderr"
+            raise WorkerError(f"{who} died while starting (exit code {code}): {last}", stderr=stderr) from None
         if reply[0] != "ready":
             self._retire()
             raise WorkerError(f"{who} failed to start: {reply[1]}: {reply[2]}", reply[3])
@@ -240,31 +243,24 @@ class IsolatedEvaluator:
         """Forget the current child (SIGKILL it first if `kill`) and return its exit code. A child that has
         not exited within `wait_s` (the driver is still tearing down its context, e.g. stopping a hung kernel)
         is left to `_bury`, which the next start runs before creating a new context."""
-        proc, conn = self._proc, self._conn
+        proc = self._proc
         self._proc = self._conn = None
-        if conn is not None:
-            conn.close()
         if proc is None:
             return None
-        if kill and proc.is_alive():
-            proc.kill()
-        proc.join(wait_s)
-        if proc.exitcode is None:
-            self._dying.append(proc)
-            return None
-        code = proc.exitcode
         proc.close()
+        if kill:
+            proc.kill()
+        code = proc.join(wait_s)
+        if code is None:
+            self._dying.append(proc)
         return code
 
     def _bury(self, wait_s: float) -> None:
         """Wait for retired children to exit, killing those that outlive `wait_s`."""
         for proc in self._dying:
-            proc.join(wait_s)
-            if proc.exitcode is None:
+            if proc.join(wait_s) is None:
                 proc.kill()
                 proc.join(wait_s)
-            if proc.exitcode is not None:
-                proc.close()
         self._dying = [proc for proc in self._dying if proc.exitcode is None]
 
     def close(self) -> None:
@@ -286,7 +282,7 @@ class IsolatedEvaluator:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the daemon child dies with us anyway
+        except Exception:  # interpreter shutdown: the child is ended at exit anyway (tuner.child)
             pass
 
     # -- requests -------------------------------------------------------------------------------------------
@@ -315,10 +311,12 @@ class IsolatedEvaluator:
         try:
             reply = conn.recv()
         except (EOFError, OSError):
+            proc = self._proc
             code = self._retire()
+            stderr = proc.stderr_tail() if proc is not None else ""
             return LaunchFailed(
                 reason=f"worker died (exit code {code}) during the request; replaced",
-                details={"exitcode": code, "sticky": False, "worker_died": True},
+                details={"exitcode": code, "sticky": False, "worker_died": True, "stderr": stderr},
             )
         if reply[0] == "error":
             self._retire()
@@ -327,7 +325,8 @@ class IsolatedEvaluator:
 
     def _family_ref(self, family: Family | str) -> Family | str:
         """A family that `tuner.kernels.get` resolves (shipped, registered, or defined by a space file) crosses by
-        its reference; any other Family crosses pickled."""
+        its reference; any other Family crosses pickled, which needs its class importable by name in the child:
+        one defined in the caller's ``__main__`` is an InputError here, not an unpickling error there."""
         if isinstance(family, str):
             return family
         from tuner import kernels
@@ -338,6 +337,12 @@ class IsolatedEvaluator:
                 return ref
         except (KeyError, InputError):
             pass
+        if type(family).__module__ == "__main__":
+            raise InputError(
+                f"family {family.name!r}: its class {type(family).__qualname__} is defined in __main__ (a script or "
+                "a notebook cell), which the GPU worker cannot import; define it in a module, or name it in a space "
+                "file (family: FILE.py:CLASS)"
+            )
         return family
 
     def evaluate(
@@ -387,7 +392,7 @@ _LAUNCHED: dict[int, IsolatedEvaluator] = {}
 def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
     """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
     thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
-    set-up. `take_launched` hands them out; ones never taken die with this process (daemons)."""
+    set-up. `take_launched` hands them out; ones never taken end with this process (`tuner.child`)."""
     for gpu in range(count):
         if gpu not in _LAUNCHED:
             evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)

@@ -5,7 +5,9 @@ durable storage by this process, so SQLite's commits (tens of milliseconds each)
 process is started before anything is known of the study (`launch_writer`, called first thing by ``tuner study``,
 so that its imports of Optuna and SQLAlchemy overlap the driver's own start-up); its first message names the
 storage and the study (`_Mirror.bind` for a study the driver has opened, `_Mirror.create` for a new one, which the
-writer creates itself).
+writer creates itself). The process is a `tuner.child` child (it never runs the caller's ``__main__``); the
+driver's messages go to it over its pipe from a thread (`tuner.child.Outbox`), so that a slow commit never blocks
+the driver, and its one report comes back on the same pipe.
 
 This module imports only the standard library at the top: the driver's command can start the process before
 importing anything heavy.
@@ -13,16 +15,17 @@ importing anything heavy.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
-import queue as queue_mod
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
+from tuner.child import Outbox, start_child
 from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 #: How long the writer holds a started trial back, waiting for its result to write both in one insert (one
 #: commit instead of one per attribute). A driver killed meanwhile loses those trials' RUNNING records only:
@@ -30,17 +33,18 @@ from tuner.errors import InputError
 WRITER_HOLD_S = 1.0
 
 
-def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int | None = None) -> None:
-    """Mirror trials into durable storage in ask order. A trial whose result comes within `WRITER_HOLD_S` of its
-    start is written finished; one still running then is written RUNNING and completed by its finish. The trials
-    due in one pass of the loop are written together, in one transaction, and the RUNNING ones whose finish came
-    in that pass are completed together, in another (`tuner.trialwriter`). Exits when the
-    driver (`parent`) dies, so a killed driver leaves no writer holding the database (its RUNNING trials are
-    recovered on the rerun). The first message names the study, and the storage's `url` when the process was
-    started without it: ("study", id[, url]) for a study the driver has opened, or ("create", spec) for a new
-    study, which the writer then creates itself (the storage, the driver's lease, the study and its attributes;
-    `_create_study`), so that a new study's driver never waits for the storage. A refused creation is reported on
-    `done` ({"refused": text}) and nothing is written. Later messages may set study attributes
+def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -> None:
+    """Mirror trials into durable storage in ask order, as `conn` (the pipe from the driver) brings them. A trial
+    whose result comes within `WRITER_HOLD_S` of its start is written finished; one still running then is written
+    RUNNING and completed by its finish. The trials due in one pass of the loop are written together, in one
+    transaction, and the RUNNING ones whose finish came in that pass are completed together, in another
+    (`tuner.trialwriter`). Exits when the driver (`parent`) dies (its end of the pipe closes), once what it sent
+    is written, so a killed driver leaves no writer holding the database (its RUNNING trials are recovered on the
+    rerun). The first message names the study, and the storage's `url` when the process was started without it:
+    ("study", id[, url]) for a study the driver has opened, or ("create", spec) for a new study, which the writer
+    then creates itself (the storage, the driver's lease, the study and its attributes; `_create_study`), so that a
+    new study's driver never waits for the storage. A refused creation is reported on `conn` ({"refused": text})
+    and nothing is written; after ("stop",), the writer's timings are. Later messages may set study attributes
     (("study_attr", key, value)). The writer is started early, to import while the driver sets up."""
     started_at = time.perf_counter()
     # The slow part of the writer's start, done while the driver sets up: Optuna, and the packages its RDB
@@ -53,7 +57,6 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     import sqlalchemy.dialects.sqlite  # noqa: F401
     import sqlalchemy.orm  # noqa: F401
 
-    from tuner.lease import get_unless_orphaned
     from tuner.study import open_storage
     from tuner.trialwriter import TrialWriter
 
@@ -61,7 +64,9 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
     imported_at = time.perf_counter()
-    first = get_unless_orphaned(inbox, parent)
+    first = _next(conn, parent, WRITER_HOLD_S / 2)
+    while first == ():
+        first = _next(conn, parent, WRITER_HOLD_S / 2)
     if first is None or first[0] not in ("study", "create"):
         return
     bound_at = time.perf_counter()
@@ -75,7 +80,7 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
         try:
             storage, study_id, lease = _create_study(url, first[1])
         except InputError as exc:
-            _report_and_leave(done, {"refused": exc.message, "where": exc.where})
+            _report_and_leave(conn, {"refused": exc.message, "where": exc.where})
     writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
     # what the driver's summary reports of the writer (`perf_counter` stamps: the driver makes them relative)
     stats: dict[str, Any] = {
@@ -89,19 +94,15 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
     trial_ids: dict[int, int] = {}
     held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
     finals: dict[int, Any] = {}  # results of held trials
-    stop = False
-    while not (stop and not held):
-        try:
-            batch = [inbox.get(timeout=WRITER_HOLD_S / 4)]
-        except queue_mod.Empty:
-            batch = []
-            if parent is not None and os.getppid() != parent:
-                return
-        while True:
-            try:
-                batch.append(inbox.get_nowait())
-            except queue_mod.Empty:
-                break
+    stop = gone = False
+    while not (stop and not held) and not gone:
+        batch: list[tuple] = []
+        message = _next(conn, parent, WRITER_HOLD_S / 4)
+        while message:
+            batch.append(message)
+            message = _next(conn, parent, 0.0)
+        # The driver is gone: what it sent is written below, the trials still held are not (the rerun asks afresh).
+        gone = message is None
         now = time.monotonic()
         finishing: list[tuple[int, Any]] = []  # (trial id, frozen): written RUNNING in an earlier pass
         for msg in batch:
@@ -134,19 +135,34 @@ def _writer_main(url: str | None, inbox: mp.Queue, done: mp.Queue, parent: int |
             stats["write_s"] += time.perf_counter() - started
             stats["trials"] += len(ready)
             stats.setdefault("first_write_at", time.perf_counter())
+    if gone and not stop:
+        return  # nobody to report to; a lease of a killed driver is taken over by the rerun
     if lease is not None:
         lease.release()
     storage.engine.dispose()  # closes the database (SQLite folds its write-ahead log back in)
     stats["done_at"] = time.perf_counter()
-    _report_and_leave(done, stats)
+    _report_and_leave(conn, stats)
 
 
-def _report_and_leave(done: mp.Queue, report: dict[str, Any]) -> None:
+def _next(conn: Connection, parent: int | None, timeout: float) -> tuple | None:
+    """The driver's next message, () if none came within `timeout`, or None once the driver is gone (its end of
+    the pipe closed, or this process re-parented)."""
+    try:
+        if conn.poll(timeout):
+            return conn.recv()
+    except (EOFError, OSError):
+        return None
+    return None if parent is not None and os.getppid() != parent else ()
+
+
+def _report_and_leave(conn: Connection, report: dict[str, Any]) -> None:
     """Send the driver `report` and leave without the interpreter's teardown (a tenth of a second or more of
-    garbage collection and module clean-up that the driver would wait for): everything is written and closed."""
-    done.put(report)
-    done.close()
-    done.join_thread()
+    garbage collection and module clean-up that the driver would wait for): everything is written and closed.
+    A driver that is gone no longer reads it."""
+    try:
+        conn.send(report)
+    except OSError:
+        pass
     os._exit(0)
 
 
@@ -193,14 +209,20 @@ def new_study(
 
 
 class _Mirror:
-    """The driver's handle on a writer process: its two queues (trials in, final timings or a refusal out)."""
+    """The driver's handle on a writer process: its messages out (an `Outbox` on its pipe), its one report back
+    (final timings, or a refusal). `target` is the writer's entry, called as ``target(conn, url, driver pid,
+    *extra)`` in the child (tests substitute a variant of `_writer_main`)."""
 
-    def __init__(self, url: str | None, study_id: int | None = None):
-        ctx = mp.get_context("spawn")
+    def __init__(
+        self,
+        url: str | None,
+        study_id: int | None = None,
+        target: Callable[..., None] | None = None,
+        extra: tuple = (),
+    ):
         self.url = url
-        self.inbox, self.done = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_writer_main, args=(url, self.inbox, self.done, os.getpid()), daemon=True)
-        self.proc.start()
+        self.proc = start_child(target or _writer_main, (url, os.getpid(), *extra), name="tuner-writer")
+        self.outbox = Outbox(self.proc.conn)
         if study_id is not None:
             self.bind(study_id)
 
@@ -210,31 +232,47 @@ class _Mirror:
         one."""
         global _LAUNCHED
         launched, _LAUNCHED = _LAUNCHED, None
-        if launched is not None and launched.proc.is_alive():
+        if launched is not None and launched.proc.alive():
             launched.url = url
             return launched
         return cls(url)
 
     def bind(self, study_id: int) -> None:
         """Name the study the writer mirrors into (once, before the first trial)."""
-        self.inbox.put(("study", study_id, self.url))
+        self.outbox.put(("study", study_id, self.url))
 
     def create(self, spec: dict[str, Any]) -> None:
         """Have the writer create a new study (`_create_study`) and mirror into it (instead of `bind`)."""
-        self.inbox.put(("create", {**spec, "url": self.url}))
+        self.outbox.put(("create", {**spec, "url": self.url}))
 
     def set_study_attr(self, key: str, value: Any) -> None:
-        self.inbox.put(("study_attr", key, value))
+        self.outbox.put(("study_attr", key, value))
+
+    def _report(self, timeout: float) -> dict[str, Any] | None:
+        """The writer's report, if it came within `timeout` (None: none yet, or the writer is gone without one)."""
+        try:
+            if self.proc.conn.poll(timeout):
+                return self.proc.conn.recv()
+        except (EOFError, OSError):
+            pass
+        return None
+
+    def _stderr(self) -> str:
+        """The writer's last lines on stderr, as a block to append to the message that it died ("" if none)."""
+        stderr = self.proc.stderr_tail()
+        return f"\n--- the writer's last lines on stderr ---\n{stderr}" if stderr else ""
 
     def check(self) -> None:
         """While the study runs (no wait): raise the InputError of a refused `create` as soon as the writer has
         reported it, and a RuntimeError if the writer has died, so a study whose trials can no longer be recorded
         stops now rather than at its end."""
-        with contextlib.suppress(queue_mod.Empty):
-            self._raise_refusal(self.done.get_nowait())
-        if self.proc.exitcode is not None:
+        report = self._report(0.0)
+        if report is not None:
+            self._raise_refusal(report)
+        code = self.proc.exitcode
+        if code is not None:
             raise RuntimeError(
-                f"the study's writer process exited with code {self.proc.exitcode}; nothing more can be recorded"
+                f"the study's writer process exited with code {code}; nothing more can be recorded{self._stderr()}"
             )
 
     @staticmethod
@@ -244,38 +282,36 @@ class _Mirror:
         return stats
 
     def start(self, number: int, frozen) -> None:
-        self.inbox.put(("start", number, frozen))
+        self.outbox.put(("start", number, frozen))
 
     def finish(self, number: int, frozen) -> None:
-        self.inbox.put(("finish", number, frozen))
+        self.outbox.put(("finish", number, frozen))
 
     def abort(self) -> None:
         """Stop a writer that was never bound to a study (the study was refused during set-up)."""
-        self.inbox.put(("stop",))
+        self.outbox.put(("stop",))
+        self.outbox.close(10.0)
         self.proc.join(10.0)
+        self.proc.close()
 
     def close(self, timeout: float = 300.0) -> dict[str, Any]:
         """Stop the writer once it has written every trial; its timings (epoch seconds, `_writer_main`), or {}."""
-        self.inbox.put(("stop",))
+        self.outbox.put(("stop",))
         stats: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                stats = self.done.get(timeout=0.2)
+            report = self._report(0.2)
+            if report is not None:
+                stats = report
                 break
-            except queue_mod.Empty:
-                if not self.proc.is_alive():  # it ended without its timings (it failed: exitcode below)
-                    with contextlib.suppress(queue_mod.Empty):
-                        stats = self.done.get_nowait()
-                    break
-        self.proc.join(timeout)
-        # End the inbox's feeder thread now: while it lives it holds one of the queue's semaphores, which a driver
-        # that leaves with os._exit would then leave registered (a "leaked semaphore" warning at exit).
-        self.inbox.close()
-        self.inbox.join_thread()
-        self.done.close()
-        if self.proc.exitcode not in (0, None):
-            raise RuntimeError(f"study writer exited with code {self.proc.exitcode}")
+            if not self.proc.alive():  # it ended without its timings (it failed: exit code below)
+                stats = self._report(0.0) or {}
+                break
+        self.outbox.close(max(0.0, deadline - time.monotonic()))
+        code = self.proc.join(max(0.0, deadline - time.monotonic()))
+        self.proc.close()
+        if code not in (0, None):
+            raise RuntimeError(f"study writer exited with code {code}{self._stderr()}")
         return self._raise_refusal(stats)
 
 
@@ -286,8 +322,8 @@ _LAUNCHED: _Mirror | None = None
 def launch_writer() -> None:
     """Start a study writer's process now, before the storage is known: ``tuner study`` calls this first thing,
     so the writer's imports (Optuna, SQLAlchemy, Alembic: a second or two on a busy host) overlap the driver's own
-    start-up instead of ending after it. One never taken dies with this process (a daemon, and it exits when its
-    parent is gone)."""
+    start-up instead of ending after it. One never taken ends with this process (`tuner.child`; it also exits by
+    itself once its parent is gone)."""
     global _LAUNCHED
     if _LAUNCHED is None:
         _LAUNCHED = _Mirror(None)

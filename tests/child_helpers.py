@@ -1,0 +1,34 @@
+"""What the children of tests/test_child.py run: kept apart from the test module, whose imports (Optuna, pytest)
+each child would otherwise pay for when it unpickles its target."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class DiesAtStart:
+    """A GPU worker's evaluator that writes lines to stderr and exits with `code` before it is ready."""
+
+    def __init__(self, code: int = 3, lines: int = 30):
+        for i in range(lines):
+            print(f"noise line {i}", file=sys.stderr)
+        print("cannot reach the GPU: no driver in this test", file=sys.stderr, flush=True)
+        os._exit(code)
+
+
+def writer_that_dies(conn, url, parent) -> None:
+    """A writer entry that fails at once, as a writer that cannot import its storage's driver would."""
+    print("the storage's driver is missing", file=sys.stderr, flush=True)
+    raise SystemExit(4)
+
+
+def slow_reader(conn, delay_s: float) -> None:
+    """Reads nothing for `delay_s`, then every message up to ("stop",); answers with their numbers, in order."""
+    import time
+
+    time.sleep(delay_s)
+    numbers = []
+    while (message := conn.recv())[0] != "stop":
+        numbers.append(message[0])
+    conn.send(numbers)
