@@ -48,6 +48,10 @@ def test_sets_are_taken_in_turn_and_an_explicit_budget_of_zero_falls_back_to_fre
     assert pool.draw(("k",)) is None and pool.protocol(("k",)) == "fresh inputs per check (a reason)"
     assert InputPool(size=0).draw(("k",)) is None
     assert POOL_SIZE == 2
+    # an explicit seed's set stands beside the pool's, one per key, and outlives neither its seed nor the turn
+    first = pool.fresh(("j",), 7)
+    assert pool.fresh(("j",), 7) is first and first.uses == 2
+    assert pool.fresh(("j",), 8) is not first and pool.draw(("j",)).seed not in (7, 8)
 
 
 def test_the_pool_key_reads_the_config_only_where_the_family_says_its_reference_does():
@@ -245,6 +249,10 @@ def test_the_reference_is_computed_once_per_input_set_and_an_explicit_seed_is_a_
     fresh = _run(evaluator, binaries, family, seed=12345)
     assert isinstance(fresh, Measurement) and fresh.versions["verification"] == "fresh input set"
     assert family.calls == POOL_SIZE + 1
+    assert isinstance(_run(evaluator, binaries, family, seed=12345), Measurement)  # the finalists share one set
+    assert family.calls == POOL_SIZE + 1
+    assert isinstance(_run(evaluator, binaries, family, seed=678), Measurement)
+    assert family.calls == POOL_SIZE + 2
     # what a summary reads: threads of the launch, GPU time of the launches, the stages' host wall
     last = results[-1]
     assert last.threads_per_block == 256
@@ -304,3 +312,16 @@ def test_a_study_whose_reference_raises_stops_at_its_first_check_with_one_line(t
     lines = [line for line in proc.stderr.strip().splitlines() if "tuner: error" in line]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "reference ref.py:axpy raised IndexError" in lines[0] and "ref.py:2" in lines[0], lines[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_the_bf16_generator_draws_the_bits_encoding_its_float32_draws_would(evaluator):
+    import cupy
+
+    from tuner.kernels import bf16
+
+    one, two = evaluator._kernels.rng(99), evaluator._kernels.rng(99)
+    bits = one.standard_normal_bf16((1 << 20,), 0.5)
+    encoded = bf16.encode(cupy, two.standard_normal((1 << 20,), dtype=cupy.float32) * cupy.float32(0.5))
+    assert bits.dtype == cupy.uint16 and bool((bits == encoded).all())

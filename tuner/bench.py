@@ -813,11 +813,11 @@ class GpuEvaluator:
         phases = dict.fromkeys(PHASES, 0.0)
         outputs_spec = family.outputs(problem, config)
         key = verify.pool_key(family, problem, config)
-        explicit = seed is not None  # an explicit seed: a fresh set, its reference computed for it and not kept
-        pooled = self._pool.draw(key) if not explicit else None
+        explicit = seed is not None  # an explicit seed: a fresh set, beside the pool's (shared by the finalists)
+        pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
         if pooled is not None:
             seed = pooled.seed
-        elif seed is None:
+        else:
             seed = fresh_seed()
         with stream:
             inputs = self._inputs(family, problem, seed, phases)

@@ -196,6 +196,8 @@ class Pool:
         self.slots = self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self.measures = bool(self.slots[0].info["measures"])
+        #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
+        self.finalist_seed = fresh_seed()
         #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
         self.cutoff_ms: float | None = None
         self.arch = arch or str(self.slots[0].info["arch"])
@@ -331,7 +333,7 @@ class Pool:
                     job.config,
                     self.problem.env,
                     # a finalist is verified again on a fresh input set that no config has seen
-                    seed=None if job.screening else fresh_seed(),
+                    seed=None if job.screening else self.finalist_seed,
                     budget_ms=job.budget_ms,
                     cutoff_ms=self.cutoff_ms if job.screening else None,
                 )

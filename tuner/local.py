@@ -161,7 +161,7 @@ class _Gpu:
             # The cut-off is read now, not at submit: results that came in while the job waited count.
             cutoff_ms = pool.cutoff_ms if job.screening else None
             # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
-            seed = None if job.screening else fresh_seed()
+            seed = None if job.screening else pool.finalist_seed
             result = self.evaluator.evaluate(
                 job.compiled,
                 family,
@@ -223,6 +223,8 @@ class LocalPool:
         self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
         self._turn = 0
+        #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
+        self.finalist_seed = fresh_seed()
         #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
         self.cutoff_ms: float | None = None
         #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by

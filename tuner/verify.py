@@ -19,8 +19,9 @@ evaluator keeps, per (family, problem, the part of the config its reference read
 * where neither budget holds a reference, the key uses the fresh protocol (a new input set and reference per
   check) and says so.
 
-An explicit seed (the study's finalists, ``tuner bench --seed``) is always a fresh set that no config has seen:
-its reference is computed for it and not kept.
+An explicit seed (the study's finalists) is a fresh set that no screened config has seen: its reference is
+computed for it and kept beside the pool's sets while that seed is in use (`InputPool.fresh`), so the finalists,
+which share one seed, share one reference.
 
 This module holds the bookkeeping and the reference's normalization (shape and dtype checks, torch tensors and
 NumPy arrays turned into CuPy arrays); `tuner.bench` draws and checks.
@@ -104,7 +105,9 @@ class InputPool:
     host_budget: int = 0
     sets: dict[tuple, list[InputSet]] = field(default_factory=dict)
     #: keys that use the fresh protocol, with the reason
-    fresh: dict[tuple, str] = field(default_factory=dict)
+    fresh_keys: dict[tuple, str] = field(default_factory=dict)
+    #: per key, the set of the last explicit seed (`fresh`)
+    explicit: dict[tuple, InputSet] = field(default_factory=dict)
     device_used: int = 0
     host_used: int = 0
     _turn: dict[tuple, int] = field(default_factory=dict)
@@ -119,7 +122,7 @@ class InputPool:
 
     def draw(self, key: tuple) -> InputSet | None:
         """The input set the next check of `key` uses (in turn), or None where `key` uses the fresh protocol."""
-        if key in self.fresh or self.size < 1:
+        if key in self.fresh_keys or self.size < 1:
             return None
         sets = self.sets.setdefault(key, [])
         turn = self._turn.get(key, 0)
@@ -132,16 +135,29 @@ class InputPool:
         chosen.uses += 1
         return chosen
 
+    def fresh(self, key: tuple, seed: int) -> InputSet:
+        """The set of an explicit `seed` (a fresh set no screened config has seen): kept beside the pool's own, one
+        per key, so that the configs checked on the same seed (a study's finalists) share its reference."""
+        kept = self.explicit.get(key)
+        if kept is None or kept.seed != seed:
+            if kept is not None:
+                self._release(kept)
+            kept = self.explicit[key] = InputSet(seed=seed)
+        kept.uses += 1
+        return kept
+
     def keep(self, key: tuple, chosen: InputSet, reference: dict[str, Any]) -> None:
         """Keep `reference` (CuPy arrays, already normalized) as `chosen`'s, where the budgets allow; a key
-        whose reference fits neither budget falls back to the fresh protocol."""
+        whose reference fits neither budget falls back to the fresh protocol (an explicit seed's set is then
+        simply not kept)."""
         import cupy
 
         nbytes = sum(int(a.nbytes) for a in reference.values())
         on_device = self.device_used + nbytes <= self.device_budget
         on_host = self.host_used + nbytes <= self.host_budget
         if not on_device and not on_host:
-            self.forget(key, f"its reference ({nbytes / 1e9:.2f} GB) fits neither the pool's device nor host budget")
+            if self.explicit.get(key) is not chosen:
+                self.forget(key, f"its reference ({nbytes / 1e9:.2f} GB) fits neither the device nor the host budget")
             return
         try:
             if on_host:
@@ -160,16 +176,20 @@ class InputPool:
     def forget(self, key: tuple, why: str) -> None:
         """Drop `key`'s sets and check it with fresh inputs from now on, for the reason `why`."""
         for kept in self.sets.pop(key, []):
-            if kept.device is not None:
-                self.device_used -= sum(int(a.nbytes) for a in kept.device.values())
-            if kept.host is not None:
-                self.host_used -= sum(int(a.nbytes) for a in kept.host.values())
-        self.fresh[key] = why
+            self._release(kept)
+        self.fresh_keys[key] = why
+
+    def _release(self, kept: InputSet) -> None:
+        if kept.device is not None:
+            self.device_used -= sum(int(a.nbytes) for a in kept.device.values())
+        if kept.host is not None:
+            self.host_used -= sum(int(a.nbytes) for a in kept.host.values())
+        kept.device = kept.host = None
 
     def protocol(self, key: tuple) -> str:
         """How `key` is verified, as recorded with a measurement."""
-        if key in self.fresh:
-            return f"fresh inputs per check ({self.fresh[key]})"
+        if key in self.fresh_keys:
+            return f"fresh inputs per check ({self.fresh_keys[key]})"
         return f"pool of {self.size} input sets, references kept"
 
 
