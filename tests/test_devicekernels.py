@@ -23,7 +23,7 @@ def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypat
     compiled = compile_source(devicekernels.source(), "sm_90")
     assert compiled.ok, compiled
     names = set(compiled.functions)
-    assert {"fill_normal_f32", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"} <= names
+    assert {"fill_normal_f32", "fill_normal_bf16", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"} <= names
     assert {f"check_{o}_{r}" for o in devicekernels.CHECK_DTYPES for r in ("float32", "float64")} <= names
     assert all(f.spill_store_bytes == 0 for f in compiled.functions.values())
     assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
@@ -37,7 +37,7 @@ def test_the_worker_builds_the_checks_in_two_parts_that_cover_every_pair(tmp_pat
     assert len(devicekernels.CHECK_PAIRS) == len(devicekernels.FIRST_CHECKS) + len(rest) == 14
     later = devicekernels.Built(rest, "sm_90")
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), "sm_90")
-    fills = {"fill_normal_f32", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"}
+    fills = {"fill_normal_f32", "fill_normal_bf16", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"}
     assert first.ok and set(first.functions) == fills | {"check_float32_float32", "check_float32_float64"}
     built = later.result()
     assert built.ok and {f"check_{o}_{r}" for o, r in rest} <= set(built.functions)
