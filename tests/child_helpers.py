@@ -32,3 +32,13 @@ def slow_reader(conn, delay_s: float) -> None:
     while (message := conn.recv())[0] != "stop":
         numbers.append(message[0])
     conn.send(numbers)
+
+
+class HangsAtStart:
+    """A GPU worker's evaluator that says where it is stuck, then never gets ready."""
+
+    def __init__(self):
+        import time
+
+        print("waiting for a GPU that never frees up", file=sys.stderr, flush=True)
+        time.sleep(3600)

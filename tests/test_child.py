@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from child_helpers import DiesAtStart, slow_reader, writer_that_dies
+from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_dies
 
 from tuner import child as child_mod
 from tuner.errors import InputError
@@ -128,6 +128,14 @@ def test_a_gpu_worker_that_dies_while_starting_raises_with_its_stderr(capsys):
     assert "noise line 0\n" in relayed and "cannot reach the GPU" in relayed
     assert not evaluator.alive()
     evaluator.close()
+
+
+def test_a_gpu_worker_that_hangs_while_starting_is_killed_and_says_where_it_was():
+    evaluator = IsolatedEvaluator(evaluator_factory=HangsAtStart, start_timeout_s=4.0)
+    with pytest.raises(WorkerError, match=r"did not start within 4 s") as info:
+        evaluator.start()
+    assert info.value.stderr == "waiting for a GPU that never frees up"
+    assert not evaluator.alive()
 
 
 def test_a_worker_whose_factory_cannot_be_imported_names_the_import_error(tmp_path, monkeypatch):
