@@ -234,7 +234,7 @@ def test_the_readme_notebook_form_runs_as_written(tmp_path, monkeypatch):
     """The README's code, run as it stands in a copy of examples/scale_add, answered from a recording (and on
     2^16 elements instead of its 2^26, so the NumPy reference stays light on a CPU)."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### From a notebook") : readme.index("## Benchmarks")].rstrip()
+    section = readme[readme.index("### From a notebook") : readme.index("### Headers, bf16 and references")].rstrip()
     assert len(section.splitlines()) <= 15
     code = section[section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)]
     shutil.copy(TEMPLATE, tmp_path)
