@@ -977,7 +977,6 @@ class GpuEvaluator:
         self, family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases
     ) -> list[OutputCheck]:
         """Poison the outputs, run every launch of the config once, compare with `reference`."""
-        import cupy
 
         started = time.perf_counter()
         for array in outputs.values():
@@ -988,6 +987,12 @@ class GpuEvaluator:
         self._sync()
         phase[0] = "correctness check"
         phases["launch"] += time.perf_counter() - started
+        return self._compare(family, problem, outputs_spec, arrays, reference, phases)
+
+    def _compare(self, family, problem, outputs_spec, arrays, reference, phases) -> list[OutputCheck]:
+        """Each checked output (or in-place input) of `arrays` against `reference`, within the family's tolerance."""
+        import cupy
+
         started = time.perf_counter()
         tolerance = family.tolerance(problem)
         out_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
@@ -1011,21 +1016,10 @@ class GpuEvaluator:
         matches means the family's inputs do not come back from their seed: its key leaves the pool."""
         import cupy
 
+        outputs_spec = family.outputs(problem, config)
+
         def compare(reference) -> list[OutputCheck]:
-            started = time.perf_counter()
-            tolerance = family.tolerance(problem)
-            out_dtypes = {name: dtype for name, (_, dtype) in family.outputs(problem, config).items()}
-            again = [
-                self._check(
-                    name,
-                    family.checked_value(cupy, name, arrays[name], out_dtypes.get(name)),
-                    reference[name],
-                    tolerance[name] if isinstance(tolerance, dict) else tolerance,
-                )
-                for name in (family.checked() or tuple(reference))
-            ]
-            phases["compare"] += time.perf_counter() - started
-            return again
+            return self._compare(family, problem, outputs_spec, arrays, reference, phases)
 
         restored = pooled.restore()
         if restored is not None:
