@@ -1,4 +1,4 @@
-"""The local engine (`tuner.local.LocalPool`) on CPUs: real NVRTC compiles in threads, real GPU-worker child
+"""The local engine (`tuner.local.LocalPool`) on CPUs: real NVRTC compiles in compile processes, real GPU-worker child
 processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
 suffer (killed, hung), handled as the Ray pool handles them."""
 
@@ -95,18 +95,24 @@ def test_configs_compile_in_threads_and_run_in_worker_children(space, tmp_path, 
         assert pool.startup["engine"] == "local" and pool.startup["gpu_workers_s"] > 0
 
 
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are a Linux feature")
-def test_compile_threads_run_below_the_rest_of_the_study(space, tmp_path, monkeypatch):
-    """Compile threads (one per core) are niced by `COMPILE_NICENESS`, so the driver, the writer and the GPU
-    workers keep their share of the cores at a study's start; the driver's own thread is left as it was."""
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are a POSIX feature")
+def test_compiles_run_in_processes_below_the_rest_of_the_study(space, tmp_path, monkeypatch):
+    """A measuring pool compiles in child processes, one per compile slot, niced by `COMPILE_NICENESS`, so the
+    driver, the writer and the GPU workers keep their share of the cores; the driver itself is left as it was."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    import threading
+    from tuner.compilers import COMPILE_NICENESS
 
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
     with _pool(space, _child_factory(0.0), gpus=1) as pool:
-        niceness = pool._compiler.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        assert niceness.result(timeout=60) == min(19, mine + local.COMPILE_NICENESS)
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+        pool.submit(0, list(space.enumerate())[0])
+        assert _drain(pool, 1)[0].ok
+        children = pool._compilers._all
+        assert len(children) == pool.compile_slots and os.getpid() not in {c.pid for c in children}
+        want, deadline = {min(19, mine + COMPILE_NICENESS)}, time.time() + 30
+        while {os.getpriority(os.PRIO_PROCESS, c.pid) for c in children} != want and time.time() < deadline:
+            time.sleep(0.05)  # a child nices itself first thing, but may still be starting
+        assert {os.getpriority(os.PRIO_PROCESS, c.pid) for c in children} == want
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
 
 
 def test_killed_worker_fails_its_trial_and_the_next_config_runs(space, tmp_path, monkeypatch):

@@ -54,6 +54,28 @@ def test_sets_are_taken_in_turn_and_an_explicit_budget_of_zero_falls_back_to_fre
     assert pool.fresh(("j",), 8) is not first and pool.draw(("j",)).seed not in (7, 8)
 
 
+def test_sets_computed_ahead_are_drawn_only_once_settled_and_one_that_failed_is_dropped():
+    from concurrent.futures import Future
+
+    pool = InputPool(size=2, device_budget=1 << 30, host_budget=1 << 30)
+    pool.reserve(99)  # the finalists' seed, told before the study's first check
+    first = pool.draw(("k",))
+    later = pool.ahead(("k",))  # the pool's second set and the reserved seed's
+    assert len(later) == 2 and later[1].seed == 99 and later[0].seed not in (first.seed, 99)
+    answer: Future = Future()
+    for kept in later:
+        kept.pending, kept.finish = answer, lambda expected: expected
+    assert all(pool.draw(("k",)) is first for _ in range(3))  # a pending set is not drawn
+    assert pool.fresh(("k",), 99) is later[1]  # the finalists find the set computed ahead for them
+    assert {id(kept) for _, kept in pool.pending()} == {id(kept) for kept in later}
+    assert pool.ahead(("k",)) == []  # nothing more to compute ahead for this key
+    answer.set_exception(RuntimeError("the reference failed in the background"))
+    pool.settle(("k",), later[0])
+    assert later[0] not in pool.sets[("k",)] and later[0].pending is None
+    again = pool.draw(("k",))  # the pool is short of a set: the next draw computes one in the foreground
+    assert again.seed not in (first.seed, later[0].seed) and again.pending is None
+
+
 def test_the_pool_key_reads_the_config_only_where_the_family_says_its_reference_does():
     from tuner import kernels
 
@@ -209,6 +231,24 @@ class Counted(Family):
         return 2 * problem["n"] * 4
 
 
+class HostCounted(Counted):
+    """Counted with a reference that runs on the host: the evaluator computes its later sets ahead. Records the
+    thread each reference call ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads: list[str] = []
+
+    def reference_on_host(self):
+        return True
+
+    def reference(self, xp, inputs, problem, config=None):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return super().reference(xp, inputs, problem, config)
+
+
 @pytest.fixture(scope="module")
 def evaluator():
     from tuner.bench import GpuEvaluator
@@ -259,6 +299,27 @@ def test_the_reference_is_computed_once_per_input_set_and_an_explicit_seed_is_a_
     assert last.gpu_ms >= last.median_ms * last.repetitions
     assert set(last.phases_s) == {"inputs", "reference", "launch", "compare", "timing"}
     assert results[0].phases_s["reference"] > 0 and last.phases_s["reference"] < results[0].phases_s["reference"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+def test_a_host_reference_is_waited_for_once_and_the_other_sets_are_computed_ahead(evaluator, binaries):
+    import time
+
+    family = HostCounted()
+    evaluator.reserve(4242)  # the finalists' seed
+    assert isinstance(_run(evaluator, binaries, family), Measurement)
+    assert family.threads[0] == "MainThread"  # the first set's reference is waited for
+    deadline = time.monotonic() + 30
+    while family.calls < 3 and time.monotonic() < deadline:  # the second set's and the finalists', ahead
+        time.sleep(0.01)
+    assert family.calls == 3 and all(name.startswith("tuner-reference") for name in family.threads[1:])
+    results = [_run(evaluator, binaries, family) for _ in range(4)]
+    assert all(isinstance(r, Measurement) for r in results), results
+    assert isinstance(_run(evaluator, binaries, family, seed=4242), Measurement)
+    assert family.calls == 3  # neither the pool's sets nor the finalists' computed a reference again
+    # a wrong kernel is still caught against a reference computed ahead
+    assert all(isinstance(_run(evaluator, binaries, family, "wrong"), WrongResult) for _ in range(2))
 
 
 @pytest.mark.gpu

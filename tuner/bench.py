@@ -36,11 +36,13 @@ marks the evaluator `poisoned`: its process must be replaced. Any other exceptio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,6 +425,10 @@ class _Loaded:
     functions: dict[str, Any]
 
 
+#: Threads that compute host references ahead (`tuner.verify`): the pool's second set and the finalists' at once.
+AHEAD_THREADS = 2
+
+
 class GpuEvaluator:
     """Measures compiled configs on one GPU. One per process; see the module docstring for the protocol.
 
@@ -472,6 +478,9 @@ class GpuEvaluator:
         self.poisoned_by: LaunchFailed | TimedOut | None = None
         self._started = False
         self._modules: OrderedDict[str, _Loaded] = OrderedDict()
+        self._reserved: list[int] = []  # seeds a later check asks for (`reserve`)
+        self._nvml_max_sm: int | None = None
+        self._ahead: ThreadPoolExecutor | None = None  # computes host references ahead (`tuner.verify`)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -543,6 +552,8 @@ class GpuEvaluator:
         later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
         self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
         self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
+        for seed in self._reserved:
+            self._pool.reserve(seed)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
@@ -644,14 +655,26 @@ class GpuEvaluator:
         try:
             clocks["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
             clocks["mem_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-            clocks["sm_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            if self._nvml_max_sm is None:  # a fixed property of the board: read once (~1 ms a call)
+                self._nvml_max_sm = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            clocks["sm_clock_max_mhz"] = self._nvml_max_sm
         except Exception:  # optional telemetry: never fatal
             pass
         return clocks
 
     def close(self) -> None:
-        """Unload the cached modules; the CUDA context goes with the process."""
+        """Unload the cached modules and drop references still being computed ahead; the CUDA context goes
+        with the process."""
         self._modules.clear()
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=False, cancel_futures=True)
+
+    def reserve(self, seed: int) -> None:
+        """A later `evaluate(seed=seed)` will come (the study's finalists): where the reference runs on the host,
+        its input set is computed ahead, in the background, as soon as a problem's first reference is kept."""
+        self._reserved.append(seed)
+        if self._started:
+            self._pool.reserve(seed)
 
     # -- waiting ---------------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -814,7 +837,10 @@ class GpuEvaluator:
         outputs_spec = family.outputs(problem, config)
         key = verify.pool_key(family, problem, config)
         explicit = seed is not None  # an explicit seed: a fresh set, beside the pool's (shared by the finalists)
+        self._settle_ahead(phases)
         pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
+        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
+            self._settle(key, pooled, phases)
         if pooled is not None:
             seed = pooled.seed
         else:
@@ -835,6 +861,10 @@ class GpuEvaluator:
                 return WrongResult(
                     reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
                 )
+            if not kept and not explicit and pooled is not None and pooled.ready and family.reference_on_host():
+                # The first set's reference is kept: the other sets' are computed on the host in the background.
+                for later in self._pool.ahead(key):
+                    self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
             outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
             arrays = {**inputs, **outputs}
 
@@ -972,6 +1002,42 @@ class GpuEvaluator:
         finally:
             self._sync()
             phases["reference"] += time.perf_counter() - started
+
+    def _compute_ahead(self, family, problem, config, checked_dtypes, later: verify.InputSet, phases) -> None:
+        """Start computing `later`'s reference on the host in the background: its inputs drawn here (on the GPU,
+        between configs) and copied to the host, the reference then run by a thread of host code only."""
+        import cupy
+
+        inputs = self._inputs(family, problem, later.seed, phases)
+        started = time.perf_counter()
+        host = {name: value.get() if isinstance(value, cupy.ndarray) else value for name, value in inputs.items()}
+        del inputs
+        phases["reference"] += time.perf_counter() - started
+        if self._ahead is None:
+            # A thread per set computed ahead (the pool's second and the finalists'): a NumPy reference runs on
+            # one core, so both are ready one reference's time after the first, not two.
+            self._ahead = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="tuner-reference")
+        later.pending = self._ahead.submit(verify.host_reference, family, host, problem, config, checked_dtypes)
+        later.finish = functools.partial(
+            verify.normalize_reference,
+            family=family,
+            problem=problem,
+            config=config,
+            checked_dtypes=checked_dtypes,
+            what=f"reference of {family.name}",
+        )
+
+    def _settle_ahead(self, phases) -> None:
+        """Keep every reference computed ahead that is ready by now (uploaded between configs)."""
+        for key, later in self._pool.pending():
+            if later.pending.done():
+                self._settle(key, later, phases)
+
+    def _settle(self, key, later: verify.InputSet, phases) -> None:
+        started = time.perf_counter()
+        self._pool.settle(key, later)
+        self._sync()
+        phases["reference"] += time.perf_counter() - started
 
     def _checked_launch(
         self, family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases

@@ -850,7 +850,9 @@ def main(argv: list[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     try:
         args = parser.parse_args(argv)
-        code = int(args.func(args) or 0)
+        from tuner.child import profiled
+
+        code = int(profiled(f"tuner-{words[0] if words else 'help'}", args.func, args) or 0)
         sys.stdout.flush()  # inside the try: a reader that went away is a BrokenPipeError caught below
         if argv is None and getattr(args, "exit_at_once", False):  # the command line's own process, not a caller's
             sys.stderr.flush()

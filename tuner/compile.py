@@ -396,18 +396,29 @@ def compile_many(
 ) -> Iterator[tuple[Source, Compiled | CompileFailed]]:
     """Compile many sources in parallel, yielding (source, result) in input order.
 
-    Threads suffice: CuPy's NVRTC binding releases the GIL while NVRTC and ptxas work, so J threads keep J cores
-    busy without the cost of starting processes.
+    In `jobs` processes (`tuner.compilers`: NVRTC compiles one at a time per process, so threads of one process
+    do not scale) where there are more sources than jobs; a few sources compile in threads here, which costs less
+    than starting processes for them.
     """
+    from tuner.compilers import CompileProcesses
+
     jobs = jobs or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        items = list(sources)
-        futures = [pool.submit(compile_source, s, arch, (), use_cache) for s in items]
-        for src, fut in zip(items, futures, strict=True):
-            result = fut.result()
-            if on_done:
-                on_done(src, result)
-            yield src, result
+    items = list(sources)
+    processes = CompileProcesses(jobs) if len(items) > jobs > 1 else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            if processes is not None:
+                futures = [pool.submit(processes.compile, s, arch, use_cache) for s in items]
+            else:
+                futures = [pool.submit(compile_source, s, arch, (), use_cache) for s in items]
+            for src, fut in zip(items, futures, strict=True):
+                result = fut.result()
+                if on_done:
+                    on_done(src, result)
+                yield src, result
+    finally:
+        if processes is not None:
+            processes.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

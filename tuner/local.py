@@ -11,7 +11,8 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 * every evaluator starts in a background thread as soon as the pool is made, so the GPU workers' CUDA set-up
   (context, flush buffer, ceiling) overlaps the driver's own start-up (storage, study, sampler); `wait_ready`
   joins them;
-* compiles run in a thread pool sized to this host's cores (NVRTC and ptxas release the GIL), and `prefetch`
+* compiles run in compile processes, one per core (`tuner.compilers`: NVRTC compiles one at a time per process,
+  so threads of one process did not scale), fed by a thread pool of the same size, and `prefetch`
   starts a config's compile before the GPU worker is up (the first configs of a study: its default, or a grid's
   first configs). With ``evaluate=True`` the GPU also measures a prefetched config as soon as it is up and idle,
   while the driver is still opening the study; the driver's later `submit` of the same config (same source,
@@ -26,7 +27,6 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import queue
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.clock import since_command
+from tuner.compilers import CompileProcesses
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.render import render
 from tuner.result import LaunchFailed, Result
@@ -126,6 +127,9 @@ class _Gpu:
         try:
             info = self.evaluator.start()
             self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
+            reserve = getattr(self.evaluator, "reserve", None)
+            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.verify)
+                reserve(self.pool.finalist_seed)
         except BaseException as exc:  # reported by wait_ready, in the driver's thread
             self.error = exc
             return False
@@ -209,9 +213,7 @@ class LocalPool:
         self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         t0 = time.perf_counter()
         self.compile_slots = compile_slots or host_cores()
-        self._compiler = ThreadPoolExecutor(
-            self.compile_slots, thread_name_prefix="tuner-compile", initializer=_lower_priority
-        )
+        self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
         self.ready: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         #: finished configs; an exception in place of a Result is a bug in compiling, raised by poll()
         self.done: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
@@ -238,6 +240,9 @@ class LocalPool:
         self._spent_lock = threading.Lock()
         self.closing = False
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
+        # The compile threads hand their compiles to processes (tuner.compilers: NVRTC compiles one at a time per
+        # process); evaluators that do not measure compile nothing, so they get none.
+        self._compilers = CompileProcesses(self.compile_slots) if self.measures_hint else None
         self.startup: dict[str, Any] = {
             "engine": "local",
             "pool_start_s": round(time.perf_counter() - t0, 3),
@@ -444,7 +449,11 @@ class LocalPool:
         """In a compile thread: compile, and count its wall in `spent`."""
         started = time.perf_counter()
         try:
-            return _compile(source, arch)
+            if self._compilers is not None:
+                return self._compilers.compile(source, arch)
+            from tuner.compile import compile_source
+
+            return compile_source(source, arch)
         finally:
             elapsed = time.perf_counter() - started
             with self._spent_lock:
@@ -466,6 +475,8 @@ class LocalPool:
         for _ in self._workers:
             self.ready.put(None)
         self._compiler.shutdown(wait=False, cancel_futures=True)
+        if self._compilers is not None:
+            self._compilers.close()
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=5.0)
@@ -474,25 +485,3 @@ class LocalPool:
             except Exception:  # closing a worker that never started
                 pass
         self._workers = []
-
-
-#: how much lower than the rest of the study a compile thread runs (a nice increment, Linux only)
-COMPILE_NICENESS = 10
-
-
-def _lower_priority() -> None:
-    """In a compile thread: run at a lower priority than the driver, the writer and the GPU workers. One compile
-    thread per core keeps every core busy, and at the same priority they starved the processes a study waits on
-    at its start (the driver's and the writer's imports, the GPU worker's CUDA set-up, the valid-set listing),
-    which then took 2-3x as long on a 16-core H200 host. Niced, the compiles take whatever those leave. Linux
-    applies setpriority to the calling thread alone (its thread id); elsewhere, or when refused, nothing
-    changes."""
-    with contextlib.suppress(AttributeError, OSError):
-        here = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, here, os.getpriority(os.PRIO_PROCESS, here) + COMPILE_NICENESS)
-
-
-def _compile(source, arch):
-    from tuner.compile import compile_source
-
-    return compile_source(source, arch)

@@ -23,6 +23,13 @@ An explicit seed (the study's finalists) is a fresh set that no screened config 
 computed for it and kept beside the pool's sets while that seed is in use (`InputPool.fresh`), so the finalists,
 which share one seed, share one reference.
 
+A reference computed on the host (a NumPy reference: `Family.reference_on_host`) takes seconds at LLM sizes, once
+per set. Only the first set's is waited for: the others' (the pool's second set, and the set of a seed the
+evaluator was told a later check will ask for, `InputPool.reserve`) are computed *ahead*, in a background thread,
+from a host copy of their inputs, while the GPU checks and times configs against the first set. Such a set is
+`pending` until its reference is ready and is not drawn before (`draw` takes the ready sets in turn); the thread
+runs only host code, so no GPU work of its own overlaps a timed launch.
+
 This module holds the bookkeeping and the reference's normalization (shape and dtype checks, torch tensors and
 NumPy arrays turned into CuPy arrays); `tuner.bench` draws and checks.
 """
@@ -38,7 +45,7 @@ import numpy as np
 from tuner.evaluator import fresh_seed
 from tuner.kernels.base import Family, ReferenceFailed
 
-__all__ = ["POOL_SIZE", "InputPool", "InputSet", "normalize_reference", "pool_key"]
+__all__ = ["POOL_SIZE", "InputPool", "InputSet", "host_reference", "normalize_reference", "pool_key"]
 
 #: Input sets kept per key: two, so that a config that happens to match one set's quirks still meets another.
 POOL_SIZE = 2
@@ -69,6 +76,10 @@ class InputSet:
     host: dict[str, np.ndarray] | None = None
     confirmed: bool = False
     uses: int = 0
+    #: the reference being computed ahead (a `concurrent.futures.Future` of the raw answer) and what turns that
+    #: answer into the kept reference (`InputPool.settle`); None for a set whose reference is computed when drawn
+    pending: Any = None
+    finish: Any = None
 
     @property
     def ready(self) -> bool:
@@ -108,6 +119,8 @@ class InputPool:
     fresh_keys: dict[tuple, str] = field(default_factory=dict)
     #: per key, the set of the last explicit seed (`fresh`)
     explicit: dict[tuple, InputSet] = field(default_factory=dict)
+    #: seeds a later check will ask for (`reserve`): their sets are computed ahead, beside the pool's
+    reserved: list[int] = field(default_factory=list)
     device_used: int = 0
     host_used: int = 0
     _turn: dict[tuple, int] = field(default_factory=dict)
@@ -127,13 +140,56 @@ class InputPool:
         sets = self.sets.setdefault(key, [])
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
-        if len(sets) < self.size:
+        drawable = [kept for kept in sets if kept.pending is None]
+        if len(sets) < self.size or not drawable:
             sets.append(InputSet(seed=fresh_seed()))
             chosen = sets[-1]
         else:
-            chosen = sets[turn % len(sets)]
+            chosen = drawable[turn % len(drawable)]
         chosen.uses += 1
         return chosen
+
+    def reserve(self, seed: int) -> None:
+        """A later check will ask for the explicit `seed` (the study's finalists): compute its set ahead."""
+        if seed not in self.reserved:
+            self.reserved.append(seed)
+
+    def ahead(self, key: tuple) -> list[InputSet]:
+        """The sets of `key` to compute ahead once its first reference is kept: the pool's missing sets and the
+        set of each reserved seed (the caller marks each pending)."""
+        if key in self.fresh_keys:
+            return []
+        sets = self.sets.setdefault(key, [])
+        out = [InputSet(seed=fresh_seed()) for _ in range(self.size - len(sets))]
+        sets.extend(out)
+        for seed in self.reserved:
+            kept = self.explicit.get(key)
+            if kept is None or kept.seed != seed:
+                if kept is not None:
+                    self._release(kept)
+                kept = self.explicit[key] = InputSet(seed=seed)
+                out.append(kept)
+        return out
+
+    def pending(self) -> list[tuple[tuple, InputSet]]:
+        """Every (key, set) whose reference is being computed ahead."""
+        out = [(key, kept) for key, sets in self.sets.items() for kept in sets if kept.pending is not None]
+        return out + [(key, kept) for key, kept in self.explicit.items() if kept.pending is not None]
+
+    def settle(self, key: tuple, chosen: InputSet) -> None:
+        """Take `chosen`'s reference computed ahead (waiting for it, if it is not ready) and keep it. One that
+        failed there drops the set: the next draw computes a set in the foreground, where a failure is reported."""
+        future, finish = chosen.pending, chosen.finish
+        chosen.pending = chosen.finish = None
+        try:
+            expected = future.result()
+            reference = finish(expected)
+        except Exception:
+            sets = self.sets.get(key, [])
+            if chosen in sets:
+                sets.remove(chosen)
+            return
+        self.keep(key, chosen, reference, host=expected if isinstance(expected, dict) else None)
 
     def fresh(self, key: tuple, seed: int) -> InputSet:
         """The set of an explicit `seed` (a fresh set no screened config has seen): kept beside the pool's own, one
@@ -146,10 +202,11 @@ class InputPool:
         kept.uses += 1
         return kept
 
-    def keep(self, key: tuple, chosen: InputSet, reference: dict[str, Any]) -> None:
+    def keep(self, key: tuple, chosen: InputSet, reference: dict[str, Any], host: dict[str, Any] | None = None) -> None:
         """Keep `reference` (CuPy arrays, already normalized) as `chosen`'s, where the budgets allow; a key
         whose reference fits neither budget falls back to the fresh protocol (an explicit seed's set is then
-        simply not kept)."""
+        simply not kept). `host`: the same values on the host where the caller has them (a reference computed
+        there), taken as the host copy instead of copying the device's back."""
         import cupy
 
         nbytes = sum(int(a.nbytes) for a in reference.values())
@@ -162,10 +219,7 @@ class InputPool:
         try:
             if on_host:
                 # Pinned where the host copy is what every check uploads; pageable where it only restores.
-                chosen.host = {
-                    name: array.get() if on_device else array.get(out=_pinned_like(array))
-                    for name, array in reference.items()
-                }
+                chosen.host = {name: _host_copy(host, name, array, on_device) for name, array in reference.items()}
                 self.host_used += nbytes
             if on_device:
                 chosen.device = reference
@@ -191,6 +245,23 @@ class InputPool:
         if key in self.fresh_keys:
             return f"fresh inputs per check ({self.fresh_keys[key]})"
         return f"pool of {self.size} input sets, references kept"
+
+
+def _host_copy(host: dict[str, Any] | None, name: str, array, on_device: bool) -> np.ndarray:
+    """The host copy of the kept device `array`: pinned where the host copy is what every check uploads (kept
+    on the host only); else `host[name]` where the caller computed it there (C-contiguous, same shape and dtype);
+    else copied back from the device."""
+    if not on_device:
+        return array.get(out=_pinned_like(array))
+    value = None if host is None else host.get(name)
+    if (
+        isinstance(value, np.ndarray)
+        and value.flags.c_contiguous
+        and value.shape == tuple(array.shape)
+        and value.dtype == array.dtype
+    ):
+        return value
+    return array.get()
 
 
 def _pinned_like(array) -> np.ndarray:
@@ -240,6 +311,26 @@ def normalize_reference(
             array = array.astype(np.float64)
         out[name] = cupy.ascontiguousarray(array)
     return out
+
+
+def host_reference(
+    family: Family, inputs: dict[str, Any], problem: dict[str, Any], config: dict[str, Any], checked_dtypes
+) -> Any:
+    """`family`'s reference run on the host (NumPy) over `inputs` (NumPy arrays: a host copy of an input set), as
+    a set computed ahead runs it, in a thread of host code only. Compacted as `normalize_reference` would, here in
+    the thread (float64 → float32 where the checked output holds 32 bits or fewer), so that only half the bytes
+    cross to the GPU afterwards. Returns what the reference returned, else as is (checked when it is kept)."""
+    expected = family.reference(np, inputs, problem, config=config)
+    if isinstance(expected, dict):
+        expected = {
+            name: value.astype(np.float32)
+            if isinstance(value, np.ndarray)
+            and value.dtype == np.float64
+            and checked_dtypes.get(name) not in ("float64", None)
+            else value
+            for name, value in expected.items()
+        }
+    return expected
 
 
 def _to_cupy(value: Any, what: str, name: str):

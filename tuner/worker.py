@@ -134,6 +134,9 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         op = message[0]
         if op == "stop":
             return
+        if op == "reserve":  # one way: no reply
+            getattr(evaluator, "reserve", lambda seed: None)(message[1])
+            continue
         try:
             if op == "evaluate":
                 result = evaluator.evaluate(*message[1:])
@@ -188,6 +191,7 @@ class IsolatedEvaluator:
         self._conn: Connection | None = None
         self._children = 0
         self._dying: list[Child] = []  # retired children still releasing their GPU context
+        self._reserved: list[int] = []  # seeds told to every child (`reserve`)
 
     # -- child life -----------------------------------------------------------------------------------------
     @property
@@ -237,7 +241,18 @@ class IsolatedEvaluator:
             self._retire()
             raise WorkerError(f"{who} failed to start: {reply[1]}: {reply[2]}", reply[3])
         self.info = reply[1]
+        for seed in self._reserved:  # a replacement child hears what its predecessor was told
+            parent_conn.send(("reserve", seed))
         return self.info
+
+    def reserve(self, seed: int) -> None:
+        """GpuEvaluator.reserve in the child (and in every child that replaces it)."""
+        self._reserved.append(seed)
+        if self.info and self.alive() and self._conn is not None:
+            try:
+                self._conn.send(("reserve", seed))
+            except OSError:
+                pass  # the child is gone; its replacement is told at its start
 
     def _retire(self, kill: bool = False, wait_s: float = 10.0) -> int | None:
         """Forget the current child (SIGKILL it first if `kill`) and return its exit code. A child that has

@@ -318,6 +318,9 @@ class DeclarativeFamily(Family):
             expected[name] = xp.asarray(value)
         return expected
 
+    def reference_on_host(self) -> bool:
+        return self.reference_fn is not None and self.reference_arrays == "numpy"
+
     def _reference_array(self, xp, value, dtype: str):
         """One input as the reference receives it (`reference_arrays`)."""
         if self.reference_arrays == "torch":

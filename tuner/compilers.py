@@ -1,0 +1,105 @@
+"""Compiles in child processes, one per compile slot.
+
+NVRTC runs one compile at a time per process, however many threads call it: on a 16-core H200 host a bf16 kernel
+that includes cuda_bf16.h compiled at 0.046 s per compile from one thread, 0.037 s from 16 threads, and 0.0032 s
+from 16 processes (benchmarks/nvrtc_threads.py, 2026-12-02; CuPy's binding and a ctypes call alike). A study whose
+configs compile faster than the GPU measures them was bound by its compiles in series. So `CompileProcesses`
+keeps `slots` child processes (`tuner.child`: fresh interpreters that import tuner's code and never re-run the
+caller's ``__main__``), each compiling one config at a time through `tuner.compile.compile_source` (the cache
+included: its writes are atomic and locked across processes). A thread that calls `compile` takes an idle child,
+hands it the config over its pipe and blocks there without the GIL, so the caller's compile threads stay what
+they were: the feeders.
+
+A child runs at a lower priority than the study's other processes (`COMPILE_NICENESS`). A child that dies while
+compiling (NVRTC crashing on a source) fails that config's compile with its exit code and the end of its stderr,
+never the study; a new child takes its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from typing import Any
+
+from tuner.child import Child, start_child
+from tuner.result import CompileFailed
+
+__all__ = ["COMPILE_NICENESS", "CompileProcesses"]
+
+#: how much lower than the rest of the study a compile runs (a nice increment; Linux and other POSIX systems)
+COMPILE_NICENESS = 10
+
+
+def _serve(conn, niceness: int) -> None:
+    """A compile child's loop: (source, arch, use_cache) in, ("ok", result) or ("error", exception) out, until
+    its pipe closes."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.nice(niceness)  # before the imports below, which are most of a child's start-up
+    from tuner.compile import compile_source
+
+    while True:
+        try:
+            source, arch, use_cache = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", compile_source(source, arch, (), use_cache))
+        except Exception as exc:  # a bug in compiling, or an InputError: the caller raises it
+            reply = ("error", exc)
+        conn.send(reply)
+
+
+class CompileProcesses:
+    """`slots` compile children, started at once (their start-up overlaps the caller's); see the module
+    docstring. Thread-safe: up to `slots` callers compile at the same time, more wait for an idle child."""
+
+    def __init__(self, slots: int):
+        self.slots = max(1, slots)
+        self.replaced = 0  # children started after one died
+        self._idle: queue.SimpleQueue[Child] = queue.SimpleQueue()
+        self._all: list[Child] = []
+        self.closed = False
+        for _ in range(self.slots):
+            self._idle.put(self._start())
+
+    def _start(self) -> Child:
+        child = start_child(_serve, (COMPILE_NICENESS,), name="tuner-compile")
+        self._all.append(child)
+        return child
+
+    def compile(self, source, arch: str, use_cache: bool = True):
+        """`tuner.compile.compile_source(source, arch)` in an idle child: a Compiled or CompileFailed; raises
+        what compile_source raised there."""
+        child = self._idle.get()
+        try:
+            child.conn.send((source, arch, use_cache))
+            status, value = child.conn.recv()
+        except (EOFError, OSError):
+            if self.closed:  # close() ended the child: its caller's work is being dropped
+                return CompileFailed(reason="the compilers were closed before this config compiled")
+            code = child.join(5.0)
+            tail = child.stderr_tail()
+            last = tail.splitlines()[-1].strip() if tail else "it wrote nothing to stderr"
+            child = self._start()
+            self.replaced += 1
+            return CompileFailed(
+                reason=f"the compiler process died (exit code {code}) compiling this config: {last}",
+                details={"exitcode": code, "stderr": tail, "log": ""},
+            )
+        finally:
+            if not self.closed:
+                self._idle.put(child)
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop every child (each reads EOF on its pipe and leaves); a compile in flight fails in its caller."""
+        self.closed = True
+        for child in self._all:
+            child.close()
+        for child in self._all:
+            if child.join(2.0) is None:
+                child.kill()
+        self._all = []
