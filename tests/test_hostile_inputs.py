@@ -183,7 +183,7 @@ derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile *
     ("check-arch-unsupported", ("check", "copy", "--sample", "1", "--arch", "sm_12"), {}, "NVRTC cannot"),
     ("replay-gpus-999", (*REPLAY, "--gpus", "999"), {}, "--gpus 999"),
     ("gpus-without-gpu", (*STUDY, "--gpus", "2"), {}, "GPU"),
-    ("main-job-without-gpu", STUDY, {}, "no GPU visible"),
+    ("main-job-without-gpu", STUDY, {}, "the local engine runs on this machine's GPUs, and it has none"),
     ("unreachable-ray", (*STUDY, "--ray-address", "127.0.0.1:1"), {}, "--ray-address 127.0.0.1:1"),
     ("storage-unknown-dialect", (*REPLAY, "--storage", "notadb://x"), {}, "cannot open"),
     (
