@@ -758,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
     p.add_argument(
-        "--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)"
+        "--storage",
+        help="a .db path or SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)",
     )
     p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")

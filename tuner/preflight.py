@@ -4,8 +4,8 @@ storage it can write, and trials left to run.
 The driver (`tuner.study.Driver`, which the CLI and `tuner.study(...)` both build) runs these checks while it
 sets up, before a pool, a GPU worker or the study's writer is given any work; ``tuner study`` runs the quick ones
 again before it starts its GPU workers (each check is answered once per process). Each failure is an
-`InputError`: one line naming the storage (or the name) and the fault. Nothing here writes: the storage is probed
-with a transaction that is rolled back, and a folder with a probe file that is removed.
+`InputError`: one line naming the storage (or the name) and the fault. Nothing here leaves a trace: the storage
+is probed with a write in a transaction that is rolled back, a folder with a probe file that is removed.
 
 * `check_study_name`: non-empty, printable, no path separator, not a flag. Every command that takes a study
   reads its STUDY argument as a study's name, a kernel's, or a database's path; a name with a ``/`` would be
