@@ -369,7 +369,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, command):
     if command == "study" and case in ("reference raises", "reference wrong shape"):
         # A study runs the reference in its GPU worker (once per input set), so with no GPU here it stops at "no
         # GPU"; test_verify.py's GPU test and test_tune.py's replay study cover the reference's fault.
-        pattern = "no GPU visible"
+        pattern = "the local engine runs on this machine.s GPUs, and it has none"
     _write_bad(tmp_path, files)
     before = sorted(p.name for p in tmp_path.iterdir())
     args = (

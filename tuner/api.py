@@ -163,8 +163,10 @@ def study(
     Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
+    from tuner.cachedirs import ensure_writable
     from tuner.study import StudyOptions, run_study
 
+    ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
     if repair not in ("nearest", "random"):
         raise InputError(f"repair {repair!r}: choose nearest or random")
     if screen_cutoff is not None and not screen_cutoff > 1:
@@ -225,11 +227,15 @@ def run_bench(
 ) -> tuple[Result, dict[str, Any]]:
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
+    from tuner import limits
+    from tuner.cachedirs import ensure_writable
     from tuner.evaluate import evaluate_config
     from tuner.worker import IsolatedEvaluator, WorkerError
 
+    ensure_writable()  # the worker inherits the cache folders chosen here
     if not isinstance(space, SearchSpace):
         space = load_space(space)
+    limits.require_gpu(gpu)  # no driver, no GPU: said in words, before a worker starts only to fail
     with IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s) as evaluator:
         try:
             info = evaluator.start()

@@ -258,8 +258,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
     """Start the GPU worker; no usable GPU or driver is a one-line error, not a traceback."""
+    from tuner import limits
     from tuner.worker import WorkerError
 
+    limits.require_gpu(gpu)  # in words, before a worker process starts only to fail
     try:
         return evaluator.start()
     except WorkerError as exc:
@@ -321,21 +323,35 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
 # study
 
 
+def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> None:
+    """Start the local engine's GPU worker processes before the study's own imports and set-up (Optuna, the
+    space, the storage), which they overlap; a study refused meanwhile stops them on exit. First the checks that
+    take milliseconds (`tuner.preflight`: the study's name; a SQLite file's storage, which must take a write), so
+    that a study refused by them starts no worker; and none start for a study that may hold its trials already:
+    the driver's exact check then comes first (it starts them itself otherwise)."""
+    from tuner import limits, preflight
+    from tuner.dbfiles import default_storage_url, plain_sqlite_file, storage_url
+    from tuner.worker import launch_gpu_workers
+
+    preflight.check_study_name(args.study_name)
+    url = storage_url(args.storage) if args.storage is not None else kernel and default_storage_url(kernel)
+    if url and plain_sqlite_file(url) is not None:  # another URL needs SQLAlchemy, or a server: the driver's
+        preflight.check_storage(url, given=args.storage is not None)
+    if kernel and preflight.maybe_complete(args.storage, kernel, args.trials, args.study_name):
+        return
+    available = limits.local_gpus() or 0
+    launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
+
+
 def cmd_study(args: argparse.Namespace) -> int:
-    if (args.engine in (None, "local") and not args.ray_address) and not (args.replay or args.in_process):
-        # The local engine will need every GPU worker: start their processes before the study's own imports and
-        # set-up (Optuna, the storage), which they overlap. A study refused meanwhile stops them on exit.
-        from tuner import limits
-        from tuner.worker import launch_gpu_workers
-
-        available = limits.local_gpus() or 0
-        launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
-    from tuner.api import study
-
     kernel = args.kernel
     if args.space is None and kernel.endswith((".yaml", ".yml")):
         # `tuner study my_space.yaml ...`: the space file names its kernel
         args.space, kernel = kernel, None
+    if (args.engine in (None, "local") and not args.ray_address) and not (args.replay or args.in_process):
+        _start_gpu_workers_early(args, kernel)
+    from tuner.api import study
+
     summary = study(
         args.space or kernel,
         args.trials,
@@ -742,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=_positive_int, required=True, help="trials the study should end with")
     p.add_argument(
-        "--storage", help="SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)"
+        "--storage",
+        help="a .db path or SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)",
     )
     p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
@@ -850,8 +867,10 @@ def main(argv: list[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     try:
         args = parser.parse_args(argv)
+        from tuner.cachedirs import ensure_writable
         from tuner.child import profiled
 
+        ensure_writable()  # before anything imports CuPy or starts a process that will (they inherit the choice)
         code = int(profiled(f"tuner-{words[0] if words else 'help'}", args.func, args) or 0)
         sys.stdout.flush()  # inside the try: a reader that went away is a BrokenPipeError caught below
         if argv is None and getattr(args, "exit_at_once", False):  # the command line's own process, not a caller's

@@ -15,8 +15,9 @@ versions, so any change to any of them is a miss. Files are written to a tempora
 name and `os.replace`d into place (`tuner.files.atomic_write`), so concurrent workers never see half a file, and a
 per-key lock file makes a second process wait for the first's compile instead of repeating it. Compile failures
 are cached too, with their log: a broken config costs NVRTC once. A cache folder that cannot be written (a
-read-only home) costs the caching, with one warning, not the compile. The PTX of each compile is kept beside its
-cubin: it is what the dashboard shows.
+read-only home) is replaced by one under the temporary folder where a command or an API call starts
+(`tuner.cachedirs`); one that cannot be written all the same costs the caching, with one warning, not the
+compile. The PTX of each compile is kept beside its cubin: it is what the dashboard shows.
 
 `nvrtc_compile` is the package's one call into NVRTC; everything that compiles CUDA goes through it.
 """
@@ -28,7 +29,6 @@ import itertools
 import json
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from tuner import includes
+from tuner.cachedirs import ensure_writable, tuner_root
 from tuner.errors import InputError
 from tuner.files import atomic_write, locked
 from tuner.gpu import DEFAULT_ARCH
@@ -139,6 +140,7 @@ def nvrtc_version() -> str:
 def versions() -> dict[str, str]:
     """CuPy's and NVRTC's versions, and those of CUDA's headers where they are found
     (`tuner.includes.header_versions`): what a compiled config depends on besides its source and options."""
+    ensure_writable(cupy_only=True)  # CuPy makes its kernel cache folder on import, and raises where it cannot
     import cupy
 
     return {"cupy": cupy.__version__, "nvrtc": nvrtc_version(), **includes.header_versions()}
@@ -146,6 +148,7 @@ def versions() -> dict[str, str]:
 
 def default_arch() -> str:
     """The arch of GPU 0 when there is one, else `tuner.gpu.DEFAULT_ARCH` (sm_90, H100/H200)."""
+    ensure_writable(cupy_only=True)
     import cupy
     from cupy_backends.cuda.api import runtime
 
@@ -183,16 +186,9 @@ def first_error(log: str, status: int) -> str:
 
 
 def cache_dir() -> Path:
-    """``$TUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner`` (a folder in the temporary
-    folder where the user has no home), under `CACHE_VERSION`."""
-    root = os.environ.get("TUNER_CACHE_DIR")
-    if not root:
-        try:
-            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        except RuntimeError:  # no HOME and no password entry
-            base = os.path.join(tempfile.gettempdir(), f"tuner-{os.getuid()}")
-        root = os.path.join(base, "tuner")
-    return Path(root) / CACHE_VERSION
+    """tuner's cache folder (`tuner.cachedirs.tuner_root`: ``$TUNER_CACHE_DIR``, ``$XDG_CACHE_HOME/tuner`` or
+    ``~/.cache/tuner``) under `CACHE_VERSION`."""
+    return tuner_root() / CACHE_VERSION
 
 
 def cache_key(

@@ -11,9 +11,11 @@ not atomic (two creators race on the ``alembic_version`` row).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -49,6 +51,28 @@ def plain_sqlite_file(url: str) -> Path | None:
     return None
 
 
+def default_storage_url(kernel: str) -> str:
+    """Where a study of `kernel` is stored when no storage is given: ``sqlite:///studies/KERNEL.db``, relative to
+    the working directory."""
+    return f"sqlite:///studies/{kernel}.db"
+
+
+def storage_url(storage: str) -> str:
+    """The SQLAlchemy URL of a ``--storage`` value: a URL (``sqlite:///studies/x.db``, ``postgresql://...``) as
+    given, a plain path (``studies/x.db``) as the URL of that SQLite file, relative where the path is. A path
+    with characters a URL reserves (``?``, ``%``, ``#``) is escaped by SQLAlchemy's own URL builder. The empty
+    string is an InputError: it names nothing."""
+    if not storage.strip():
+        raise InputError("--storage '': names no database (give a .db path or a URL)")
+    if "://" in storage or storage == ":memory:":
+        return storage
+    if not set("?%#") & set(storage):
+        return f"sqlite:///{storage}"
+    from sqlalchemy.engine import URL
+
+    return URL.create("sqlite", database=storage).render_as_string(hide_password=False)
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file behind a ``sqlite:///PATH`` URL; None for other databases. In-memory URLs are InputErrors."""
     if not url.startswith("sqlite:"):
@@ -81,6 +105,17 @@ def _readonly_uri(path: Path) -> str:
     if not Path(f"{path}-wal").exists():
         uri += "&immutable=1"
     return uri
+
+
+@contextlib.contextmanager
+def connect_readonly(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the SQLite file `path` (`_readonly_uri`: nothing is written or created), closed
+    after the block."""
+    conn = sqlite3.connect(_readonly_uri(path), uri=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def tables(path: Path, what: str) -> set[str]:
@@ -159,16 +194,45 @@ def sqlite_engine_kwargs(url: str) -> dict:
     return {"connect_args": {"factory": WalConnection}} if url.startswith("sqlite") else {}
 
 
+# SQLite's primary result codes (https://sqlite.org/rescode.html): the low byte of `sqlite3.Error.sqlite_errorcode`
+SQLITE_PERM = 3
+SQLITE_BUSY = 5
+SQLITE_LOCKED = 6
+SQLITE_READONLY = 8
+SQLITE_CANTOPEN = 14
+SQLITE_NOTADB = 26
+#: faults that another attempt cannot mend (a read-only file, one that cannot be opened or is not a database)
+PERMANENT = frozenset({SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_NOTADB})
+
+
+def sqlite_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code behind `exc` (a `sqlite3.Error`, or a SQLAlchemy error wrapping one in
+    ``orig``); None for an error of another database, or none of SQLite's."""
+    code = getattr(getattr(exc, "orig", None) or exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite saying that another connection holds the database at this moment."""
+    return sqlite_code(exc) in (SQLITE_BUSY, SQLITE_LOCKED)
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite refusing to write a database that it can read."""
+    return sqlite_code(exc) == SQLITE_READONLY
+
+
 def create_storage(make, attempts: int = 8):
     """Call `make()` (which builds an Optuna RDBStorage), retrying when another process is creating the same new
-    database at the same moment: Optuna's schema set-up then fails with a unique-constraint or lock error."""
+    database at the same moment: Optuna's schema set-up then fails with a unique-constraint or lock error. A
+    fault that no retry mends (`PERMANENT`: a read-only file, ...) is raised at once."""
     from sqlalchemy.exc import IntegrityError, OperationalError
 
     for attempt in range(attempts):
         try:
             return make()
-        except (IntegrityError, OperationalError):
-            if attempt == attempts - 1:
+        except (IntegrityError, OperationalError) as exc:
+            if attempt == attempts - 1 or sqlite_code(exc) in PERMANENT:
                 raise
             time.sleep(0.05 + random.random() * 0.15 * (attempt + 1))
     raise AssertionError("unreachable")

@@ -89,13 +89,23 @@ def holder_text(row) -> str:
     return f"pid {row.pid} on {row.host} since {when}"
 
 
+def _cannot_write(study_name: str, url: str, exc: BaseException) -> InputError:
+    """The one-line refusal for a storage that the lease cannot be written to (decided by SQLite's code)."""
+    from tuner.dbfiles import is_read_only
+
+    if is_read_only(exc):
+        return InputError(f"study {study_name!r}: read-only database: its lease and trials cannot be written", url)
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return InputError(f"study {study_name!r}: cannot write its lease: {text[0] if text else type(exc).__name__}", url)
+
+
 def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None = None) -> Lease:
     """Claim `study_name` in the storage at `url` for the process `pid` (default: this one; the study's writer
     claims a new study for its driver), or raise InputError naming the holder."""
     import sqlalchemy as sa
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from tuner.dbfiles import create_storage
+    from tuner.dbfiles import create_storage, is_busy, sqlite_code
 
     table = _table()
     token = uuid.uuid4().hex
@@ -108,7 +118,10 @@ def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None =
     }
     engine = sa.create_engine(url)
     try:
-        create_storage(lambda: table.metadata.create_all(engine))
+        try:
+            create_storage(lambda: table.metadata.create_all(engine))
+        except OperationalError as exc:
+            raise _cannot_write(study_name, url, exc) from None
         for _ in range(3):
             try:
                 with engine.begin() as conn:
@@ -116,7 +129,12 @@ def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None =
                 return Lease(url, study_name, token)
             except IntegrityError:
                 pass
-            except OperationalError:  # the database is busy: another driver is claiming at this moment
+            except OperationalError as exc:
+                # Busy: another driver is claiming at this moment. Any other SQLite fault (a read-only file, ...)
+                # is no one's claim, and another attempt would not mend it; another database's errors carry no
+                # SQLite code and are taken for contention, as ever.
+                if sqlite_code(exc) is not None and not is_busy(exc):
+                    raise _cannot_write(study_name, url, exc) from None
                 time.sleep(0.2)
                 continue
             with engine.connect() as conn:

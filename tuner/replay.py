@@ -34,6 +34,11 @@ def result_from_attrs(state: str, attrs: dict[str, Any]) -> Result:
     return cls(reason=attrs.get(TrialAttr.REASON, kind))
 
 
+def gpu_label(path: str | Path) -> str:
+    """What a replay of the recording at `path` reports as its GPU (and a study's default name carries)."""
+    return f"replay:{Path(path).name}"
+
+
 class ReplayEvaluator:
     """Answers configs from the trials of a recorded study database (SQLite file or SQLAlchemy URL).
 
@@ -68,7 +73,7 @@ class ReplayEvaluator:
     def start(self) -> dict[str, Any]:
         facts = GpuFacts.from_dict(self.study_attrs.get(StudyAttr.GPU_FACTS))
         return {
-            "gpu": f"replay:{Path(self.path).name}",
+            "gpu": gpu_label(self.path),
             "gpu_index": self.gpu_index,
             "arch": str(self.study_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH),
             "ceiling_tbps": None,

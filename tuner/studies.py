@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 STUDIES_DIR = Path("studies")
 """Where `tuner study` puts `<kernel>.db` by default (relative to the working directory, like its URL)."""
+#: endings of a STUDY argument that, naming no file and no study, is reported as a missing database
+DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 #: storage URL of each study `open_studies` returned (Optuna keeps its storage private)
 _URLS: weakref.WeakKeyDictionary[optuna.Study, str] = weakref.WeakKeyDictionary()
@@ -55,10 +57,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _as_url(storage: str) -> str:
-    """A storage URL as given, or a path to a SQLite file turned into one."""
+    """A storage URL as given, or a path to a SQLite file turned into the URL of its absolute path."""
+    from tuner.dbfiles import storage_url
+
     if "://" in storage:
         return storage
-    return f"sqlite:///{Path(storage).resolve()}"
+    return storage_url(str(Path(storage).resolve()) if storage.strip() else storage)
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -145,7 +149,9 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
     A bare name without `storage` is looked for in the default storage: `studies/<name>.db` when that file
     exists (a kernel's database), else every database under `studies/` (a study's own name, else its kernel)."""
     if storage:
-        if study and (study.endswith(".db") or "://" in study):
+        # With a storage, STUDY is a name in it, whatever it ends with: a replay's default name ends in ".db".
+        # A URL cannot be a name; a file given twice is told apart once the name is not found (`open_studies`).
+        if study and "://" in study:
             raise InputError(f"give the database either as STUDY ({study}) or as --storage ({storage}), not both")
         return _as_url(storage), study or None
     if study is None:
@@ -156,11 +162,20 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
         raise InputError(f"name a study, a kernel or a database (in {STUDIES_DIR}/: {found})")
     if "://" in study:
         return study, None
-    if study.endswith((".db", ".sqlite", ".sqlite3")) or Path(study).is_file():
+    if Path(study).is_file():
         return _as_url(study), None
     by_kernel = STUDIES_DIR / f"{study}.db"
     if by_kernel.is_file():
         return _as_url(str(by_kernel)), study
+    if study.endswith(DB_SUFFIXES) or "/" in study:
+        # Not a file: a path that is not there, or a study's name that ends like one (a replay's default name
+        # ends in ".db"); the name is looked for before the path is called missing.
+        try:
+            return _find_in_default_storage(study), study
+        except InputError:
+            raise InputError(
+                f"no such database: {Path(study).resolve()} (nor a study of that name in {STUDIES_DIR}/*.db)"
+            ) from None
     return _find_in_default_storage(study), study
 
 
@@ -208,6 +223,8 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
             chosen = by_kernel
         elif db is not None and db.stem == name and not any("kernel" in s.user_attrs for s in summaries):
             chosen = summaries  # studies/<kernel>.db written before studies carried a "kernel" attr
+        elif storage and Path(name).is_file():
+            raise InputError(f"give the database either as STUDY ({name}) or as --storage ({storage}), not both")
         else:
             known = _listing([s.study_name for s in summaries])
             raise InputError(f"unknown study {name!r} in {url} (it holds: {known})")

@@ -19,6 +19,7 @@ import functools
 import itertools
 import os
 import re
+import sys
 import time
 import warnings
 from collections import Counter, defaultdict
@@ -29,10 +30,11 @@ from typing import TYPE_CHECKING, Any, cast
 from tuner import kernels, limits
 from tuner import space as space_mod
 from tuner.clock import since_command
-from tuner.dbfiles import check_storage
+from tuner.dbfiles import default_storage_url, storage_url
 from tuner.errors import InputError
 from tuner.evaluator import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
 from tuner.gpu import GpuFacts
+from tuner.preflight import check_storage, check_study_name, complete_line, counted_trials
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
@@ -117,7 +119,13 @@ class StudyOptions:
 
 
 def default_storage(kernel: str) -> str:
-    return f"sqlite:///studies/{kernel}.db"
+    """``sqlite:///studies/KERNEL.db``, relative to the working directory."""
+    return default_storage_url(kernel)
+
+
+def engine_of(opts: StudyOptions) -> str:
+    """The engine a study runs on: `opts.engine`, else ray with a `ray_address`, else local."""
+    return opts.engine or ("ray" if opts.ray_address else "local")
 
 
 def open_storage(url: str) -> RDBStorage:
@@ -125,7 +133,7 @@ def open_storage(url: str) -> RDBStorage:
     storage's creation and the writer's commits stay cheap. Errors are InputErrors."""
     import optuna
 
-    from tuner.dbfiles import check_storage, create_storage, sqlite_engine_kwargs
+    from tuner.dbfiles import check_storage, create_storage, is_read_only, sqlite_engine_kwargs
 
     path = check_storage(url)
     if path is not None:
@@ -140,6 +148,8 @@ def open_storage(url: str) -> RDBStorage:
         )
     except Exception as exc:  # SQLAlchemy raises ArgumentError/OperationalError/...; all mean "cannot open"
         first = str(exc).strip().splitlines()[0][:200]
+        if is_read_only(exc):
+            raise InputError(f"--storage {url}: read-only database: it can be read, not written ({first})") from None
         raise InputError(f"--storage {url}: cannot open: {first}") from None
     return storage
 
@@ -241,6 +251,14 @@ class Driver:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:
             raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
+        # The name and the storage before anything else: a study that could not be opened by its name again, or
+        # could not record its trials, is refused before any work (`tuner.preflight`).
+        check_study_name(opts.study_name)
+        self.url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
+        # Checked (and probed with a write, rolled back) now, created only in run() once the pool is up: a refused
+        # command leaves no database behind.
+        #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
+        self.storage_file = check_storage(self.url, opts.storage is not None) if self.url != ":memory:" else None
         if opts.space == opts.kernel and opts.kernel not in kernels.names():
             raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
         self.space = space_mod.load(opts.space)
@@ -281,17 +299,16 @@ class Driver:
 
             self.evaluator, self.logical_gpus = gpu_evaluator, None
         limits.replay_delay(opts.replay_delay_s)
-        self.url = opts.storage or default_storage(opts.kernel)
-        # Checked now, created only in run() once the pool is up: a refused command leaves no database behind.
-        #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
-        self.storage_file = check_storage(self.url) if self.url != ":memory:" else None
-        limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address)
         self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
         self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
         # made now so a missing extra is refused before the pool starts; remade in run() for the pool's capacity
         self.sampler = self._make_sampler(1)
+        #: (name, counted trials) of a study that holds its trials already: run() then starts nothing
+        self.complete = self._complete_before_start()
+        if self.complete is None:  # a complete study needs no GPU: it is said to be complete on any machine
+            limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address, engine_of(opts))
 
     def _narrow_sampler(self, fast) -> None:
         """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
@@ -308,26 +325,110 @@ class Driver:
         return sampler
 
     # -- set-up -------------------------------------------------------------------------------------------------
+    def _identity_attrs(self) -> dict[str, Any]:
+        """The user attrs that say which study this is, whatever GPU runs it: what a resumed study must match."""
+        return {
+            StudyAttr.KERNEL: self.space.kernel,
+            StudyAttr.SPACE_HASH: self.space.content_hash(),
+            StudyAttr.TEMPLATES_HASH: templates_hash(self.family),
+            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
+            "objectives": [[o.name, o.direction] for o in self.objectives],
+        }
+
     def _study_attrs(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> dict[str, Any]:
         """The user attrs a study is created with: what it tunes, where, and with what code."""
         from tuner.compile import versions
 
         attrs = {
-            StudyAttr.KERNEL: self.space.kernel,
+            **self._identity_attrs(),
             StudyAttr.FAMILY: self.space.family_ref,
             StudyAttr.SPACE_PATH: str(self.space.path),
-            StudyAttr.SPACE_HASH: self.space.content_hash(),
-            StudyAttr.TEMPLATES_HASH: templates_hash(self.family),
-            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
             StudyAttr.GPU: gpu,
             StudyAttr.ARCH: arch,
             "versions": versions(),
             StudyAttr.THROUGHPUT_UNIT: self.family.throughput_unit,
-            "objectives": [[o.name, o.direction] for o in self.objectives],
         }
         if gpu_facts is not None:
             attrs[StudyAttr.GPU_FACTS] = gpu_facts
         return attrs
+
+    def _resume_refusal(self, name: str, old: dict[str, Any]) -> str | None:
+        """Why the stored study `name` (its user attrs `old`) cannot be resumed by this command, or None."""
+        attrs = self._identity_attrs()
+        for key, what in ((StudyAttr.SPACE_HASH, "space file"), (StudyAttr.TEMPLATES_HASH, "kernel template")):
+            if old.get(key) != attrs[key]:
+                return (
+                    f"study {name!r} was made with a different {what}; refusing to mix trials "
+                    f"(use --study-name for a new study)"
+                )
+        if old.get("objectives") not in (None, attrs["objectives"]):
+            return (
+                f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
+                f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
+                f"or use --study-name)"
+            )
+        if any(old.get(key) != attrs[key] for key in (StudyAttr.KERNEL, StudyAttr.PROBLEM)):
+            return f"study {name!r} is for another kernel or problem (use --study-name)"
+        return None
+
+    def _name_before_start(self) -> str | None:
+        """The study's name where it is known before a worker reports its GPU: given, a replay's, or built from
+        this machine's GPU model (`tuner.limits.local_gpu_model`) for GPUs of this machine; None otherwise."""
+        if self.opts.study_name:
+            return self.opts.study_name
+        gpu: str | None
+        if self.opts.replay:
+            from tuner.replay import gpu_label
+
+            gpu = gpu_label(self.opts.replay)
+        elif self.opts.ray_address:
+            gpu = None  # the cluster's GPUs: known once a worker there reports
+        else:
+            gpu = limits.local_gpu_model()
+        return None if gpu is None else default_study_name(self.space, self.problem, gpu)
+
+    def _complete_before_start(self) -> tuple[str, int] | None:
+        """(name, counted trials) when the stored study this command resumes already holds `opts.trials` counted
+        trials, read from its SQLite file before anything starts; None otherwise, or where it cannot be known yet
+        (another database, a name that waits for the GPU: `_run` checks again once the study is open). A study
+        this command cannot resume is refused here, before any worker starts."""
+        if self.storage_file is None:
+            return None
+        name = self._name_before_start()
+        if name is None:
+            return None
+        found = counted_trials(self.storage_file, name)
+        if found is None:
+            return None
+        counted, old = found
+        refusal = self._resume_refusal(name, old)
+        if refusal is not None:
+            raise InputError(refusal, self.url)
+        return (name, counted) if counted >= self.opts.trials else None
+
+    def _already_complete(self, name: str, counted: int) -> dict[str, Any]:
+        """The summary of a study that held its trials before this run (nothing measured, nothing written); one
+        line says so where progress is shown."""
+        from tuner.dbfiles import sqlite_path
+
+        where = sqlite_path(self.url) if self.url != ":memory:" else None
+        if self.opts.progress:
+            print(complete_line(name, counted, self.opts.trials, str(where or self.url)), file=sys.stderr)
+        return {
+            "study": name,
+            "storage": self.url,
+            "trials": counted,
+            "complete_before_run": True,
+            "measured_this_run": 0,
+            "duplicates_this_run": 0,
+            "failures_this_run": {},
+            "screened_this_run": {},
+            "wall_s": round(time.perf_counter() - self.t0, 3),
+            "command_wall_s": since_command(),
+            "gpus": [],
+            "best": None,
+            "finalists": [],
+        }
 
     def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
         import optuna
@@ -341,26 +442,9 @@ class Driver:
         except KeyError:
             existing = None
         if existing is not None:
-            old = existing.user_attrs
-            for key, what in ((StudyAttr.SPACE_HASH, "space file"), (StudyAttr.TEMPLATES_HASH, "kernel template")):
-                if old.get(key) != attrs[key]:
-                    raise InputError(
-                        f"study {name!r} was made with a different {what}; refusing to mix trials "
-                        f"(use --study-name for a new study)",
-                        self.url,
-                    )
-            if old.get("objectives") not in (None, attrs["objectives"]):
-                raise InputError(
-                    f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
-                    f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
-                    f"or use --study-name)",
-                    self.url,
-                )
-            if (
-                old.get(StudyAttr.KERNEL) != attrs[StudyAttr.KERNEL]
-                or old.get(StudyAttr.PROBLEM) != attrs[StudyAttr.PROBLEM]
-            ):
-                raise InputError(f"study {name!r} is for another kernel or problem (use --study-name)", self.url)
+            refusal = self._resume_refusal(name, existing.user_attrs)
+            if refusal is not None:
+                raise InputError(refusal, self.url)
             durable = existing
         else:
             durable = new_study(storage, name, directions, attrs, [o.name for o in self.objectives])
@@ -456,19 +540,26 @@ class Driver:
         """Run the study; the study's lease (see tuner.lease) is held from before the first read of its trials
         to the end."""
         self._setting_up: tuple[Any, Any] | None = None
+        if self.complete is not None:
+            return self._already_complete(*self.complete)  # no pool, no writer, no lease: nothing to do
         try:
             return self._run()
         except BaseException:
-            if self._setting_up is not None:  # refused during set-up: stop what was started for it
-                pool, mirror = self._setting_up
-                if pool is not None:
-                    pool.close()
-                if mirror is not None:
-                    mirror.abort()
+            self._stop_set_up()  # refused during set-up: stop what was started for it
             raise
         finally:
             if self.lease is not None:
                 self.lease.release()
+
+    def _stop_set_up(self) -> None:
+        """Stop the pool and the writer that the set-up started, while it has not handed them to the loop."""
+        if self._setting_up is not None:
+            pool, mirror = self._setting_up
+            self._setting_up = None
+            if pool is not None:
+                pool.close()
+            if mirror is not None:
+                mirror.abort()
 
     def _run(self) -> dict[str, Any]:
         import optuna
@@ -567,6 +658,9 @@ class Driver:
         stamps["sampler_study_s"] = since_command()
         counted = sum(1 for t in past if _counts(t))
         target = self.opts.trials
+        if counted >= target:  # complete already (its name waited for the GPU): nothing to ask, measure or write
+            self._stop_set_up()
+            return self._already_complete(study_name, counted)
         queued: set[str] = set()  # keys enqueued below: each config once
         for params in again:
             key = params_key(params)
