@@ -174,17 +174,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tuner import compile as compile_mod
     from tuner import limits
     from tuner.console import Column, human_seconds, print_table
-    from tuner.kernels.custom import check_reference
     from tuner.render import render
 
+    # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
+    # (that allocates the problem's arrays at full size: seconds and GBs for a compile-only command).
     s, problem = _load_space_and_problem(args)
     family = s.family
-    check_reference(s, problem)  # a user's reference runs once with NumPy: it must return the outputs' shapes
-    arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
-    compile_mod.check_includes(s, problem, arch)  # a missing include: one line, not one failure per config
     configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()
+    # Rendered before the arch is asked of the GPU (which imports CuPy): a template's fault is said at once.
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
+    arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
+    compile_mod.check_includes(s, problem, arch)  # a missing include: one line, not one failure per config
     records: list[dict[str, Any]] = []
     console = Console(stderr=True)
     with Progress(console=console, disable=args.json or not console.is_terminal, transient=True) as progress:

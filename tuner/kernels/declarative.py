@@ -174,8 +174,7 @@ class DeclarativeFamily(Family):
             )
         if block.get("reference") is not None:
             reference_name = block["reference"]
-            reference_fn, found = _reference(reference_name, directory, fail)
-            arrays = arrays or found
+            reference_fn, arrays = _reference(reference_name, directory, fail, arguments, arrays)
         family = cls(
             name,
             tuple(dtypes),
@@ -432,7 +431,10 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
     return tuple(out)
 
 
-def _reference(spec: Any, directory: Path, fail):
+def _reference(spec: Any, directory: Path, fail, arguments: tuple[Argument, ...], arrays: str | None):
+    """(the reference `spec` names, guarded: `custom.guarded`; how it receives its arrays: `arrays`, else read
+    from its signature). Imports the user's module (their code runs) but never calls the function: a function
+    that cannot take the arguments `DeclarativeFamily.reference` passes it is refused here, by its signature."""
     from tuner.kernels import custom
 
     if not isinstance(spec, str) or ":" not in spec:
@@ -448,7 +450,30 @@ def _reference(spec: Any, directory: Path, fail):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), reference_arrays_of(fn)
+    arrays = arrays or reference_arrays_of(fn)
+    names = [a.name for a in arguments if a.role in ("input", "scalar")] + (["xp"] if arrays == "xp" else [])
+    fault = _call_fault(fn, names)
+    if fault is not None:
+        raise fail(
+            f"kernel: reference {spec!r} cannot be called with its arguments ({', '.join(names)}): {fault}",
+            "kernel",
+            "reference",
+        )
+    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), arrays
+
+
+def _call_fault(fn, names: list[str]) -> str | None:
+    """Why `fn` cannot be called with keyword arguments `names` (its signature binds them or not), or None; also
+    None where Python cannot read its signature (a builtin): the first call will say."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**dict.fromkeys(names))
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def reference_arrays_of(fn) -> str:
