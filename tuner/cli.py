@@ -210,6 +210,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 records.append({"params": config, "uri": source.uri, "failure": result.kind, "reason": result.reason})
     elapsed = time.perf_counter() - started
     failed = [r for r in records if "failure" in r]
+    errors = distinct_errors(failed)
     summary = {
         "space": str(s.path),
         "arch": arch,
@@ -217,6 +218,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         "failed": len(failed),
         "seconds": round(elapsed, 3),
         "configs_per_s": round(len(records) / elapsed, 1) if elapsed else None,
+        "errors": errors,
         "configs": records,
     }
     if args.json:
@@ -230,9 +232,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             Column("status"),
         ]
         rows = [
-            [r["uri"], "", "", "", Text(r["reason"], style="red")]
-            if "failure" in r
-            else [
+            [
                 r["uri"],
                 str(r["registers"]),
                 str(r["smem_bytes"]),
@@ -240,6 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 Text("spills", style="yellow") if r["spill_bytes"] else "ok",
             ]
             for r in records
+            if "failure" not in r
         ]
         print_table(
             f"{s.name}: {len(records)} configs, {arch}",
@@ -247,10 +248,29 @@ def cmd_check(args: argparse.Namespace) -> int:
             rows,
             notes=[
                 f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
-                f"({summary['configs_per_s']} configs/s)"
+                f"({summary['configs_per_s']} configs/s)",
+                *(
+                    f"{e['configs']} config{'s' if e['configs'] > 1 else ''}: {e['reason']}"
+                    + (f" (first: {e['first']})" if e["configs"] > 1 else "")
+                    for e in errors
+                ),
             ],
         )
     return 1 if failed else 0
+
+
+def distinct_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The check's failed records (each with "uri" and "reason") as one entry per distinct error, most configs
+    first: {"configs": how many share it, "reason": the error, "first": the first config's uri}. NVRTC names each
+    config's file after its uri (``URI.cu(12): error: ...``), so errors are compared with the uri written
+    ``<uri>``; an error only one config has keeps its own name."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in failed:
+        groups.setdefault(record["reason"].replace(record["uri"], "<uri>"), []).append(record)
+    return [
+        {"configs": len(group), "reason": key if len(group) > 1 else group[0]["reason"], "first": group[0]["uri"]}
+        for key, group in sorted(groups.items(), key=lambda item: -len(item[1]))
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
