@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError, TemplateError
+from tuner.expr import parse_tree
 from tuner.result import Result
 from tuner.space import Problem, SearchSpace
 from tuner.space import load as load_space
@@ -516,7 +517,7 @@ def _argument(spec: str | dict[str, Any], bad) -> dict[str, Any]:
         role, dtype, inside = array.groups()
         try:
             text = f"[{inside}]"
-            shape = [ast.get_source_segment(text, e) for e in ast.parse(text, mode="eval").body.elts]  # type: ignore[attr-defined]
+            shape = [ast.get_source_segment(text, e) for e in parse_tree(text).body.elts]  # type: ignore[attr-defined]
         except SyntaxError:
             raise bad(f"argument {spec!r}: shape [{inside}] is not a list of expressions") from None
         out: dict[str, Any] = {"name": arg_name, "role": role, "shape": shape}
