@@ -678,7 +678,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
         default="fastest",
         help="the fastest config per study, or its whole Pareto front (default: fastest)",
     )
-    p.add_argument("--namespace", default="tuned", help="C++ namespace (default: tuned)")
+    p.add_argument(
+        "--namespace", default="tuned", help="C++ namespace, nested with :: as in prod::kernels (default: tuned)"
+    )
     p.add_argument("--with-source", action="store_true", help="embed each config's CUDA source as a raw string")
     p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_export)
