@@ -607,6 +607,20 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
+def _of_roof(best: dict[str, Any]) -> str:
+    """`best`'s share of its own roof, for `tuner best`: the copy ceiling for a TB/s family, the FP32 peak from the
+    GPU's facts for a TFLOP/s one ("" where there is none to compare with)."""
+    if best["throughput_unit"] == "TFLOP/s":
+        peak = best.get("fp32_peak_tflops")
+        return (
+            f" = {best['throughput'] / peak:.3f} of the FP32 peak ({peak:.1f} TFLOP/s from the GPU's facts)"
+            if peak
+            else ""
+        )
+    fraction = best.get("fraction_of_ceiling")
+    return f" = {fraction:.3f} of the copy ceiling" if fraction else ""
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     from tuner.api import open_study
 
@@ -619,14 +633,13 @@ def cmd_best(args: argparse.Namespace) -> int:
     from tuner.console import Cell, print_lines
 
     unit = best["throughput_unit"]
-    fraction = best.get("fraction_of_ceiling")
     lines: list[Cell] = [
         Text.assemble(
             (str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})"
         ),
         "params:     " + ", ".join(f"{k}={v}" for k, v in best["params"].items()),
         f"throughput: {best['throughput']:.3f} {unit}"
-        + (f" = {fraction:.3f} of the copy ceiling" if fraction else "")
+        + _of_roof(best)
         + (f"; median {best['median_ms']:.4g} ms" if best.get("median_ms") else ""),
         f"resources:  {_fmt(best.get('registers'))} registers/thread, {_fmt(best.get('smem_bytes'))} B "
         f"SMEM/block, {_fmt(best.get('spill_bytes'))} B spills, {_fmt(best.get('threads'))} threads/block",
