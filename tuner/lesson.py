@@ -210,6 +210,7 @@ class Bench:
             ceiling_tbps=self.info.get("ceiling_tbps"),
             peak_tflops=fp32_peak_tflops(report.get("device", {})),
             access_bytes=int(params.get("vec", 1)) * family.elem_bytes(problem.env),
+            measured_tbps=row.measured.get("tbps"),
         )
 
     def capture(
