@@ -4,8 +4,11 @@ and the bad-input paths of `tuner explain` / `tuner lesson`, all on the CPU (fix
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -489,8 +492,83 @@ def test_lesson_goes_on_when_one_configs_profile_fails(capsys):
     assert by_depth[1]["bound"] == by_depth[3]["bound"] == "HBM bandwidth"
     assert set(result.csvs) == {"fusion1", "fusion3"}
     assert len(result.ncu_failures) == 1 and "tuner.ncu: error: boom" in result.ncu_failures[0]
-    lesson.print_table(result)
-    assert "no ncu profile: fusion 2 (2 kernels): ncu on elementwise_fuse2" in capsys.readouterr().out
+    lesson.print_table(result)  # to a pipe: the rows on stdout, the title and notes on stderr
+    printed = capsys.readouterr()
+    assert "no ncu profile: fusion 2 (2 kernels): ncu on elementwise_fuse2" in printed.err
+    header, *rows = printed.out.splitlines()
+    assert header.split("\t")[:3] == ["config", "predicted dram bytes", "predicted time vs fused"]
+    assert [row.split("\t")[0] for row in rows] == [r.label for r in result.rows]
+
+
+class CapturedBench(lesson.Bench):
+    """The coalescing lesson without a GPU: times in the shape an H200 gives (invented figures), and the real
+    ncu captures of strides 1, 8 and 32 (tests/data/ncu); the other strides' profiles fail, as one may."""
+
+    def start(self):
+        self.info = {"gpu": "NVIDIA H200", "ceiling_tbps": CEILING, "arch": "sm_90"}
+        return self.info
+
+    def time(self, space, params, problem):
+        slower = min(params["stride"], 9)
+        return {
+            "median_ms": 0.126 * slower,
+            "tbps": 4.1 / slower,
+            "tflops": 0.0,
+            "fraction_of_ceiling": 0.96 / slower,
+            "registers": 16,
+            "spill_bytes": 0,
+        }
+
+    def capture(self, space, params, problem, uri, launches, label, result):
+        if params["stride"] not in (1, 8, 32):
+            raise NcuConfigError(f"ncu on {uri}: ncu profiled no kernel")
+        return (DATA / f"coalescing-stride{params['stride']}.csv").read_text(), {}
+
+
+def coalescing_lesson() -> lesson.LessonResult:
+    """The widest lesson table: three predictions and ten measured columns per stride."""
+    bench = CapturedBench()
+    bench.use_ncu = True
+    result = lesson.coalescing(bench)
+    result.gpu, result.ceiling_tbps = bench.start()["gpu"], CEILING
+    return result
+
+
+def test_a_lesson_table_fits_a_terminal_100_columns_wide(tmp_path):
+    """In a terminal of 100 columns, the 14 columns of the coalescing lesson come out as tables no wider than
+    the window, each beginning with the config, with every value whole (no cell cut short with "…")."""
+    pexpect = pytest.importorskip("pexpect")
+    result = coalescing_lesson()
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_explain import coalescing_lesson\nfrom tuner import lesson\n"
+        "lesson.print_table(coalescing_lesson())\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", code],
+        cwd=str(tmp_path),
+        dimensions=(60, 100),
+        encoding="utf-8",
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root), "TERM": "xterm-256color", "COLUMNS": "100"},
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r\n", "\n").splitlines()
+    assert max(len(line) for line in lines) <= 100, "\n".join(lines)
+    assert "…" not in child.before
+    tables = [line for line in lines if line.startswith("│")]  # the rows of every table printed
+    cells = {cell.strip() for line in tables for cell in line.strip("│").split("│")}
+    for row in result.rows:
+        assert sum(line.startswith(f"│ {row.label} ") for line in tables) == 2  # in each of the two tables
+        for value in [*row.predicted.values(), *row.measured.values()]:
+            text = lesson._cell(value)
+            assert text in cells or text in {"HBM bandwidth", "failed"}, text
+    assert any("bandwidth" in line for line in tables)
+    assert any(line.startswith("  no ncu profile: stride 2") for line in lines)
 
 
 def test_lesson_bad_input(capsys, tmp_path, monkeypatch):
