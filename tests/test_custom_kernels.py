@@ -351,7 +351,15 @@ BAD = {
         {"ref.py": "def ref(x, n)\n    return x\n"},
         r"ref\.py:1: ref\.py does not import: SyntaxError",
     ),
+    "reference takes other arguments": (
+        {"ref.py": "def ref(x):\n    return x\n"},
+        r"k\.yaml:8: kernel: reference 'ref\.py:ref' cannot be called with its arguments \(x, n\): "
+        r"got an unexpected keyword argument 'n'",
+    ),
 }
+#: faults only running the reference finds: a study runs it (its GPU worker, or the host for a replay), `tuner
+#: check` does not
+RUN_FAULTS = ("reference raises", "reference wrong shape")
 
 
 def _write_bad(directory: Path, files: dict[str, str]) -> None:
@@ -360,13 +368,15 @@ def _write_bad(directory: Path, files: dict[str, str]) -> None:
         (directory / name).write_text(text)
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("command", ["check", "study"])
+@pytest.mark.parametrize(
+    "command, case",
+    [("check", case) for case in sorted(BAD) if case not in RUN_FAULTS] + [("study", case) for case in sorted(BAD)],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, command):
     import re
 
     files, pattern = BAD[case]
-    if command == "study" and case in ("reference raises", "reference wrong shape"):
+    if command == "study" and case in RUN_FAULTS:
         # A study runs the reference in its GPU worker (once per input set), so with no GPU here it stops at "no
         # GPU"; test_verify.py's GPU test and test_tune.py's replay study cover the reference's fault.
         pattern = "the local engine runs on this machine.s GPUs, and it has none"
@@ -390,6 +400,37 @@ def test_a_good_declarative_kernel_passes_the_same_checks(tmp_path):
     proc = tuner("check", "k.yaml", "--arch", "sm_90", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["compiled"] == 2
+
+
+@pytest.mark.parametrize("case", RUN_FAULTS)
+def test_check_never_runs_the_reference(tmp_path, case):
+    """`tuner check` compiles: a reference that would fail (or that leaves a mark when called) is imported and its
+    signature read, never called, so its problem's arrays are never allocated."""
+    files, _ = BAD[case]
+    body = files["ref.py"].replace("def ref(x, n):\n", "def ref(x, n):\n    open('called', 'w').close()\n")
+    _write_bad(tmp_path, {"ref.py": body})
+    proc = tuner("check", "k.yaml", "--arch", "sm_90", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["compiled"] == 2
+    assert not (tmp_path / "called").exists()
+
+
+def test_check_says_a_template_fault_before_it_asks_cupy_anything(tmp_path):
+    """The sources are rendered before the GPU's arch is looked up (CuPy's import alone takes about a second), so
+    a typo in the template is one line as quickly as `tuner render` says it."""
+    _write_bad(tmp_path, {"k.cu.j2": K_TEMPLATE.replace("{{ block }}", "{{ blok }}")})
+    code = "import sys\nfrom tuner.cli import main\nrc = main(['check', 'k.yaml'])\nprint(rc, 'cupy' in sys.modules)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout.split() == ["2", "False"], proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "k.cu.j2:3: undefined variable: 'blok' is undefined" in line
 
 
 def test_without_a_reference_check_works_and_a_gpu_study_refuses(tmp_path):

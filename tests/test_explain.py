@@ -4,8 +4,11 @@ and the bad-input paths of `tuner explain` / `tuner lesson`, all on the CPU (fix
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from tuner import lesson
 from tuner.cli import main
 from tuner.errors import InputError
-from tuner.explain import Explanation, compare, explain, roofline_html, roofline_png
+from tuner.explain import Explanation, compare, explain, roofline_figure, roofline_html, roofline_png
 from tuner.ncu import (
     METRICS,
     PROFILE_FORMAT,
@@ -395,6 +398,65 @@ def test_explain_uses_the_profile_stored_on_the_study(study_db, tmp_path, capsys
     assert plot.read_bytes().startswith(b"\x89PNG") and "transpose" in plot.with_suffix(".html").read_text()
 
 
+def _bars(ax) -> dict[str, list[float]]:
+    """Each labelled bar series of a panel: its label → the bars' widths (horizontal bars)."""
+    return {c.get_label(): [bar.get_width() for bar in c] for c in ax.containers}
+
+
+def test_the_plot_of_a_trial_without_flops_draws_what_bounds_it(study_db, tmp_path, capsys, monkeypatch):
+    """A transpose does no FP32 work, so it has no place on a roofline; the plot draws its bytes against the
+    memory roof (the TB/s the study measured, the DRAM TB/s under ncu, the copy ceiling) and its memory units'
+    throughput from the profile stored on the study, and `tuner explain --plot` writes it without ncu."""
+    import optuna
+
+    from tuner import export
+    from tuner.explain import explain_study, roofline_figure
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_db}")
+    device = {"gpu": "NVIDIA H200", "sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"}
+    for number, capture in ((36, "bank-conflicts-pad0_vec1.csv"), (37, "bank-conflicts-pad1_vec1.csv")):
+        record = {"uri": f"trial{number}", "profile": load(capture).to_dict(), "device": device}
+        study.set_user_attr(f"ncu:{number}", record)
+    monkeypatch.setenv("PATH", str(tmp_path))  # ncu absent: the stored profiles serve
+    explained = explain_study(export.open_study(str(study_db)), trials=[36, 37])
+    points = [x.explanation for x in explained]
+    assert all(p.flops == 0 for p in points)
+    trials = {t.number: t for t in study.trials}
+    ceiling = trials[36].user_attrs["ceiling_tbps"]
+
+    fig = roofline_figure(points, ceiling, PEAK, "t")
+    memory, units = fig.axes  # no roofline panel: nothing to place on it
+    bars = _bars(memory)
+    assert bars["measured: useful bytes / median time"] == pytest.approx(
+        [trials[36].user_attrs["tbps"], trials[37].user_attrs["tbps"]]
+    )
+    assert bars["DRAM under ncu: bytes moved / kernel time"] == pytest.approx([p.dram_tbps for p in points])
+    assert all(0 < width < 5 for widths in bars.values() for width in widths)
+    (roof,) = [line for line in memory.lines if line.get_label().startswith("memory roof")]
+    assert roof.get_xdata()[0] == pytest.approx(ceiling)
+    shares = _bars(units)
+    assert shares["DRAM: % of the copy ceiling"] == pytest.approx([100 * p.of_ceiling for p in points])
+    assert shares["L2: % of peak (ncu)"] == pytest.approx([p.lts_pct for p in points])
+    assert shares["L1 / shared memory: % of peak (ncu)"] == pytest.approx([p.l1tex_pct for p in points])
+    assert [t.get_text() for t in memory.get_yticklabels()] == [f"{p.label}\n({p.bound})" for p in points]
+
+    plot = tmp_path / "r.png"
+    assert main(["explain", str(study_db), "--trial", "36", "--trial", "37", "--plot", str(plot)]) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_plot_of_configs_with_and_without_flops_has_both_views():
+    gemm = explained("registers-lb2.csv", GEMM_MIN, label="gemm")
+    copy = explained("coalescing-stride8.csv", COPY_MIN, label="copy")
+    fig = roofline_figure([gemm, copy], CEILING, PEAK, "t")
+    roofline, memory, units = fig.axes
+    assert [list(c.get_offsets()[0]) for c in roofline.collections] == [
+        pytest.approx([gemm.arithmetic_intensity, gemm.tflops])
+    ]
+    assert _bars(memory)["DRAM under ncu: bytes moved / kernel time"] == pytest.approx([copy.dram_tbps])
+    assert "measured: useful bytes / median time" not in _bars(memory)  # a capture alone: nothing measured
+
+
 def test_explain_profiles_again_a_record_of_the_old_format(study_db, tmp_path, capsys, monkeypatch):
     import optuna
 
@@ -430,8 +492,83 @@ def test_lesson_goes_on_when_one_configs_profile_fails(capsys):
     assert by_depth[1]["bound"] == by_depth[3]["bound"] == "HBM bandwidth"
     assert set(result.csvs) == {"fusion1", "fusion3"}
     assert len(result.ncu_failures) == 1 and "tuner.ncu: error: boom" in result.ncu_failures[0]
-    lesson.print_table(result)
-    assert "no ncu profile: fusion 2 (2 kernels): ncu on elementwise_fuse2" in capsys.readouterr().out
+    lesson.print_table(result)  # to a pipe: the rows on stdout, the title and notes on stderr
+    printed = capsys.readouterr()
+    assert "no ncu profile: fusion 2 (2 kernels): ncu on elementwise_fuse2" in printed.err
+    header, *rows = printed.out.splitlines()
+    assert header.split("\t")[:3] == ["config", "predicted dram bytes", "predicted time vs fused"]
+    assert [row.split("\t")[0] for row in rows] == [r.label for r in result.rows]
+
+
+class CapturedBench(lesson.Bench):
+    """The coalescing lesson without a GPU: times in the shape an H200 gives (invented figures), and the real
+    ncu captures of strides 1, 8 and 32 (tests/data/ncu); the other strides' profiles fail, as one may."""
+
+    def start(self):
+        self.info = {"gpu": "NVIDIA H200", "ceiling_tbps": CEILING, "arch": "sm_90"}
+        return self.info
+
+    def time(self, space, params, problem):
+        slower = min(params["stride"], 9)
+        return {
+            "median_ms": 0.126 * slower,
+            "tbps": 4.1 / slower,
+            "tflops": 0.0,
+            "fraction_of_ceiling": 0.96 / slower,
+            "registers": 16,
+            "spill_bytes": 0,
+        }
+
+    def capture(self, space, params, problem, uri, launches, label, result):
+        if params["stride"] not in (1, 8, 32):
+            raise NcuConfigError(f"ncu on {uri}: ncu profiled no kernel")
+        return (DATA / f"coalescing-stride{params['stride']}.csv").read_text(), {}
+
+
+def coalescing_lesson() -> lesson.LessonResult:
+    """The widest lesson table: three predictions and ten measured columns per stride."""
+    bench = CapturedBench()
+    bench.use_ncu = True
+    result = lesson.coalescing(bench)
+    result.gpu, result.ceiling_tbps = bench.start()["gpu"], CEILING
+    return result
+
+
+def test_a_lesson_table_fits_a_terminal_100_columns_wide(tmp_path):
+    """In a terminal of 100 columns, the 14 columns of the coalescing lesson come out as tables no wider than
+    the window, each beginning with the config, with every value whole (no cell cut short with "…")."""
+    pexpect = pytest.importorskip("pexpect")
+    result = coalescing_lesson()
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_explain import coalescing_lesson\nfrom tuner import lesson\n"
+        "lesson.print_table(coalescing_lesson())\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", code],
+        cwd=str(tmp_path),
+        dimensions=(60, 100),
+        encoding="utf-8",
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root), "TERM": "xterm-256color", "COLUMNS": "100"},
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).replace("\r\n", "\n").splitlines()
+    assert max(len(line) for line in lines) <= 100, "\n".join(lines)
+    assert "…" not in child.before
+    tables = [line for line in lines if line.startswith("│")]  # the rows of every table printed
+    cells = {cell.strip() for line in tables for cell in line.strip("│").split("│")}
+    for row in result.rows:
+        assert sum(line.startswith(f"│ {row.label} ") for line in tables) == 2  # in each of the two tables
+        for value in [*row.predicted.values(), *row.measured.values()]:
+            text = lesson._cell(value)
+            assert text in cells or text in {"HBM bandwidth", "failed"}, text
+    assert any("bandwidth" in line for line in tables)
+    assert any(line.startswith("  no ncu profile: stride 2") for line in lines)
 
 
 def test_lesson_bad_input(capsys, tmp_path, monkeypatch):

@@ -629,6 +629,74 @@ def test_header_selects_by_shape_and_compiles(in_tmp, db, tmp_path):
     ]
 
 
+DEVICE_USE = r"""
+#include "tuned.h"
+namespace t = %(ns)s::transpose;
+extern "C" __global__ void grid_x(unsigned* out) {
+    constexpr const t::Config* c = t::select(16384, 16384);
+    static_assert(c != nullptr && c->tuned_for(16384, 16384), "constexpr select in device code");
+    out[0] = c->grid(16384, 16384).x;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_a_nested_namespace_header_compiles_with_gpp_nvrtc_and_nvcc(in_tmp, db, tmp_path):
+    """``--namespace my::ns::v2``: the header opens ``namespace my::ns::v2::transpose {`` (C++17), which g++
+    builds into a host program that selects by shape, NVRTC into a kernel that selects at compile time (host
+    functions as device ones: the header is plain constexpr C++), and nvcc, where there is one, as a .cu whose
+    host code uses it."""
+    namespace = "my::ns::v2"
+    header = in_tmp / "tuned.h"
+    rc, _, err = cli("export", "transpose", "--header", str(header), "--namespace", namespace)
+    assert rc == 0, err
+    text = header.read_text()
+    assert f"namespace {namespace}::transpose {{" in text and f"}}  // namespace {namespace}::transpose" in text
+    expected = _expected(db)
+    exe = _compile_host(tmp_path, header, namespace, 2, expected[MAIN_STUDY]["params"]["tile"])
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines[0] == expected[MAIN_STUDY]["uri"]
+
+    program = DEVICE_USE % {"ns": namespace}
+    opts = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device", f"-I{tmp_path}"]
+    status, log, cubin, _ = compile_mod.nvrtc_compile(program, "use.cu", opts)
+    assert status == 0 and cubin, log
+    nvcc = shutil.which("nvcc")
+    if nvcc is not None:  # a .cu whose host code launches by the header's grid (dim3 through Dim3's conversion)
+        (tmp_path / "use.cu").write_text(
+            '#include "tuned.h"\n'
+            f"dim3 grid_of(long long r, long long c) {{ return {namespace}::transpose::select(r, c)->grid(r, c); }}\n"
+            f'static_assert({namespace}::transpose::select(8192, 8192) != nullptr, "select");\n'
+        )
+        proc = subprocess.run(
+            [nvcc, "-std=c++17", "-c", str(tmp_path / "use.cu"), "-o", str(tmp_path / "use.o"), "-I", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "namespace, fault",
+    [
+        ("my::", "an empty name around '::'"),
+        ("::my", "an empty name around '::'"),
+        ("my:::ns", "':ns' is not a C++ identifier"),
+        ("my::9ns", "'9ns' is not a C++ identifier"),
+        ("my ns", "'my ns' is not a C++ identifier"),
+        ("my::namespace", "'namespace' is not a C++ identifier"),
+        ("my::_Ns", "'_Ns' is reserved"),
+        ("a__b", "'a__b' is reserved"),
+        ("std::tuned", "may not declare names inside std"),
+        ("", "an empty name"),
+    ],
+)
+def test_a_namespace_that_is_not_cpp_is_one_line_and_writes_nothing(in_tmp, namespace, fault):
+    assert_bad_input(*cli("export", "transpose", "--header", "out.h", "--namespace", namespace), fault)
+    assert not (in_tmp / "out.h").exists()
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_header_with_source_pareto_compiles_and_sources_build(in_tmp, db, tmp_path):
     expected = _expected(db)

@@ -15,7 +15,6 @@ from tuner import compile as compile_mod
 from tuner import includes
 from tuner import space as space_mod
 from tuner.errors import InputError
-from tuner.kernels.custom import check_reference
 from tuner.render import Source, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,11 +157,14 @@ def test_missing_include_is_read_from_both_forms_of_nvrtcs_message():
     assert other[0] != 0 and includes.missing_include(other[1]) is None
 
 
-def test_a_missing_include_is_one_line_naming_template_include_and_folders(tmp_path):
+def test_a_missing_include_is_one_line_naming_template_include_and_folders(tmp_path, monkeypatch):
+    import tuner
+
     path = make_space(tmp_path, "// mine\n" + USES_COMMON.replace("common.cuh", "commn.cuh"))
-    space = space_mod.load(path)
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError) as info:
-        check_reference(space, required=True)  # where a GPU study checks its space before any trial
+        tuner.study(path, trials=2)  # a GPU study checks its space before any trial (and before any GPU is asked)
+    assert not (tmp_path / "studies").exists()
     message = str(info.value)
     assert message.startswith(f"{tmp_path / 'mine.cu.j2'}:2: ")
     assert '#include "commn.cuh" not found' in message and "\n" not in message
@@ -212,3 +214,18 @@ def test_no_home_puts_the_cache_in_the_temporary_folder(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert str(compile_mod.cache_dir()).startswith(os.path.join(tempfile.gettempdir(), "tuner-"))
+
+
+def test_the_kernels_import_nothing_from_the_compile_stage():
+    """The include pre-flight belongs to the compile stage, called by `tuner check` and the API's study: the
+    families (tuner/kernels/, a stage below it) never import it, at module level or inside a function."""
+    import ast
+
+    for path in sorted((ROOT / "tuner" / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            assert "tuner.compile" not in names, f"{path.name}:{node.lineno} imports tuner.compile"

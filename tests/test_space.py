@@ -127,6 +127,12 @@ def test_config_from_assignments_takes_uri_short_names():
         (GOOD.replace("stride * vec <= 8", "'[v for v in (1, 2)] == 1'"), "comprehension is not allowed", 12),
         (GOOD.replace("stride * vec <= 8", "__import__('os') == 1"), "not allowed", 12),
         (GOOD.replace("stride * vec <= 8", "import os"), "cannot parse", 12),
+        (
+            GOOD.replace("stride * vec <= 8", "block <= 1024and items > 0"),
+            "cannot parse 'block <= 1024and items > 0': invalid decimal literal",
+            12,
+        ),
+        (GOOD.replace("per_block: block * items * vec", "per_block: \"'\\\\d' and block\""), "invalid escape", 9),
         (GOOD.replace("stride * vec <= 8", "stride > 100"), "no valid configs", None),
         (GOOD.replace("kernel: copy", "kernel: fft"), "unknown kernel 'fft'", 1),
         (GOOD.replace("dtype: float32", "dtype: int8"), "dtype 'int8' is not supported", 2),
@@ -146,6 +152,31 @@ def test_bad_spaces_name_file_line_and_fault(tmp_path, text, fault, line):
     assert "\n" not in message
     if line is not None:
         assert message.startswith(f"{path}:{line}:"), message
+
+
+@pytest.mark.parametrize("command", ["render", "check"])
+def test_a_parser_warning_in_an_expression_is_one_line_naming_the_file(tmp_path, command):
+    """Python warns of ``1024and`` (a number run into a keyword) on stderr, naming no file (``<unknown>:1:
+    SyntaxWarning``); the space refuses the expression instead: one line with the file, the line and the
+    expression, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = write(tmp_path, GOOD.replace("stride * vec <= 8", "block <= 1024and items > 0"))
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", command, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "default"},
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"tuner: error: {path}:12: constraints: cannot parse 'block <= 1024and items > 0': invalid decimal literal"
+    ]
 
 
 def test_missing_file(tmp_path):

@@ -379,3 +379,31 @@ def test_the_fast_storage_path_reads_urls_as_sqlalchemy_does(url):
     fast = plain_sqlite_file(url)
     assert fast is None or fast == Path(make_url(url).database)
     assert sqlite_path(url) is not None and artifact_dir_for(url) is not None
+
+
+def test_replayed_rows_name_the_recording_they_come_from(tmp_path):
+    """A replay's trials hold the recorded figures, but their GPU says they were replayed, and from which
+    recording: a trials table of a replay never passes for a measurement of this run."""
+    import csv
+
+    import tuner
+    from tuner.cli import main
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    result = tuner.study(SPACE, trials=6, replay=RECORDING, storage=url, seed=2, in_process=True)
+    assert result.summary["study"].endswith("replay_transpose_h200.db")
+    assert main(["trials", str(tmp_path / "r.db"), "--out", str(tmp_path / "t.csv")]) == 0
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    measured = [r for r in rows if r["state"] == "COMPLETE"]
+    assert measured and {r["gpu"] for r in measured} == {"NVIDIA H200 (replay of transpose_h200.db)"}
+    replay = ReplayEvaluator(RECORDING)
+    for t in load(url).trials:
+        if t.state.name == "COMPLETE":  # every figure but the GPU's name is the recorded one
+            recorded = replay.records[params_key(t.params)][1]
+            assert t.user_attrs["tbps"] == recorded["tbps"] and recorded["gpu"] == "NVIDIA H200"
+
+    # a replay of that replay keeps naming the recording that measured the rows
+    again = f"sqlite:///{tmp_path}/again.db"
+    tuner.study(SPACE, trials=3, replay=tmp_path / "r.db", storage=again, seed=2, in_process=True)
+    gpus = {t.user_attrs["gpu"] for t in load(again).trials if t.state.name == "COMPLETE"}
+    assert gpus == {"NVIDIA H200 (replay of transpose_h200.db)"}

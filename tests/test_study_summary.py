@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -257,3 +258,143 @@ def test_a_ray_pool_sums_what_its_actors_returned_and_what_its_compile_tasks_too
     )
     assert spent.compiles == 3 and spent.compile_s > 0
     assert spent.occupied_s >= 3 * HOST_S  # the actor's own count of its time in evaluate
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# each kernel against its own roof: TB/s against the copy ceiling, TFLOP/s against the FP32 peak
+
+
+H200_FACTS = dataclasses.replace(GpuFacts(), sm_count=132, measured=True).to_dict()  # as an H200's worker reads them
+
+
+def _gemm_recording(db: Path, tflops: float) -> int:
+    """A synthetic recording of six valid GEMM configs (its figures invented: `tflops` TFLOP/s at a 0.02 share
+    of the copy ceiling), with the facts and clocks a study on an H200 stores. Returns the trial count."""
+    from tuner import space as space_mod
+
+    space = space_mod.load("gemm")
+    study = optuna.create_study(study_name="gemm-recorded", storage=f"sqlite:///{db}", directions=["maximize"])
+    study.set_user_attr("gpu", "NVIDIA H200")
+    study.set_user_attr("arch", "sm_90")
+    study.set_user_attr("gpu_facts", H200_FACTS)
+    dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.params.items()}
+    configs = space.sample(6, seed=4)
+    for i, config in enumerate(configs):
+        figure = tflops * (1 - 0.05 * i)  # the first config is the best
+        attrs = {
+            "median_ms": 2.8 / (1 - 0.05 * i),
+            "p20_ms": 2.8,
+            "p80_ms": 2.8,
+            "repetitions": 10,
+            "bytes_moved": 3 << 26,
+            "flops": 2 * 4096**3,
+            "tbps": 0.086,
+            "tflops": figure,
+            "ceiling_tbps": 4.3,
+            "fraction_of_ceiling": 0.02,
+            "registers": 128,
+            "smem_static_bytes": 16384,
+            "smem_dynamic_bytes": 0,
+            "spill_bytes": 0,
+            "gpu": "NVIDIA H200",
+            "clocks": {"sm_clock_max_mhz": 1980},
+        }
+        study.add_trial(
+            optuna.trial.create_trial(params=config, distributions=dists, values=[figure], user_attrs=attrs)
+        )
+    return len(configs)
+
+
+def test_a_compute_bound_study_is_compared_with_the_fp32_peak_never_the_copy_ceiling(tmp_path):
+    """A GEMM (TFLOP/s) replayed from an H200 recording: the summary puts its best against the FP32 peak from
+    the GPU's facts (132 SMs × 128 lanes × 2 FLOP at 1980 MHz = 66.9 TFLOP/s), and says it is not measured;
+    `tuner best` the same. The copy ceiling, a byte roof, is never its yardstick."""
+    recording = tmp_path / "gemm.db"
+    trials = _gemm_recording(recording, tflops=48.8)
+    printed = io.StringIO()
+    opts = StudyOptions(
+        kernel="gemm",
+        space="gemm",
+        trials=trials,
+        storage=f"sqlite:///{tmp_path / 'replayed.db'}",
+        seed=0,
+        replay=str(recording),
+        replay_recorded_only=True,
+        in_process=True,
+    )
+    with contextlib.redirect_stderr(printed):
+        summary = Driver(opts).run()
+    assert summary["best"]["tflops"] == pytest.approx(48.8)
+    table = " ".join(printed.getvalue().replace("│", " ").split())
+    assert re.search(
+        r"48\.8 TFLOP/s, 0\.73× the FP32 peak \(66\.9 TFLOP/s from the GPU's facts: 132 SMs at 1980 MHz, "
+        r"not measured\)",
+        table,
+    ), table
+    assert "ceiling" not in table
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["best", str(tmp_path / "replayed.db")]) == 0
+    assert "throughput: 48.800 TFLOP/s = 0.729 of the FP32 peak (66.9 TFLOP/s from the GPU's facts)" in out.getvalue()
+    assert "copy ceiling" not in out.getvalue()
+    # the exported header quotes the bytes against the byte roof and the FLOPs apart from it
+    rc = cli.main(["export", str(tmp_path / "replayed.db"), "--header", str(tmp_path / "gemm.h")])
+    assert rc == 0
+    assert re.search(
+        r"0\.086 TB/s = 0\.020 of the 4\.30 TB/s ceiling, 48\.80 TFLOP/s, median", (tmp_path / "gemm.h").read_text()
+    )
+
+
+def test_the_live_line_puts_each_unit_against_its_own_roof():
+    """The progress line: TB/s with its share of the copy ceiling; TFLOP/s alone (the facts its peak needs come
+    with the summary), never a share of the byte ceiling; a family without a throughput, its time."""
+    from tuner.study import _Progress, _Stats
+
+    def line(unit: str, tbps: float, tflops: float) -> str:
+        stats = _Stats(unit, [])
+        moved = 3 << 26
+        stats.add(
+            0,
+            {"tile": 1},
+            Measurement(
+                median_ms=2.5,
+                p20_ms=2.5,
+                p80_ms=2.5,
+                repetitions=10,
+                bytes_moved=moved,
+                flops=0,
+                tbps=tbps,
+                tflops=tflops,
+                ceiling_tbps=4.3,
+                fraction_of_ceiling=tbps / 4.3,
+                registers=32,
+                smem_static_bytes=0,
+                smem_dynamic_bytes=0,
+                spill_bytes=0,
+                clocks={"sm_clock_max_mhz": 1980},
+            ),
+        )
+        progress = _Progress(False, 10, 0, stats)
+        progress.update(1)
+        return progress.bar.tasks[0].fields["info"]
+
+    assert line("TB/s", 3.7, 0.0).startswith("best 3.70 TB/s (0.86× ceiling)")
+    gemm = line("TFLOP/s", 0.086, 48.8)
+    assert gemm.startswith("best 48.8 TFLOP/s ") and "ceiling" not in gemm and "×" not in gemm
+    assert line("ms", 0.0, 0.0).startswith("best 2.5 ms ")
+
+
+def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
+    from tuner.gpu import compute_capability, fp32_peak_tflops
+
+    assert fp32_peak_tflops(GpuFacts.from_dict(H200_FACTS), 1980) == pytest.approx(66.9, abs=0.05)
+    assert fp32_peak_tflops(GpuFacts(), 1980) is None  # the defaults stand in for a GPU nobody asked
+    assert fp32_peak_tflops(GpuFacts.from_dict(H200_FACTS), None) is None
+    assert [compute_capability(a) for a in ("sm_90", "sm_90a", "sm_100", "compute_86", "x")] == [
+        "9.0",
+        "9.0",
+        "10.0",
+        "8.6",
+        "",
+    ]

@@ -120,6 +120,30 @@ def test_check_through_a_narrow_pipe_prints_whole_uris_as_plain_rows(elsewhere):
     assert "compiled 4, failed 0" in proc.stderr
 
 
+def test_a_table_in_a_narrow_terminal_wraps_between_words_and_keeps_copied_text_whole(elsewhere):
+    """`tuner studies` in a terminal of 60 columns: its table needs more (a study's name is copied whole), and
+    the other columns wrap between words, never inside one ("replay:transpos|e_h200.db", "predicte|d")."""
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "tuner", "studies", "--storage", "runs/s1.db"],
+        cwd=str(elsewhere),
+        dimensions=(40, 60),
+        encoding="utf-8",
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"},
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    lines = [line for line in ANSI.sub("", child.before).splitlines() if line.startswith("│")]  # the one row
+    columns = zip(*(line.strip().strip("│").split("│") for line in lines), strict=True)
+    cells = [" ".join(part.strip() for part in column if part.strip()) for column in columns]
+    assert cells[:4] == [RECORDED_STUDY, "transpose", "n16384", "NVIDIA H200"]
+    assert lines[0].split("│")[1].strip() == RECORDED_STUDY  # copied text: whole on one line
+    assert "…" not in child.before
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # a replay study in a pseudo-terminal
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError, TemplateError
+from tuner.expr import parse_tree
 from tuner.result import Result
 from tuner.space import Problem, SearchSpace
 from tuner.space import load as load_space
@@ -174,10 +175,18 @@ def study(
     if not screen_ms > 0:
         raise InputError(f"screen_ms {screen_ms!r}: a positive number of milliseconds")
     if isinstance(space, SearchSpace):
-        where, kernel = str(space.path), kernel or space.kernel
+        loaded: SearchSpace | None = space
+        where = str(space.path)
     else:
         where = str(space)
-        kernel = kernel or load_space(space).kernel
+        # A shipped space's name (`where == kernel`) needs no include check: the driver finds it, or refuses an
+        # unknown kernel in its own words.
+        loaded = load_space(where) if kernel is None or (replay is None and where != kernel) else None
+    if loaded is not None:
+        kernel = kernel or loaded.kernel
+        if replay is None:
+            _check_includes(loaded, problem)
+    assert kernel is not None  # given, or the loaded space's
     # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
     # not started.
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
@@ -214,6 +223,15 @@ def study(
         if started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
     return StudyResult(summary=summary)
+
+
+def _check_includes(space: SearchSpace, problem: str | None) -> None:
+    """Before a study on a GPU: compile the default config of `space` on `problem` (None: its first) once
+    (`tuner.compile.check_includes`), so an include NVRTC cannot open is one InputError naming the template, the
+    include and the folders searched, not one failed trial per config. An unknown problem is a SpaceError."""
+    from tuner import compile as compile_mod
+
+    compile_mod.check_includes(space, space.problem(problem))
 
 
 def run_bench(
@@ -505,7 +523,7 @@ def _argument(spec: str | dict[str, Any], bad) -> dict[str, Any]:
         role, dtype, inside = array.groups()
         try:
             text = f"[{inside}]"
-            shape = [ast.get_source_segment(text, e) for e in ast.parse(text, mode="eval").body.elts]  # type: ignore[attr-defined]
+            shape = [ast.get_source_segment(text, e) for e in parse_tree(text).body.elts]  # type: ignore[attr-defined]
         except SyntaxError:
             raise bad(f"argument {spec!r}: shape [{inside}] is not a list of expressions") from None
         out: dict[str, Any] = {"name": arg_name, "role": role, "shape": shape}

@@ -174,17 +174,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tuner import compile as compile_mod
     from tuner import limits
     from tuner.console import Column, human_seconds, print_table
-    from tuner.kernels.custom import check_reference
     from tuner.render import render
 
+    # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
+    # (that allocates the problem's arrays at full size: seconds and GBs for a compile-only command).
     s, problem = _load_space_and_problem(args)
     family = s.family
-    check_reference(s, problem)  # a user's reference runs once with NumPy: it must return the outputs' shapes
-    arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
-    compile_mod.check_includes(s, problem, arch)  # a missing include: one line, not one failure per config
     configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()
+    # Rendered before the arch is asked of the GPU (which imports CuPy): a template's fault is said at once.
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
+    arch = limits.arch(args.arch) if args.arch else compile_mod.default_arch()
+    compile_mod.check_includes(s, problem, arch)  # a missing include: one line, not one failure per config
     records: list[dict[str, Any]] = []
     console = Console(stderr=True)
     with Progress(console=console, disable=args.json or not console.is_terminal, transient=True) as progress:
@@ -209,6 +210,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 records.append({"params": config, "uri": source.uri, "failure": result.kind, "reason": result.reason})
     elapsed = time.perf_counter() - started
     failed = [r for r in records if "failure" in r]
+    errors = distinct_errors(failed)
     summary = {
         "space": str(s.path),
         "arch": arch,
@@ -216,6 +218,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         "failed": len(failed),
         "seconds": round(elapsed, 3),
         "configs_per_s": round(len(records) / elapsed, 1) if elapsed else None,
+        "errors": errors,
         "configs": records,
     }
     if args.json:
@@ -229,9 +232,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             Column("status"),
         ]
         rows = [
-            [r["uri"], "", "", "", Text(r["reason"], style="red")]
-            if "failure" in r
-            else [
+            [
                 r["uri"],
                 str(r["registers"]),
                 str(r["smem_bytes"]),
@@ -239,6 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 Text("spills", style="yellow") if r["spill_bytes"] else "ok",
             ]
             for r in records
+            if "failure" not in r
         ]
         print_table(
             f"{s.name}: {len(records)} configs, {arch}",
@@ -246,10 +248,29 @@ def cmd_check(args: argparse.Namespace) -> int:
             rows,
             notes=[
                 f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
-                f"({summary['configs_per_s']} configs/s)"
+                f"({summary['configs_per_s']} configs/s)",
+                *(
+                    f"{e['configs']} config{'s' if e['configs'] > 1 else ''}: {e['reason']}"
+                    + (f" (first: {e['first']})" if e["configs"] > 1 else "")
+                    for e in errors
+                ),
             ],
         )
     return 1 if failed else 0
+
+
+def distinct_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The check's failed records (each with "uri" and "reason") as one entry per distinct error, most configs
+    first: {"configs": how many share it, "reason": the error, "first": the first config's uri}. NVRTC names each
+    config's file after its uri (``URI.cu(12): error: ...``), so errors are compared with the uri written
+    ``<uri>``; an error only one config has keeps its own name."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in failed:
+        groups.setdefault(record["reason"].replace(record["uri"], "<uri>"), []).append(record)
+    return [
+        {"configs": len(group), "reason": key if len(group) > 1 else group[0]["reason"], "first": group[0]["uri"]}
+        for key, group in sorted(groups.items(), key=lambda item: -len(item[1]))
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -602,6 +623,20 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return 0
 
 
+def _of_roof(best: dict[str, Any]) -> str:
+    """`best`'s share of its own roof, for `tuner best`: the copy ceiling for a TB/s family, the FP32 peak from the
+    GPU's facts for a TFLOP/s one ("" where there is none to compare with)."""
+    if best["throughput_unit"] == "TFLOP/s":
+        peak = best.get("fp32_peak_tflops")
+        return (
+            f" = {best['throughput'] / peak:.3f} of the FP32 peak ({peak:.1f} TFLOP/s from the GPU's facts)"
+            if peak
+            else ""
+        )
+    fraction = best.get("fraction_of_ceiling")
+    return f" = {fraction:.3f} of the copy ceiling" if fraction else ""
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     from tuner.api import open_study
 
@@ -614,14 +649,13 @@ def cmd_best(args: argparse.Namespace) -> int:
     from tuner.console import Cell, print_lines
 
     unit = best["throughput_unit"]
-    fraction = best.get("fraction_of_ceiling")
     lines: list[Cell] = [
         Text.assemble(
             (str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})"
         ),
         "params:     " + ", ".join(f"{k}={v}" for k, v in best["params"].items()),
         f"throughput: {best['throughput']:.3f} {unit}"
-        + (f" = {fraction:.3f} of the copy ceiling" if fraction else "")
+        + _of_roof(best)
         + (f"; median {best['median_ms']:.4g} ms" if best.get("median_ms") else ""),
         f"resources:  {_fmt(best.get('registers'))} registers/thread, {_fmt(best.get('smem_bytes'))} B "
         f"SMEM/block, {_fmt(best.get('spill_bytes'))} B spills, {_fmt(best.get('threads'))} threads/block",
@@ -673,7 +707,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
         default="fastest",
         help="the fastest config per study, or its whole Pareto front (default: fastest)",
     )
-    p.add_argument("--namespace", default="tuned", help="C++ namespace (default: tuned)")
+    p.add_argument(
+        "--namespace", default="tuned", help="C++ namespace, nested with :: as in prod::kernels (default: tuned)"
+    )
     p.add_argument("--with-source", action="store_true", help="embed each config's CUDA source as a raw string")
     p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_export)

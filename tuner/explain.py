@@ -21,7 +21,9 @@ The bound (first rule that holds):
 `compare(a, b)` names what explains the difference between two configs: DRAM bytes (with their cause: sectors
 per request, DRAM over-fetch, spills, extra kernels), bank conflicts, spills, occupancy or DRAM throughput, in
 that order.
-`tuner explain` (`explain_study`) runs this over a study's trials; `roofline_png`/`write_roofline` draw them.
+`tuner explain` (`explain_study`) runs this over a study's trials; `roofline_figure` (`roofline_png`,
+`write_roofline`) draws them: on the roofline where they do FP32 work, else their bytes against the memory roof
+and their memory units' throughput.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class Explanation:
     bound: str = ""
     findings: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # requested counters ncu gave no value for
+    #: the config's useful bytes over its median time as the tuner measured it (not under ncu), where known
+    measured_tbps: float | None = None
 
     @property
     def dram_bytes(self) -> float:
@@ -114,10 +118,12 @@ def explain(
     ceiling_tbps: float | None = None,
     peak_tflops: float | None = None,
     access_bytes: int = 4,
+    measured_tbps: float | None = None,
 ) -> Explanation:
     """Explain one profiled call. `minimal_bytes`: the family's minimal traffic for the problem; `ceiling_tbps`:
     the copy ceiling measured on that GPU; `peak_tflops`: its FP32 peak; `access_bytes`: bytes per thread of
-    the config's widest global access (vec × element size), which sets the ideal sectors per request."""
+    the config's widest global access (vec × element size), which sets the ideal sectors per request;
+    `measured_tbps`: the config's TB/s as the tuner timed it (the roofline draws it against the ceiling)."""
     time_s = profile.total("gpu__time_duration.sum")
     read, write = profile.total("dram__bytes_read.sum"), profile.total("dram__bytes_write.sum")
     dram = read + write
@@ -176,6 +182,7 @@ def explain(
         l1tex_pct=profile.weighted("l1tex__throughput.avg.pct_of_peak_sustained_active"),
         fma_pct=profile.weighted("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
         missing=list(profile.missing),
+        measured_tbps=measured_tbps,
     )
     e.bound = bound(e)
     e.findings = findings(e)
@@ -364,16 +371,41 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
 def roofline_png(
     points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
 ) -> bytes:
-    """A log-log roofline: the measured copy ceiling as the memory roof, the FP32 peak as the compute roof, one
-    point per explained config at (FLOP per DRAM byte, achieved TFLOP/s). Configs without FP32 work (a copy,
-    a transpose) have no place on it; they are listed in the legend with their DRAM throughput instead."""
-    import matplotlib
+    """`roofline_figure` as PNG bytes."""
+    from tuner.plots import png_bytes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return png_bytes(roofline_figure(points, ceiling_tbps, peak_tflops, title))
 
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+
+def roofline_figure(
+    points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
+):
+    """What bounds each explained config, drawn (a matplotlib Figure, no pyplot). Configs with FP32 work get the
+    log-log roofline: the measured copy ceiling as the memory roof, the FP32 peak as the compute roof, one point
+    per config at (FLOP per DRAM byte, achieved TFLOP/s). Configs without (a copy, a transpose: most memory-bound
+    kernels) have no place on it, so they get what bounds them instead: their bytes against the memory roof
+    (the TB/s the tuner measured and the DRAM TB/s under ncu, against the copy ceiling) and the memory units'
+    throughput from the profile (DRAM as a share of the ceiling, L2 and L1/shared memory of their peaks, with
+    the shares at which `bound` calls a unit the bound). A panel is drawn only for configs it fits."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     placed = [p for p in points if p.flops > 0 and _ok(p.arithmetic_intensity) and p.arithmetic_intensity > 0]
+    unplaced = [p for p in points if p not in placed]
+    panels = (1 if placed else 0) + (2 if unplaced else 0)
+    fig = Figure(figsize=(8, 1.2 + 4.3 * panels), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(panels, 1, squeeze=False)[:, 0])
+    if placed:
+        _draw_roofline(axes.pop(0), placed, unplaced, ceiling_tbps, peak_tflops)
+    if unplaced:
+        _draw_memory_roof(axes.pop(0), unplaced, ceiling_tbps)
+        _draw_units(axes.pop(0), unplaced)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def _draw_roofline(ax, placed: Sequence[Explanation], unplaced: Sequence[Explanation], ceiling_tbps, peak_tflops):
     xs = [p.arithmetic_intensity for p in placed]
     peak = peak_tflops or 0.0
     lo = min([0.01] + [x / 4 for x in xs])
@@ -396,19 +428,74 @@ def roofline_png(
             zorder=3,
             label=f"{p.label}: {p.arithmetic_intensity:.3g} FLOP/B, {p.tflops:.3g} TFLOP/s ({p.bound})",
         )
-    for p in points:
-        if p not in placed:
-            ax.plot([], [], " ", label=f"{p.label}: no FP32 work, DRAM {p.dram_tbps:.2f} TB/s ({p.bound})")
+    for p in unplaced:
+        ax.plot([], [], " ", label=f"{p.label}: no FP32 work (below: its bytes and memory units)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FP32 FLOP per DRAM byte)")
     ax.set_ylabel("TFLOP/s (FP32)")
-    ax.set_title(title, fontsize=11)
+    ax.set_title("roofline", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    from tuner.plots import png_bytes
 
-    return png_bytes(fig)
+
+def _bar_groups(ax, points: Sequence[Explanation], series: Sequence[tuple[str, Any]]) -> float:
+    """Horizontal bars, one group per config (top to bottom in the given order), one bar per named series whose
+    value (`series`: label, Explanation -> value) is known, each labelled with its value; y ticks name the config
+    and its bound. Returns the largest value drawn (0 for none)."""
+    height = 0.8 / len(series)
+    largest = 0.0
+    for k, (label, value_of) in enumerate(series):
+        ys, widths = [], []
+        for i, p in enumerate(points):
+            value = value_of(p)
+            if _ok(value):
+                ys.append(len(points) - 1 - i + 0.4 - (k + 0.5) * height)
+                widths.append(value)
+        if ys:
+            bars = ax.barh(ys, widths, height=height * 0.9, label=label)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+            largest = max(largest, *widths)
+    ax.set_yticks(
+        [len(points) - 1 - i for i in range(len(points))], [f"{p.label}\n({p.bound})" for p in points], fontsize=7
+    )
+    return largest
+
+
+def _draw_memory_roof(ax, points: Sequence[Explanation], ceiling_tbps: float) -> None:
+    largest = _bar_groups(
+        ax,
+        points,
+        [
+            ("measured: useful bytes / median time", lambda p: p.measured_tbps),
+            ("DRAM under ncu: bytes moved / kernel time", lambda p: p.dram_tbps),
+        ],
+    )
+    ax.axvline(ceiling_tbps, color="black", lw=1.5, label=f"memory roof: copy ceiling {ceiling_tbps:.2f} TB/s")
+    ax.set_xlim(0, max(ceiling_tbps, largest) * 1.25)  # an L2-resident problem may beat the DRAM copy
+    ax.set_xlabel("TB/s")
+    ax.set_title("bytes against the memory roof (no FP32 work: not on the roofline)", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: bars fill the panel
+
+
+def _draw_units(ax, points: Sequence[Explanation]) -> None:
+    largest = _bar_groups(
+        ax,
+        points,
+        [
+            ("DRAM: % of the copy ceiling", lambda p: 100 * p.of_ceiling),
+            ("L2: % of peak (ncu)", lambda p: p.lts_pct),
+            ("L1 / shared memory: % of peak (ncu)", lambda p: p.l1tex_pct),
+        ],
+    )
+    ax.axvline(100 * HBM_BOUND, color="tab:blue", ls="--", lw=1, label=f"HBM-bound from {HBM_BOUND:.0%}")
+    ax.axvline(100 * UNIT_BOUND, color="gray", ls=":", lw=1, label=f"a unit bounds from {UNIT_BOUND:.0%}")
+    ax.set_xlim(0, max(100.0, largest) * 1.25)
+    ax.set_xlabel("% of the unit's peak")
+    ax.set_title("memory units' throughput (Nsight Compute)", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: bars fill the panel
 
 
 def roofline_html(png: bytes, points: Sequence[Explanation], title: str) -> str:
@@ -551,6 +638,7 @@ def explain_study(
             ceiling_tbps=t.user_attrs.get("ceiling_tbps"),
             peak_tflops=ncu_mod.fp32_peak_tflops(device),
             access_bytes=access,
+            measured_tbps=t.user_attrs.get("tbps"),
         )
         out.append(ExplainedTrial(number=n, uri=record["uri"], explanation=e, cached=n not in fresh, device=device))
     for n, record in fresh.items():

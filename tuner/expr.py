@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +137,7 @@ class Expr:
                 f"expression of {len(source)} characters is longer than the limit of {MAX_CHARS}: {source[:40]!r}..."
             )
         try:
-            tree = ast.parse(source.strip(), mode="eval")
+            tree = parse_tree(source.strip())
         except SyntaxError as exc:
             raise ExprError(f"cannot parse {source!r}: {exc.msg}") from None
         except (RecursionError, MemoryError):
@@ -161,6 +162,17 @@ class Expr:
             assert self._tree is not None, "an Expr is made by Expr.parse"
             self._over = _build_over(self._tree)
         return self._over(env)
+
+
+def parse_tree(source: str) -> ast.Expression:
+    """`source` parsed as one Python expression. SyntaxError where it does not parse, and also where Python's
+    parser would warn (``1024and``: "invalid decimal literal"; an invalid escape): a warning is printed on stderr
+    as ``<unknown>:1: SyntaxWarning``, naming no file, while an error reaches the caller, which names the space
+    file, the line and the expression."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SyntaxWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        return ast.parse(source, mode="eval")
 
 
 def _short(source: str) -> str:

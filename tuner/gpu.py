@@ -15,7 +15,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT", "DEFAULT_ARCH", "EXPRESSION_NAMES", "GpuFacts"]
+__all__ = [
+    "DEFAULT",
+    "DEFAULT_ARCH",
+    "EXPRESSION_NAMES",
+    "FP32_LANES_PER_SM",
+    "GpuFacts",
+    "compute_capability",
+    "fp32_peak_tflops",
+]
 
 #: The arch compiled for where no GPU and no --arch say otherwise: H100/H200.
 DEFAULT_ARCH = "sm_90"
@@ -78,6 +86,37 @@ class GpuFacts:
 
 
 DEFAULT = GpuFacts()
+
+#: FP32 lanes per SM by compute capability (architecture fact, CUDA Programming Guide's throughput table).
+FP32_LANES_PER_SM = {
+    "7.0": 64,
+    "7.5": 64,
+    "8.0": 64,
+    "8.6": 128,
+    "8.7": 128,
+    "8.9": 128,
+    "9.0": 128,
+    "10.0": 128,
+    "10.3": 128,
+    "12.0": 128,
+}
+
+
+def compute_capability(arch: str) -> str:
+    """``sm_90`` (or ``sm_90a``, ``compute_90``) → ``9.0``; ``sm_100`` → ``10.0``; "" for anything else."""
+    digits = "".join(c for c in arch.rpartition("_")[2] if c.isdigit())
+    return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 else ""
+
+
+def fp32_peak_tflops(facts: GpuFacts, sm_clock_mhz: float | None) -> float | None:
+    """The FP32 FMA peak (2 FLOPs per lane per clock) of the GPU `facts` describe at `sm_clock_mhz` (its max SM
+    clock, as a measurement records it): a figure from the facts, not a measurement. None where the facts were
+    not read from a GPU (`DEFAULT` stands in), or the arch's lanes or the clock are unknown."""
+    lanes = FP32_LANES_PER_SM.get(compute_capability(facts.arch))
+    if not facts.measured or not lanes or not sm_clock_mhz:
+        return None
+    return facts.sm_count * lanes * 2 * float(sm_clock_mhz) * 1e6 / 1e12
+
 
 #: GPU facts a space expression may name: ``blocks >= sm_count``, ``smem <= smem_per_block_max``, ...
 EXPRESSION_NAMES = (

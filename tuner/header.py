@@ -60,12 +60,22 @@ _RESERVED = frozenset({"arch", "launch", "p", "want", "best", "c", "d", "a", "b"
 
 
 def check_namespace(namespace: str) -> str:
-    """A C++ namespace name: an identifier, or identifiers joined by ``::``, none a keyword. Else InputError."""
+    """A C++ namespace name the header opens as ``namespace NAMESPACE::KERNEL {`` (C++17): an identifier, or
+    identifiers joined by ``::`` (``prod::kernels``), none a keyword or reserved (``__`` anywhere, ``_`` and a
+    capital first), and not inside ``std`` (declaring there is undefined behaviour). Else InputError, naming the
+    part at fault."""
+    usage = "letters, digits and _, not a keyword; nested with ::, as in prod::kernels"
     parts = namespace.split("::")
+    if parts[0] == "std":
+        raise InputError(f"--namespace {namespace!r}: a program may not declare names inside std ({usage})")
     for part in parts:
-        if not _IDENT.match(part) or part in CPP_KEYWORDS or "__" in part:
+        if not part:
+            raise InputError(f"--namespace {namespace!r}: an empty name around '::' ({usage})")
+        if not _IDENT.match(part) or part in CPP_KEYWORDS:
+            raise InputError(f"--namespace {namespace!r}: {part!r} is not a C++ identifier ({usage})")
+        if "__" in part or re.match(r"_[A-Z]", part):
             raise InputError(
-                f"--namespace {namespace!r}: not a C++ identifier (letters, digits, _, not a keyword; nested with ::)"
+                f"--namespace {namespace!r}: {part!r} is reserved for the implementation (__, or _ and a capital)"
             )
     return namespace
 

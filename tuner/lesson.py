@@ -210,6 +210,7 @@ class Bench:
             ceiling_tbps=self.info.get("ceiling_tbps"),
             peak_tflops=fp32_peak_tflops(report.get("device", {})),
             access_bytes=int(params.get("vec", 1)) * family.elem_bytes(problem.env),
+            measured_tbps=row.measured.get("tbps"),
         )
 
     def capture(
@@ -389,30 +390,30 @@ def _cell(value: Any) -> str:
 
 
 def print_table(result: LessonResult) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The lesson's rows, each prediction beside each measurement, fitted to the terminal as every table of the
+    CLI is (`tuner.console.print_table`): a table wider than the window is printed as several, each beginning
+    with the config; a pipe gets plain rows, the title and notes on stderr."""
+    from tuner.console import Column
+    from tuner.console import print_table as print_rows
 
     pred_keys = list(dict.fromkeys(k for r in result.rows for k in r.predicted))
     meas_keys = list(dict.fromkeys(k for r in result.rows for k in r.measured if k != "reason"))
     title = result.title + (f" — {result.gpu}" if result.gpu else "")
     if result.ceiling_tbps:
         title += f", copy ceiling {result.ceiling_tbps:.2f} TB/s"
-    table = Table(title=title)
-    table.add_column("config")
-    for k in pred_keys:
-        table.add_column(f"predicted {k}", justify="right")
-    for k in meas_keys:
-        table.add_column(k, justify="right")
-    for r in result.rows:
-        table.add_row(
-            r.label, *(_cell(r.predicted.get(k)) for k in pred_keys), *(_cell(r.measured.get(k)) for k in meas_keys)
-        )
-    console = Console() if sys.stdout.isatty() else Console(width=220)
-    console.print(table)
-    for note in result.notes:
-        console.print(f"  {note}", highlight=False)
-    for failure in result.ncu_failures:
-        console.print(f"  no ncu profile: {failure}", highlight=False)
+    # Headers in words (not snake_case), so a narrow column wraps between them.
+    columns = [
+        Column("config"),
+        *(Column(f"predicted {k.replace('_', ' ')}", "right") for k in pred_keys),
+        *(Column(k.replace("_", " "), "right") for k in meas_keys),
+    ]
+    rows = [
+        [r.label, *(_cell(r.predicted.get(k)) for k in pred_keys), *(_cell(r.measured.get(k)) for k in meas_keys)]
+        for r in result.rows
+    ]
+    notes = [f"  {note}" for note in result.notes]
+    notes += [f"  no ncu profile: {failure}" for failure in result.ncu_failures]
+    print_rows(title, columns, rows, notes=notes, key_columns=1, wrap_notes=True)
 
 
 def lesson_png(result: LessonResult) -> bytes:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.gpu import FP32_LANES_PER_SM
 
 #: The counters `tuner explain` reads, why, and the kind of unit each must come in (checked against the units
 #: row of the capture: a value is converted to base units by its own unit, never assumed). Names as Nsight Compute
@@ -467,23 +468,9 @@ def device_facts_from_csv(text: str) -> dict[str, Any]:
     }
 
 
-#: FP32 lanes per SM by compute capability (architecture fact, CUDA Programming Guide's throughput table).
-FP32_LANES_PER_SM = {
-    "7.0": 64,
-    "7.5": 64,
-    "8.0": 64,
-    "8.6": 128,
-    "8.7": 128,
-    "8.9": 128,
-    "9.0": 128,
-    "10.0": 128,
-    "10.3": 128,
-    "12.0": 128,
-}
-
-
 def fp32_peak_tflops(facts: dict[str, Any]) -> float | None:
-    """FP32 FMA peak (2 FLOPs per lane per clock) from the GPU's SM count and max clock; None if unknown."""
+    """FP32 FMA peak (2 FLOPs per lane per clock) from the GPU's SM count and max clock as ncu reports them
+    (`device_facts_from_csv`: "cc", "sm_count", "sm_clock_mhz"); None if unknown."""
     lanes = FP32_LANES_PER_SM.get(str(facts.get("cc")))
     if not lanes or not facts.get("sm_count") or not facts.get("sm_clock_mhz"):
         return None

@@ -3,7 +3,8 @@
 Record a study once on a GPU (``tuner study transpose --sampler grid ...``), then replay it anywhere: CPU tests run
 the real driver over real Ray against it, and users compare samplers without spending GPU time. It implements
 the `tuner.evaluator.Evaluator` protocol; its `measures` is False (it needs no cubin and re-timing changes
-nothing), and its info names the recording as the GPU and the recorded study's arch and GPU facts.
+nothing), and its info names the recording as the GPU and the recorded study's arch and GPU facts. Each replayed
+measurement's `gpu` names the GPU that measured it and the recording (`replayed_gpu`).
 """
 
 from __future__ import annotations
@@ -97,10 +98,26 @@ class ReplayEvaluator:
         hit = self.records.get(params_key({name: config[name] for name in self.param_names if name in config}))
         if hit is None or any(config.get(name, value) != value for name, value in self.later.items()):
             return Invalid(reason=f"config not in the replay recording {self.path}")
-        return result_from_attrs(*hit)
+        result = result_from_attrs(*hit)
+        if isinstance(result, Measurement):
+            # A replayed row must not pass for a measurement of this run: its GPU names the recording too.
+            result = dataclasses.replace(result, gpu=replayed_gpu(result.gpu, self.path))
+        return result
 
     def close(self) -> None:
         pass
+
+
+#: what a replayed measurement's GPU ends with: ``NVIDIA H200 (replay of transpose_h200.db)``
+REPLAY_MARK = " (replay of "
+
+
+def replayed_gpu(gpu: str, recording: str) -> str:
+    """The GPU a replayed measurement names: the one that measured it, and the recording it was replayed from
+    (its file name). A row the recording had itself replayed keeps the name of the recording that measured it."""
+    if REPLAY_MARK in gpu:
+        return gpu
+    return f"{gpu or 'unknown GPU'}{REPLAY_MARK}{Path(recording).name})"
 
 
 @dataclasses.dataclass

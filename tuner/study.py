@@ -1199,11 +1199,13 @@ class _Stats:
         self.screened: Counter[str] = Counter()
         self.cut_short = 0  # measurements cut off after the estimate (fewer than the protocol's 10 repetitions)
         self.best: dict[str, Any] | None = None
+        self.sm_clock_mhz: float | None = None  # the max SM clock the measurements report: the FP32 peak's
         for t in past:
             if t.state.name == "COMPLETE" and TrialAttr.DUPLICATE_OF not in t.user_attrs:
                 self._consider(t.number, t.params, t.user_attrs)
 
     def _consider(self, number, params, figures) -> None:
+        self.sm_clock_mhz = (figures.get("clocks") or {}).get("sm_clock_max_mhz") or self.sm_clock_mhz
         key = {"TFLOP/s": "tflops", "TB/s": "tbps"}.get(self.unit)
         if key is None:  # a family without a throughput (replay-only): the shortest time is the best
             better = self.best is None or figures["median_ms"] < self.best["median_ms"]
@@ -1354,16 +1356,13 @@ class _Progress:
     def update(self, done: int) -> None:
         s = self.stats
         rate = (done - self.done0) / max(time.perf_counter() - self.started, 1e-9)
-        best = ""
-        if s.best:
-            figure = f"{s.best['tflops']:.1f} TFLOP/s" if s.unit == "TFLOP/s" else f"{s.best['tbps']:.2f} TB/s"
-            best = f"best {figure} ({s.best['fraction_of_ceiling']:.2f}× ceiling)"
+        best = f"best {_live_figure(s.unit, s.best)}" if s.best else ""
         fails = " ".join(f"{k}:{v}" for k, v in sorted(s.failures.items()))
         self.bar.update(self.task, completed=done, info=f"{best}  {rate:.1f} trials/s  {fails}")
 
     def final(self, summary: dict[str, Any]) -> None:
         """The end-of-study table: where, how many, what the time went to, the best config in the family's own
-        unit (TB/s with its fraction of the copy ceiling, or TFLOP/s)."""
+        unit against its own roof (`_summary_figure`)."""
         from rich.table import Table
         from rich.text import Text
 
@@ -1394,15 +1393,44 @@ class _Progress:
                 table.add_row("time in", _time_in_text(summary))
         best = summary["best"]
         if best:
-            if self.stats.unit == "TFLOP/s":
-                figure = f"{best['tflops']:.1f} TFLOP/s"
-            else:
-                figure = f"{best['tbps']:.3f} TB/s, {best['fraction_of_ceiling']:.2f}× the copy ceiling"
+            figure = _summary_figure(self.stats.unit, best, summary, self.stats.sm_clock_mhz)
             table.add_row("best", Text(best["uri"] or str(best["params"])))
             table.add_row("", f"{figure}, {best['registers']} registers, {best['smem_bytes']} B SMEM")
         # Wide enough for the uri and the storage whole: they are copied from here.
         width = max(self.console.width, len(str(best["uri"] if best else "")) + 30, len(summary["storage"]) + 30)
         self.console.print(table, width=width)
+
+
+def _live_figure(unit: str, best: dict[str, Any]) -> str:
+    """The best config's figure on the live line, against its own roof: a memory-bound family's TB/s with its
+    share of the copy ceiling; a compute-bound family's TFLOP/s alone (the GPU's facts, which its FP32 peak needs,
+    come with the summary; a byte ceiling says nothing of FLOPs); a family without a throughput, its time."""
+    if unit == "TB/s":
+        return f"{best['tbps']:.2f} TB/s ({best['fraction_of_ceiling']:.2f}× ceiling)"
+    if unit == "TFLOP/s":
+        return f"{best['tflops']:.1f} TFLOP/s"
+    return f"{best['median_ms']:.4g} ms"
+
+
+def _summary_figure(unit: str, best: dict[str, Any], summary: dict[str, Any], sm_clock_mhz: float | None) -> str:
+    """The summary's figure of the best config, against its own roof: a memory-bound family's TB/s with its share
+    of the copy ceiling measured on the GPU; a compute-bound family's TFLOP/s with its share of the FP32 peak that
+    the GPU's facts (`summary["gpus"]`: SM count, arch) and the measurements' max SM clock give, said to be from
+    the facts (no peak is measured), or no share where the facts were not read from a GPU."""
+    from tuner.gpu import GpuFacts, fp32_peak_tflops
+
+    if unit == "TB/s":
+        return f"{best['tbps']:.3f} TB/s, {best['fraction_of_ceiling']:.2f}× the copy ceiling"
+    if unit != "TFLOP/s":
+        return f"{best['median_ms']:.4g} ms"
+    facts = GpuFacts.from_dict(next((g.get("gpu_facts") for g in summary.get("gpus") or []), None))
+    peak = fp32_peak_tflops(facts, sm_clock_mhz)
+    if peak is None:
+        return f"{best['tflops']:.1f} TFLOP/s (no FP32 peak to compare with: the GPU's facts or clock are unknown)"
+    return (
+        f"{best['tflops']:.1f} TFLOP/s, {best['tflops'] / peak:.2f}× the FP32 peak ({peak:.1f} TFLOP/s from the "
+        f"GPU's facts: {facts.sm_count} SMs at {sm_clock_mhz:g} MHz, not measured)"
+    )
 
 
 def _gpu_busy_text(summary: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.errors import InputError
 from tuner.files import atomic_write, check_writable
+from tuner.gpu import fp32_peak_tflops
 from tuner.result import TrialAttr
 from tuner.studies import (
     artifact_dir_for,
@@ -177,8 +178,9 @@ def write_trials(study: optuna.Study, path: str | Path) -> Path:
 def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) -> dict[str, Any]:
     """The fastest measured trial as a dict: study, number, uri, params, throughput (+unit), tbps, tflops,
     fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes,
-    blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), and where its source
-    is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
+    blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), for a TFLOP/s family
+    fp32_peak_tflops (its roof, from the GPU's facts: `tuner.gpu.fp32_peak_tflops`; None where unknown), and where
+    its source is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
     line that prints it)."""
     t = best_trial(study)
     a = t.user_attrs
@@ -209,6 +211,11 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         "occupancy": (float(warps) / gpu_facts(study).max_warps_per_sm) if warps is not None else None,
         "threads": threads(t),
     }
+    if throughput_unit(study) == "TFLOP/s":
+        # A compute-bound family's roof: the FP32 peak from the GPU's facts and the trial's max SM clock (None
+        # where the study did not record facts read from its GPU), never the copy ceiling.
+        clock = (a.get("clocks") or {}).get("sm_clock_max_mhz")
+        out["fp32_peak_tflops"] = fp32_peak_tflops(gpu_facts(study), clock)
     final = finalist(study, t.number)
     if final is not None:
         # Report the longer re-timing, and say so; the screening figure stays alongside.

@@ -203,11 +203,10 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
     """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
     config, and check it returns every checked output with its declared shape. InputError naming the reference's
     file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
-    When `required`, the default config is compiled once before the reference runs
-    (`tuner.compile.check_includes`): an include NVRTC cannot open is one InputError naming the template, the
-    include and the folders searched, not one failed trial per config. With `run` False the reference itself
-    is not run (a study on a GPU: its worker runs it once per input set). Shipped and registered families are
-    not checked (their own tests do that)."""
+    With `run` False the reference itself is not run (a study on a GPU: its worker runs it once per input set,
+    where the data is); loading the space has already imported it and checked it can take its arguments.
+    Running it allocates the problem's arrays on the host (GBs at LLM sizes), so only a replay, which has no
+    worker to run it, asks for that. Shipped and registered families are not checked (their own tests do that)."""
     import numpy as np
 
     family = space.family
@@ -221,10 +220,6 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
                 str(space.path),
             )
         return
-    if required:
-        from tuner.compile import check_includes
-
-        check_includes(space, problem)
     if not run:
         return
     problem = problem or space.problem()

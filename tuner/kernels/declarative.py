@@ -174,8 +174,7 @@ class DeclarativeFamily(Family):
             )
         if block.get("reference") is not None:
             reference_name = block["reference"]
-            reference_fn, found = _reference(reference_name, directory, fail)
-            arrays = arrays or found
+            reference_fn, arrays = _reference(reference_name, directory, fail, arrays)
         family = cls(
             name,
             tuple(dtypes),
@@ -194,8 +193,9 @@ class DeclarativeFamily(Family):
         return family
 
     def validate_space(self, space, fail) -> None:
-        """Check every expression reads only names the space defines, and that shapes and the default config's
-        launch evaluate to positive integers on every problem."""
+        """Check every expression reads only names the space defines, that shapes and the default config's
+        launch evaluate to positive integers on every problem, and that the reference (if any) can be called
+        with the arguments `reference` passes it (by its signature: it is not run)."""
         problem_names = set.intersection(*(set(p.env) for p in space.problems))
         config_names = problem_names | set(space.params) | set(space.derived)
 
@@ -241,6 +241,19 @@ class DeclarativeFamily(Family):
                         "launch",
                         key,
                     )
+        fault = self._reference_call_fault()
+        if fault is not None:
+            raise fail(f"kernel: reference {self.reference_name!r} {fault}", "kernel", "reference")
+
+    def _reference_call_fault(self) -> str | None:
+        """Why the reference cannot take, by name, the arguments `reference` passes it, or None."""
+        if self.reference_fn is None:
+            return None
+        names = [a.name for a in self.arguments if a.role in ("input", "scalar")]
+        names += ["xp"] if self.reference_arrays == "xp" else []
+        fn = self.reference_fn
+        fault = _call_fault(fn.args[0] if isinstance(fn, functools.partial) else fn, names)  # inside `guarded`
+        return None if fault is None else f"cannot be called with its arguments ({', '.join(names)}): {fault}"
 
     # -- the Family contract ------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
@@ -435,7 +448,9 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
     return tuple(out)
 
 
-def _reference(spec: Any, directory: Path, fail):
+def _reference(spec: Any, directory: Path, fail, arrays: str | None):
+    """(the reference `spec` names, guarded: `custom.guarded`; how it receives its arrays: `arrays`, else read
+    from its signature). Imports the user's module (their code runs) but never calls the function."""
     from tuner.kernels import custom
 
     if not isinstance(spec, str) or ":" not in spec:
@@ -451,7 +466,21 @@ def _reference(spec: Any, directory: Path, fail):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), reference_arrays_of(fn)
+    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), arrays or reference_arrays_of(fn)
+
+
+def _call_fault(fn, names: list[str]) -> str | None:
+    """Why `fn` cannot be called with keyword arguments `names` (its signature binds them or not), or None; also
+    None where Python cannot read its signature (a builtin): the first call will say."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**dict.fromkeys(names))
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def reference_arrays_of(fn) -> str:
