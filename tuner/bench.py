@@ -855,16 +855,17 @@ class GpuEvaluator:
                 if name not in outputs_spec and name in inputs
             )
             kept = pooled is not None and pooled.ready
+            if not kept and not explicit and pooled is not None and family.reference_on_host():
+                # The key's first set: the other sets' references (the pool's second, the finalists') start on
+                # the host in the background now, so that all of them are ready about when this one is.
+                for later in self._pool.ahead(key):
+                    self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
             try:
                 reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
             except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
                 return WrongResult(
                     reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
                 )
-            if not kept and not explicit and pooled is not None and pooled.ready and family.reference_on_host():
-                # The first set's reference is kept: the other sets' are computed on the host in the background.
-                for later in self._pool.ahead(key):
-                    self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
             outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
             arrays = {**inputs, **outputs}
 

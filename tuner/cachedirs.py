@@ -51,12 +51,17 @@ def cupy_root() -> Path:
 
 
 def _fault(folder: Path) -> str | None:
-    """Why `folder` cannot hold a cache (the OS's words), or None when it was made (if missing) and a file could
-    be written in it. A probe file is the only test that holds for root and read-only mounts alike (`os.access`
-    says yes to root on a folder it cannot write)."""
+    """Why `folder` cannot hold a cache (the OS's words), or None when a file can be written in it or, where it
+    does not exist yet, in its nearest existing parent (which is where it would be made: nothing is created here,
+    so a command that fails on bad input leaves no cache folder behind). A probe file is the only test that holds
+    for root and read-only mounts alike (`os.access` says yes to root on a folder it cannot write)."""
+    here = folder
+    while not here.exists() and here.parent != here:
+        here = here.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tuner-probe-")
+        if not here.is_dir():
+            return "Not a directory"
+        fd, probe = tempfile.mkstemp(dir=here, prefix=".tuner-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:

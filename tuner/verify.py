@@ -25,10 +25,10 @@ which share one seed, share one reference.
 
 A reference computed on the host (a NumPy reference: `Family.reference_on_host`) takes seconds at LLM sizes, once
 per set. Only the first set's is waited for: the others' (the pool's second set, and the set of a seed the
-evaluator was told a later check will ask for, `InputPool.reserve`) are computed *ahead*, in a background thread,
-from a host copy of their inputs, while the GPU checks and times configs against the first set. Such a set is
-`pending` until its reference is ready and is not drawn before (`draw` takes the ready sets in turn); the thread
-runs only host code, so no GPU work of its own overlaps a timed launch.
+evaluator was told a later check will ask for, `InputPool.reserve`) are computed *ahead*, in background threads
+started beside the first one, from a host copy of their inputs, while the GPU checks configs against the first.
+Such a set is `pending` until its reference is ready and is not drawn before (`draw` takes the ready sets in
+turn); the threads run only host code, so no GPU work of theirs overlaps a timed launch.
 
 This module holds the bookkeeping and the reference's normalization (shape and dtype checks, torch tensors and
 NumPy arrays turned into CuPy arrays); `tuner.bench` draws and checks.
@@ -155,8 +155,8 @@ class InputPool:
             self.reserved.append(seed)
 
     def ahead(self, key: tuple) -> list[InputSet]:
-        """The sets of `key` to compute ahead once its first reference is kept: the pool's missing sets and the
-        set of each reserved seed (the caller marks each pending)."""
+        """The sets of `key` to compute ahead, asked for as its first set is drawn: the pool's missing sets and
+        the set of each reserved seed (the caller marks each pending)."""
         if key in self.fresh_keys:
             return []
         sets = self.sets.setdefault(key, [])
