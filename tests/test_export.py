@@ -661,20 +661,28 @@ def test_a_nested_namespace_header_compiles_with_gpp_nvrtc_and_nvcc(in_tmp, db, 
     opts = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device", f"-I{tmp_path}"]
     status, log, cubin, _ = compile_mod.nvrtc_compile(program, "use.cu", opts)
     assert status == 0 and cubin, log
-    nvcc = shutil.which("nvcc")
-    if nvcc is not None:  # a .cu whose host code launches by the header's grid (dim3 through Dim3's conversion)
-        (tmp_path / "use.cu").write_text(
-            '#include "tuned.h"\n'
-            f"dim3 grid_of(long long r, long long c) {{ return {namespace}::transpose::select(r, c)->grid(r, c); }}\n"
-            f'static_assert({namespace}::transpose::select(8192, 8192) != nullptr, "select");\n'
-        )
-        proc = subprocess.run(
-            [nvcc, "-std=c++17", "-c", str(tmp_path / "use.cu"), "-o", str(tmp_path / "use.o"), "-I", str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr
+    # where there is nvcc: a .cu whose host code launches by the header's grid (dim3 through Dim3's conversion)
+    _nvcc_builds(
+        tmp_path,
+        '#include "tuned.h"\n'
+        f"dim3 grid_of(long long r, long long c) {{ return {namespace}::transpose::select(r, c)->grid(r, c); }}\n"
+        f'static_assert({namespace}::transpose::select(8192, 8192) != nullptr, "select");\n',
+    )
+
+
+def _nvcc_builds(tmp_path: Path, text: str) -> None:
+    """Where nvcc is installed, `text` as use.cu (beside the header in `tmp_path`) compiles with it."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        return
+    (tmp_path / "use.cu").write_text(text)
+    proc = subprocess.run(
+        [nvcc, "-std=c++17", "-c", str(tmp_path / "use.cu"), "-o", str(tmp_path / "use.o"), "-I", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -720,25 +728,16 @@ def test_header_with_source_pareto_compiles_and_sources_build(in_tmp, db, tmp_pa
     assert result.ok, getattr(result, "reason", "")
     assert result.registers == export.best_trial(export.open_study(MAIN_STUDY)).user_attrs["registers"]
 
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    if nvcc is None:
-        return  # NVRTC above already built the embedded source; nvcc would add the CUDA host pass
-    cu = tmp_path / "use.cu"
-    cu.write_text(
+    # NVRTC above built the embedded source; nvcc, where there is one, adds the CUDA host pass
+    _nvcc_builds(
+        tmp_path,
         '#include "tuned.h"\n'
         "__global__ void noop() {}\n"
         "dim3 grid_of(long long r, long long c) {\n"
         "    return tuned::transpose::select(r, c)->grid(r, c);\n"
         "}\n"
-        'static_assert(tuned::transpose::select(8192, 8192) != nullptr, "select");\n'
+        'static_assert(tuned::transpose::select(8192, 8192) != nullptr, "select");\n',
     )
-    proc = subprocess.run(
-        [nvcc, "-std=c++17", "-c", str(cu), "-o", str(tmp_path / "use.o"), "-I", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -478,7 +478,7 @@ class GpuEvaluator:
         self.poisoned_by: LaunchFailed | TimedOut | None = None
         self._started = False
         self._modules: OrderedDict[str, _Loaded] = OrderedDict()
-        self._reserved: list[int] = []  # seeds a later check asks for (`reserve`)
+        self._reserved: int | None = None  # the seed a later check asks for (`reserve`)
         self._nvml_max_sm: int | None = None
         self._ahead: ThreadPoolExecutor | None = None  # computes host references ahead (`tuner.verify`)
 
@@ -552,8 +552,8 @@ class GpuEvaluator:
         later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
         self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
         self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
-        for seed in self._reserved:
-            self._pool.reserve(seed)
+        if self._reserved is not None:
+            self._pool.reserve(self._reserved)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
@@ -671,8 +671,8 @@ class GpuEvaluator:
 
     def reserve(self, seed: int) -> None:
         """A later `evaluate(seed=seed)` will come (the study's finalists): where the reference runs on the host,
-        its input set is computed ahead, in the background, as soon as a problem's first reference is kept."""
-        self._reserved.append(seed)
+        its input set is computed ahead, in the background, beside a problem's first set."""
+        self._reserved = seed
         if self._started:
             self._pool.reserve(seed)
 

@@ -403,10 +403,13 @@ def compile_many(
     processes = CompileProcesses(jobs) if len(items) > jobs > 1 else None
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            if processes is not None:
-                futures = [pool.submit(processes.compile, s, arch, use_cache) for s in items]
-            else:
-                futures = [pool.submit(compile_source, s, arch, (), use_cache) for s in items]
+
+            def one(source: Source) -> Compiled | CompileFailed:
+                if processes is not None:
+                    return processes.compile(source, arch, use_cache)
+                return compile_source(source, arch, (), use_cache)
+
+            futures = [pool.submit(one, s) for s in items]
             for src, fut in zip(items, futures, strict=True):
                 result = fut.result()
                 if on_done:

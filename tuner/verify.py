@@ -119,8 +119,8 @@ class InputPool:
     fresh_keys: dict[tuple, str] = field(default_factory=dict)
     #: per key, the set of the last explicit seed (`fresh`)
     explicit: dict[tuple, InputSet] = field(default_factory=dict)
-    #: seeds a later check will ask for (`reserve`): their sets are computed ahead, beside the pool's
-    reserved: list[int] = field(default_factory=list)
+    #: the explicit seed a later check will ask for (`reserve`): its set is computed ahead, beside the pool's
+    reserved: int | None = None
     device_used: int = 0
     host_used: int = 0
     _turn: dict[tuple, int] = field(default_factory=dict)
@@ -150,25 +150,24 @@ class InputPool:
         return chosen
 
     def reserve(self, seed: int) -> None:
-        """A later check will ask for the explicit `seed` (the study's finalists): compute its set ahead."""
-        if seed not in self.reserved:
-            self.reserved.append(seed)
+        """A later check will ask for the explicit `seed` (the study's finalists): compute its set ahead. One seed
+        at a time, as `explicit` keeps one set per key."""
+        self.reserved = seed
 
     def ahead(self, key: tuple) -> list[InputSet]:
         """The sets of `key` to compute ahead, asked for as its first set is drawn: the pool's missing sets and
-        the set of each reserved seed (the caller marks each pending)."""
+        the reserved seed's set (the caller marks each pending)."""
         if key in self.fresh_keys:
             return []
         sets = self.sets.setdefault(key, [])
         out = [InputSet(seed=fresh_seed()) for _ in range(self.size - len(sets))]
         sets.extend(out)
-        for seed in self.reserved:
-            kept = self.explicit.get(key)
-            if kept is None or kept.seed != seed:
-                if kept is not None:
-                    self._release(kept)
-                kept = self.explicit[key] = InputSet(seed=seed)
-                out.append(kept)
+        kept = self.explicit.get(key)
+        if self.reserved is not None and (kept is None or kept.seed != self.reserved):
+            if kept is not None:
+                self._release(kept)
+            self.explicit[key] = InputSet(seed=self.reserved)
+            out.append(self.explicit[key])
         return out
 
     def pending(self) -> list[tuple[tuple, InputSet]]:

@@ -191,7 +191,7 @@ class IsolatedEvaluator:
         self._conn: Connection | None = None
         self._children = 0
         self._dying: list[Child] = []  # retired children still releasing their GPU context
-        self._reserved: list[int] = []  # seeds told to every child (`reserve`)
+        self._reserved: int | None = None  # the seed told to every child (`reserve`)
 
     # -- child life -----------------------------------------------------------------------------------------
     @property
@@ -241,13 +241,13 @@ class IsolatedEvaluator:
             self._retire()
             raise WorkerError(f"{who} failed to start: {reply[1]}: {reply[2]}", reply[3])
         self.info = reply[1]
-        for seed in self._reserved:  # a replacement child hears what its predecessor was told
-            parent_conn.send(("reserve", seed))
+        if self._reserved is not None:  # a replacement child hears what its predecessor was told
+            parent_conn.send(("reserve", self._reserved))
         return self.info
 
     def reserve(self, seed: int) -> None:
         """GpuEvaluator.reserve in the child (and in every child that replaces it)."""
-        self._reserved.append(seed)
+        self._reserved = seed
         if self.info and self.alive() and self._conn is not None:
             try:
                 self._conn.send(("reserve", seed))
