@@ -32,7 +32,7 @@ from typing import Any
 
 #: Optuna releases (major, minor) whose RDB models this module was checked against, field by field, by
 #: tests/test_trialwriter.py
-TESTED_OPTUNA = frozenset({(5, 0)})
+TESTED_OPTUNA = frozenset({(5, 0), (5, 1)})
 
 #: how often a transaction that fails in the database (SQLite busy, a deadlock elsewhere) is tried, as Optuna
 #: tries `create_new_trial`

@@ -183,6 +183,10 @@ def _create_study(url: str, spec: dict[str, Any]):
         new_study(storage, name, spec["directions"], spec["attrs"], spec["metric_names"])
     except optuna.exceptions.DuplicatedStudyError:
         lease.release()
+        # The other run claims its study right after creating it: name it once its claim is in (a refusal
+        # naming the holder, as a driver arriving later gets), else say what happened.
+        time.sleep(0.5)
+        acquire(url, name, False, pid=spec["pid"]).release()
         raise InputError(
             f"study {name!r} was created by another run while this one started; run the command again to resume it",
             url,
