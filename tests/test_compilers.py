@@ -23,8 +23,13 @@ def test_compiles_in_children_match_an_in_process_compile_and_a_dead_child_fails
     processes = CompileProcesses(2)
     try:
         assert {c.pid for c in processes._all} - {os.getpid()} == {c.pid for c in processes._all}
+        # a child's start-up is a second or more: until one is ready, the caller compiles in its own process
+        early = processes.compile(_source(GOOD.format(i=9), "k9"), "sm_90", use_cache=False)
+        assert early.ok and "k9" in early.functions and processes.in_process == 1
+        assert processes.wait_ready(120)
         here = compile_mod.compile_source(_source(GOOD.format(i=0), "k0"), use_cache=False)
         there = processes.compile(_source(GOOD.format(i=0), "k0"), "sm_90", use_cache=False)
+        assert processes.in_process == 1  # this one went to a child
         assert there.ok and there.cubin and there.functions == here.functions and there.arch == here.arch
         bad = processes.compile(_source('extern "C" __global__ void k(float* x) { x[0] = 1 }', "k"), "sm_90")
         assert not bad.ok and bad.kind == "compile_failed" and "expected a" in bad.details["log"]

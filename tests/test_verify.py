@@ -128,12 +128,13 @@ extern "C" __global__ void {{ entry }}(const __nv_bfloat16* x, float* out, long 
 """
 
 
-def _axpy_space(tmp_path: Path, reference: str, arrays: str = ""):
+def _axpy_space(tmp_path: Path, reference: str, arrays: str = "", out: str = "float"):
     from tuner.space import load
 
-    (tmp_path / "axpy.cu.j2").write_text(TEMPLATE)
+    (tmp_path / "axpy.cu.j2").write_text(TEMPLATE.replace("float* out", f"{out}* out"))
     (tmp_path / "ref.py").write_text(reference)
-    (tmp_path / "axpy.yaml").write_text(SPACE % (f"  reference_arrays: {arrays}" if arrays else ""))
+    text = SPACE % (f"  reference_arrays: {arrays}" if arrays else "")
+    (tmp_path / "axpy.yaml").write_text(text.replace("dtype: float}", f"dtype: {out}}}"))
     return load(tmp_path / "axpy.yaml")
 
 
@@ -165,6 +166,16 @@ def test_a_numpy_reference_gets_float64_and_an_unknown_arrays_mode_is_one_line(t
     with pytest.raises(SpaceError, match=r"axpy.yaml:\d+: kernel: reference_arrays 'jax': choose numpy, xp, torch"):
         (tmp_path / "bad").mkdir()
         _axpy_space(tmp_path / "bad", "def axpy(x, n):\n    return x\n", arrays="jax")
+
+
+def test_a_numpy_reference_of_a_kernel_with_16_bit_outputs_gets_float32(tmp_path):
+    space = _axpy_space(
+        tmp_path, "def axpy(x, n):\n    assert x.dtype == 'float32', x.dtype\n    return 2 * x\n", out="__nv_bfloat16"
+    )
+    assert space.family.reference_arrays == "numpy"
+    x, out = _reference_on_the_host(space)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, 2 * x)
 
 
 def test_a_torch_reference_gets_bfloat16_tensors_and_may_return_tensors(tmp_path):

@@ -10,6 +10,10 @@ included: its writes are atomic and locked across processes). A thread that call
 hands it the config over its pipe and blocks there without the GIL, so the caller's compile threads stay what
 they were: the feeders.
 
+A child takes a second or more to start (a fresh interpreter, CuPy's imports). Until one is ready, a caller
+compiles in its own process, as before there were children, so that the first config of a study does not wait
+for a child's start-up.
+
 A child runs at a lower priority than the study's other processes (`COMPILE_NICENESS`). A child that dies while
 compiling (NVRTC crashing on a source) fails that config's compile with its exit code and the end of its stderr,
 never the study; a new child takes its place.
@@ -38,6 +42,7 @@ def _serve(conn, niceness: int) -> None:
         os.nice(niceness)  # before the imports below, which are most of a child's start-up
     from tuner.compile import compile_source
 
+    conn.send(("ready",))  # its start-up is over: the caller stops compiling in its own process
     while True:
         try:
             source, arch, use_cache = conn.recv()
@@ -59,6 +64,8 @@ class CompileProcesses:
         self.replaced = 0  # children started after one died
         self._idle: queue.SimpleQueue[Child] = queue.SimpleQueue()
         self._all: list[Child] = []
+        self._ready: set[int] = set()  # ids of the children that said they are ready
+        self.in_process = 0  # compiles done in the caller's process while no child was ready
         self.closed = False
         for _ in range(self.slots):
             self._idle.put(self._start())
@@ -70,8 +77,14 @@ class CompileProcesses:
 
     def compile(self, source, arch: str, use_cache: bool = True):
         """`tuner.compile.compile_source(source, arch)` in an idle child: a Compiled or CompileFailed; raises
-        what compile_source raised there."""
+        what compile_source raised there (in the caller's process while no child is ready yet)."""
         child = self._idle.get()
+        if not self._is_ready(child):
+            self._idle.put(child)
+            from tuner.compile import compile_source
+
+            self.in_process += 1
+            return compile_source(source, arch, (), use_cache)
         try:
             child.conn.send((source, arch, use_cache))
             status, value = child.conn.recv()
@@ -93,6 +106,24 @@ class CompileProcesses:
         if status == "error":
             raise value
         return value
+
+    def _is_ready(self, child: Child) -> bool:
+        """Whether `child` finished its start-up (its "ready" read here, once). A child that died while starting
+        counts as ready: the compile sent to it fails, and a new child takes its place."""
+        if id(child) in self._ready:
+            return True
+        try:
+            if not child.conn.poll(0):
+                return False
+            child.conn.recv()
+        except (EOFError, OSError):
+            pass
+        self._ready.add(id(child))
+        return True
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every child to finish its start-up; whether all did."""
+        return all(child.conn.poll(timeout) and self._is_ready(child) for child in list(self._all))
 
     def close(self) -> None:
         """Stop every child (each reads EOF on its pipe and leaves); a compile in flight fails in its caller."""

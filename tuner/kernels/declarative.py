@@ -35,7 +35,9 @@ every input and every scalar by name (keyword arguments) and returns the expecte
 name → array; it runs the user's code, by the user's choice. How it receives the arrays (``reference_arrays``,
 read from the function when not given):
 
-* ``numpy`` (the default): float64 NumPy arrays on the host — the inputs travel to the host once per input set;
+* ``numpy`` (the default): NumPy arrays on the host — the inputs travel to the host once per input set — in
+  float64, or in float32 when every output is 16 bits wide (bf16/fp16 kernels: exact for 16-bit inputs, far
+  below such an output's tolerance, and half the bytes and time of float64 at LLM sizes);
 * ``xp`` (the function has a parameter named ``xp``): arrays of the module it is passed as ``xp`` — CuPy on the
   GPU, NumPy where there is none — in float32 (bf16 and fp16 decoded; float64 inputs stay float64), so the
   reference runs where the data is;
@@ -291,9 +293,10 @@ class DeclarativeFamily(Family):
         if self.reference_fn is None:
             raise ReferenceFailed(f"kernel {self.name!r} declares no reference: results cannot be verified")
         kwargs = {}
+        host = np.float32 if self._narrow_outputs(problem) else np.float64
         for arg in self.arguments:
             if arg.role == "input":
-                kwargs[arg.name] = self._reference_array(xp, inputs[arg.name], arg.dtype_of(problem))
+                kwargs[arg.name] = self._reference_array(xp, inputs[arg.name], arg.dtype_of(problem), host)
             elif arg.role == "scalar":
                 kwargs[arg.name] = inputs[arg.name]
         if self.reference_arrays == "xp":
@@ -334,8 +337,12 @@ class DeclarativeFamily(Family):
     def reference_on_host(self) -> bool:
         return self.reference_fn is not None and self.reference_arrays == "numpy"
 
-    def _reference_array(self, xp, value, dtype: str):
-        """One input as the reference receives it (`reference_arrays`)."""
+    def _narrow_outputs(self, problem: Problem) -> bool:
+        """Whether every output is 16 bits wide (a NumPy reference then computes in float32)."""
+        return all(ARRAY_DTYPES[a.dtype_of(problem)] == 2 for a in self.arguments if a.role == "output")
+
+    def _reference_array(self, xp, value, dtype: str, host=np.float64):
+        """One input as the reference receives it (`reference_arrays`; a NumPy reference's arrays as `host`)."""
         if self.reference_arrays == "torch":
             return _to_torch(xp, value, dtype)
         if dtype == "bfloat16":
@@ -343,7 +350,7 @@ class DeclarativeFamily(Family):
         if self.reference_arrays == "xp":
             return value if value.dtype.kind == "f" and value.dtype.itemsize >= 4 else value.astype(xp.float32)
         value = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
-        return np.asarray(value, dtype=np.float64)
+        return np.asarray(value, dtype=np.float64 if value.dtype == np.float64 else host)
 
     def tolerance(self, problem: Problem) -> float | dict[str, float]:
         return self.tolerance_value if self.tolerance_value is not None else super().tolerance(problem)
