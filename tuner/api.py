@@ -332,12 +332,12 @@ def tune_space(
       of problem sizes, default its name); or the mappings of a ``kernel:`` block's ``arguments``.
     * `grid`, `block`, `smem`: the launch, expressions of params, derived values and sizes.
     * `reference`: called with every input and scalar by name; returns the expected output (or a dict output
-      name → array). It runs once per input set of the study's pool, and receives float64 NumPy arrays (float32 when every
-      output is 16 bits wide), unless it has a parameter ``xp`` (then float32 arrays of the module passed as ``xp``: CuPy on the GPU) or a
-      parameter annotated ``torch.Tensor`` (then torch tensors of the declared dtypes on the GPU, bf16 as
-      ``torch.bfloat16``); see `tuner.kernels.declarative`. It is stored with cloudpickle: a function defined in
-      the notebook (or a lambda) is stored by value; a function of an importable module is stored by name, so
-      the workers must be able to import that module.
+      name → array). It runs once per input set of the study's pool, and receives float64 NumPy arrays (float32
+      when every output is 16 bits wide), unless it has a parameter ``xp`` (then float32 arrays of the module
+      passed as ``xp``: CuPy on the GPU) or a parameter annotated ``torch.Tensor`` (then torch tensors of the
+      declared dtypes on the GPU, bf16 as ``torch.bfloat16``); see `tuner.kernels.declarative`. It is stored
+      with cloudpickle: a function defined in the notebook (or a lambda) is stored by value; a function of an
+      importable module is stored by name, so the workers must be able to import that module.
     * `bytes_moved`, `flops`, `tolerance`: see the ``kernel:`` block (defaults: inputs read and outputs written
       once, 0 FLOPs, by dtype).
 
