@@ -398,3 +398,18 @@ def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
         "8.6",
         "",
     ]
+
+
+def test_the_live_line_puts_a_gemm_against_the_fp32_peak_of_the_gpu_it_runs_on():
+    """The progress line of a compute-bound study: TFLOP/s and its share of the FP32 peak from the GPU's facts and
+    the clock its measurements report; TFLOP/s alone where the facts were not read from a GPU."""
+    from tuner.study import _live_figure, _Stats
+
+    figures = {"tflops": 48.8, "tbps": 0.086, "median_ms": 2.8, "fraction_of_ceiling": 0.02, "registers": 128}
+    figures |= {"smem_bytes": 0, "clocks": {"sm_clock_max_mhz": 1980}}
+    on_h200 = _Stats("TFLOP/s", [], gpu=GpuFacts.from_dict(H200_FACTS))
+    unknown = _Stats("TFLOP/s", [], gpu=GpuFacts())
+    for stats in (on_h200, unknown):
+        stats._consider(0, {}, figures)
+    assert _live_figure("TFLOP/s", on_h200.best, on_h200.fp32_peak()) == "48.8 TFLOP/s (0.73× FP32 peak)"
+    assert _live_figure("TFLOP/s", unknown.best, unknown.fp32_peak()) == "48.8 TFLOP/s"

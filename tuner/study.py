@@ -722,7 +722,7 @@ class Driver:
         dists = self.codec.sampler_dists
         trials: dict[int, Any] = {}
         waiting: dict[str, list] = defaultdict(list)  # duplicates of an in-flight config
-        stats = _Stats(self.family.throughput_unit, past)
+        stats = _Stats(self.family.throughput_unit, past, gpu=self.problem.gpu)
         progress = _Progress(self.opts.progress, target, counted, stats, where=_where(study_name, self.url))
         first_result_at = None
         submitted = counted  # counted plus configs in flight
@@ -1191,8 +1191,9 @@ def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class _Stats:
-    def __init__(self, unit: str, past):
+    def __init__(self, unit: str, past, gpu: GpuFacts | None = None):
         self.unit = unit
+        self.gpu = gpu  # the facts of the GPU measured on (the FP32 peak of a compute-bound family's live line)
         self.measured = 0
         self.duplicates = 0
         self.failures: Counter[str] = Counter()
@@ -1231,6 +1232,13 @@ class _Stats:
 
     def fail(self, kind: str) -> None:
         self.failures[kind] += 1
+
+    def fp32_peak(self) -> float | None:
+        """The FP32 peak in TFLOP/s of the GPU measured on, at the max SM clock its measurements report
+        (`tuner.gpu.fp32_peak_tflops`); None where either is unknown."""
+        from tuner.gpu import fp32_peak_tflops
+
+        return fp32_peak_tflops(self.gpu, self.sm_clock_mhz) if self.gpu is not None else None
 
 
 def _where(study: str, url: str) -> str:
@@ -1356,7 +1364,7 @@ class _Progress:
     def update(self, done: int) -> None:
         s = self.stats
         rate = (done - self.done0) / max(time.perf_counter() - self.started, 1e-9)
-        best = f"best {_live_figure(s.unit, s.best)}" if s.best else ""
+        best = f"best {_live_figure(s.unit, s.best, s.fp32_peak())}" if s.best else ""
         fails = " ".join(f"{k}:{v}" for k, v in sorted(s.failures.items()))
         self.bar.update(self.task, completed=done, info=f"{best}  {rate:.1f} trials/s  {fails}")
 
@@ -1401,14 +1409,16 @@ class _Progress:
         self.console.print(table, width=width)
 
 
-def _live_figure(unit: str, best: dict[str, Any]) -> str:
+def _live_figure(unit: str, best: dict[str, Any], fp32_peak: float | None = None) -> str:
     """The best config's figure on the live line, against its own roof: a memory-bound family's TB/s with its
-    share of the copy ceiling; a compute-bound family's TFLOP/s alone (the GPU's facts, which its FP32 peak needs,
-    come with the summary; a byte ceiling says nothing of FLOPs); a family without a throughput, its time."""
+    share of the copy ceiling; a compute-bound family's TFLOP/s with its share of the FP32 peak (`fp32_peak`,
+    from the GPU's facts; alone where that is unknown: a byte ceiling says nothing of FLOPs); a family without a
+    throughput, its time."""
     if unit == "TB/s":
         return f"{best['tbps']:.2f} TB/s ({best['fraction_of_ceiling']:.2f}× ceiling)"
     if unit == "TFLOP/s":
-        return f"{best['tflops']:.1f} TFLOP/s"
+        share = f" ({best['tflops'] / fp32_peak:.2f}× FP32 peak)" if fp32_peak else ""
+        return f"{best['tflops']:.1f} TFLOP/s{share}"
     return f"{best['median_ms']:.4g} ms"
 
 
