@@ -96,6 +96,11 @@ def main() -> int:
                 "after_start_s": summary["after_start_s"],
                 "evaluated_per_s": summary["evaluated_per_s"],
                 "gpu_busy_fraction": summary["gpu_busy_fraction"],
+                # where the search's time went: GPU seconds, the workers' occupied share, compile and check phases
+                **{
+                    k: summary.get(k)
+                    for k in ("gpu_s", "workers_busy_fraction", "gpu_window_s", "phases_s", "phases_share")
+                },
                 "writer_flush_s": summary.get("writer_flush_s"),
                 "writer": summary.get("writer"),
                 "trials": summary["trials"],
