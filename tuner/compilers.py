@@ -10,9 +10,9 @@ included: its writes are atomic and locked across processes). A thread that call
 hands it the config over its pipe and blocks there without the GIL, so the caller's compile threads stay what
 they were: the feeders.
 
-A child takes a second or more to start (a fresh interpreter, CuPy's imports). Until one is ready, a caller
-compiles in its own process, as before there were children, so that the first config of a study does not wait
-for a child's start-up.
+A child takes a second or more to start (a fresh interpreter, CuPy's imports). Until one is ready, one caller at a
+time compiles in its own process, as before there were children, so that the first config of a study does not
+wait for a child's start-up.
 
 A child runs at a lower priority than the study's other processes (`COMPILE_NICENESS`). A child that dies while
 compiling (NVRTC crashing on a source) fails that config's compile with its exit code and the end of its stderr,
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import threading
 from typing import Any
 
 from tuner.child import Child, start_child
@@ -52,7 +53,10 @@ def _serve(conn, niceness: int) -> None:
             reply: tuple[str, Any] = ("ok", compile_source(source, arch, (), use_cache))
         except Exception as exc:  # a bug in compiling, or an InputError: the caller raises it
             reply = ("error", exc)
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the caller closed its end (a study that stopped): nothing waits for this compile
+            return
 
 
 class CompileProcesses:
@@ -66,6 +70,7 @@ class CompileProcesses:
         self._all: list[Child] = []
         self._ready: set[int] = set()  # ids of the children that said they are ready
         self.in_process = 0  # compiles done in the caller's process while no child was ready
+        self._here = threading.Lock()  # held by the one compile in the caller's process
         self.closed = False
         for _ in range(self.slots):
             self._idle.put(self._start())
@@ -79,13 +84,19 @@ class CompileProcesses:
         """`tuner.compile.compile_source(source, arch)` in an idle child: a Compiled or CompileFailed; raises
         what compile_source raised there (in the caller's process while no child is ready yet)."""
         child = self._idle.get()
-        if not self._is_ready(child):
+        # One compile at a time in this process: NVRTC serializes them here, and a second would wait behind the
+        # first longer than a child takes to start (a GEMM config: 0.75 s of NVRTC on the H200 host).
+        if not self._is_ready(child) and self._here.acquire(blocking=False):
             self._idle.put(child)
-            from tuner.compile import compile_source
+            try:
+                from tuner.compile import compile_source
 
-            self.in_process += 1
-            return compile_source(source, arch, (), use_cache)
+                self.in_process += 1
+                return compile_source(source, arch, (), use_cache)
+            finally:
+                self._here.release()
         try:
+            self._wait_ready(child)
             child.conn.send((source, arch, use_cache))
             status, value = child.conn.recv()
         except (EOFError, OSError):
@@ -120,6 +131,12 @@ class CompileProcesses:
             pass
         self._ready.add(id(child))
         return True
+
+    def _wait_ready(self, child: Child) -> None:
+        """Block until `child` finished its start-up (EOFError/OSError if it died meanwhile)."""
+        if id(child) not in self._ready:
+            child.conn.recv()
+            self._ready.add(id(child))
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every child to finish its start-up; whether all did."""
