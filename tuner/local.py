@@ -19,7 +19,11 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
   arch, budget) takes that result instead of measuring again. The GPU's work is the same either way: a
   screening evaluation with the default budget, under the cut-off in force when it runs;
 * one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
-  waits for the driver's loop; results come back through a queue that `poll` drains;
+  waits for the driver's loop; results come back through a queue that `poll` drains. The queue is the pool's,
+  not a worker's: a worker holds only the config it runs, so when a hung or faulted worker is killed and
+  replaced, only that config fails (`TimedOut` at its deadline, `tuner.deadline`); the configs queued behind
+  it stay queued, and are taken by the other GPUs meanwhile or by the replacement once it is up (its start-up
+  counts against no config's deadline). Every GPU's deadline allows for the slowest healthy run on any GPU;
 * `spent` sums what the work cost (`tuner.evaluator.Spent`): each evaluation's result (its GPU time and host
   stages) as the GPU thread gets it, speculative ones included (the GPU ran them, claimed or not), and the wall
   of each compile in its compile thread.
@@ -166,6 +170,9 @@ class _Gpu:
             cutoff_ms = pool.cutoff_ms if job.screening else None
             # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
             seed = None if job.screening else pool.finalist_seed
+            note_healthy = getattr(self.evaluator, "note_healthy", None)
+            if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
+                note_healthy(pool.slowest_s)
             result = self.evaluator.evaluate(
                 job.compiled,
                 family,
@@ -180,6 +187,8 @@ class _Gpu:
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
         pool.account(result, time.perf_counter() - started)
+        if result.ok:
+            pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
@@ -239,6 +248,8 @@ class LocalPool:
         self._spent = Spent()
         self._spent_lock = threading.Lock()
         self.closing = False
+        #: the slowest healthy run measured so far (p80, seconds) on any GPU: every GPU's hang deadline allows it
+        self.slowest_s = 0.0
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
