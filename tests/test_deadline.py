@@ -169,7 +169,7 @@ def _spin(deadline: Deadline | None, expected_s: float = 0.0) -> TimedOut:
         pass
     return TimedOut(
         reason=f"launch: the GPU did not finish within {seconds:g} s",
-        details={"sticky": True, **deadline.details(expected_s, 1)},
+        details={"sticky": True, "phase": "launch", **deadline.details(expected_s, 1)},
     )
 
 
@@ -314,3 +314,6 @@ def test_configs_queued_behind_a_hang_run_and_only_the_hung_ones_fail(tmp_path, 
         assert worker.restarts == 2
         assert worker.slowest_s > 0  # the healthy runs measured so far lengthen the deadlines after them
         assert pool.slowest_s == max(results[n].p80_ms for n in (1, 2, 4)) / 1e3
+        assert [hang["trial"] for hang in pool.hangs] == [0, 3]  # what each hang cost, for the study's summary
+        assert all(hang["cost_s"] < 1.5 and hang["phase"] == "launch" for hang in pool.hangs)
+        assert len(pool.replacements_s) == 2 and min(pool.replacements_s) >= 2.0  # timed apart from any config

@@ -45,7 +45,7 @@ from tuner.clock import since_command
 from tuner.compilers import CompileProcesses
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.render import render
-from tuner.result import LaunchFailed, Result
+from tuner.result import LaunchFailed, Result, TimedOut
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
@@ -152,6 +152,16 @@ class _Gpu:
                 return
             self.run(job)
 
+    def _replace_lost(self, pool: LocalPool) -> None:
+        """Start the replacement of a worker lost to a hang or a fault before the next config is handed to it, so
+        that its start-up is timed apart (``pool.replacements_s``) and counted in no config's deadline."""
+        alive = getattr(self.evaluator, "alive", None)
+        if alive is None or alive():
+            return
+        started = time.perf_counter()
+        self.evaluator.start()
+        pool.replacements_s.append(round(time.perf_counter() - started, 3))
+
     def run(self, job: _Job) -> None:
         """Evaluate one job and hand its result to the driver's queue (a speculative one: to its claimant, or keep
         it for the `submit` that claims it)."""
@@ -163,6 +173,7 @@ class _Gpu:
         if pool.busy_since is None:
             pool.busy_since = started
         pool.startup.setdefault("first_measure_start_s", since_command(started))
+        evaluating = started  # past the start of a replacement worker, if one is started first
         try:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
             family = pool.space.family_ref or pool.family
@@ -173,6 +184,8 @@ class _Gpu:
             note_healthy = getattr(self.evaluator, "note_healthy", None)
             if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
                 note_healthy(pool.slowest_s)
+            self._replace_lost(pool)
+            evaluating = time.perf_counter()
             result = self.evaluator.evaluate(
                 job.compiled,
                 family,
@@ -189,6 +202,16 @@ class _Gpu:
         pool.account(result, time.perf_counter() - started)
         if result.ok:
             pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
+        elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
+            pool.hangs.append(
+                {
+                    "trial": job.number,
+                    "gpu_index": self.index,
+                    "cost_s": round(time.perf_counter() - evaluating, 3),
+                    "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
+                    "phase": result.details.get("phase"),
+                }
+            )
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
@@ -250,6 +273,10 @@ class LocalPool:
         self.closing = False
         #: the slowest healthy run measured so far (p80, seconds) on any GPU: every GPU's hang deadline allows it
         self.slowest_s = 0.0
+        #: one entry per config that hung (`TimedOut`): trial, GPU, what it cost (s), its deadline and phase
+        self.hangs: list[dict[str, Any]] = []
+        #: the start-up (s) of each GPU worker started in place of a lost one
+        self.replacements_s: list[float] = []
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
