@@ -51,6 +51,7 @@ from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import kernels, verify
+from tuner.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.evaluator import PHASES, fresh_seed
 from tuner.expr import ceil_div
 from tuner.gpu import GpuFacts
@@ -411,10 +412,6 @@ def _problem_dict(problem) -> dict[str, Any]:
     return dict(getattr(problem, "env", problem))
 
 
-class _Hung(Exception):
-    """Internal: the stream did not drain within hang_timeout_s."""
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the evaluator
 
@@ -436,9 +433,13 @@ class GpuEvaluator:
     the copy ceiling, the GPU's name, clocks (static ones; NVML's current clocks too where nvidia-ml-py is
     installed) and the CuPy/NVRTC/CUDA versions. Loaded modules are kept in an LRU keyed by `Compiled.key`.
 
-    `hang_timeout_s`: when set, every wait for the GPU polls instead of blocking and gives up after that long
-    with `TimedOut` (the evaluator is then poisoned: a hung kernel cannot be stopped from inside the process).
-    Left None, a hang blocks; `tuner.worker.IsolatedEvaluator` and the Ray pool kill the process instead.
+    Hangs: once `set_deadline` has given it a `tuner.deadline.Deadline`, every wait for the GPU polls instead
+    of blocking; a wait that covers runs of the user's kernel gives up after the deadline's seconds for those
+    runs (`tuner.deadline.hang_deadline_s`, the clock starting once they are enqueued), any other wait (inputs,
+    a reference on the GPU) after the deadline's ceiling. `hang_timeout_s`, when set, bounds every wait alike
+    instead. A wait given up is a `TimedOut` with ``details["sticky"] = True``, and the evaluator is
+    poisoned: a hung kernel cannot be stopped from inside the process, which must be replaced. With neither, a
+    hang blocks, and `tuner.worker.IsolatedEvaluator` or the Ray pool kill the process at their ceiling.
 
     Implements `tuner.evaluator.Evaluator`; its info carries the GPU's facts ("gpu_facts", read with
     cudaDeviceGetAttribute), which also set the launch limits checked before a launch.
@@ -476,6 +477,9 @@ class GpuEvaluator:
         self.input_sets = input_sets
         self.poisoned = False
         self.poisoned_by: LaunchFailed | TimedOut | None = None
+        self.deadline: Deadline | None = None  # see `set_deadline`
+        self._runs = 0  # runs of the user's kernel enqueued since the last wait (`_sync`)
+        self._expected_s = 0.0  # one run's expected seconds, for the config being evaluated
         self._started = False
         self._modules: OrderedDict[str, _Loaded] = OrderedDict()
         self._reserved: int | None = None  # the seed a later check asks for (`reserve`)
@@ -676,24 +680,34 @@ class GpuEvaluator:
         if self._started:
             self._pool.reserve(seed)
 
+    def set_deadline(self, deadline: Deadline | None) -> None:
+        """Bound the waits of later evaluations by `deadline` (see the class docstring); None: unbounded."""
+        self.deadline = deadline
+
     # -- waiting ---------------------------------------------------------------------------------------------
+    def _wait_limit(self, runs: int) -> float | None:
+        """Seconds a wait that covers `runs` runs of the user's kernel may take (None: unbounded)."""
+        if self.deadline is None or self.hang_timeout_s is not None:  # a fixed bound asked for wins
+            return self.hang_timeout_s
+        if runs:
+            return self.deadline.seconds(self._expected_s, runs)
+        return self.deadline.ceiling_s  # our own work (inputs, a reference): not the user's kernel
+
     def _sync(self) -> None:
-        """Wait for the stream; with hang_timeout_s, poll and raise _Hung past it."""
-        if self.hang_timeout_s is None:
+        """Wait for the stream, bounded by `_wait_limit` (polling; `Hung` past it)."""
+        runs, self._runs = self._runs, 0
+        limit = self._wait_limit(runs)
+        if limit is None:
             self.stream.synchronize()
             return
-        deadline = time.monotonic() + self.hang_timeout_s
-        delay = 1e-5
-        while True:
-            status = _runtime.streamQuery(self.stream.ptr)
-            if status == 0:
-                return
-            if status != _NOT_READY:
-                raise _runtime.CUDARuntimeError(status)
-            if time.monotonic() > deadline:
-                raise _Hung()
-            time.sleep(delay)
-            delay = min(2 * delay, 1e-3)
+        try:
+            status = wait_until_done(
+                functools.partial(_runtime.streamQuery, self.stream.ptr), limit, not_ready=_NOT_READY
+            )
+        except Hung:
+            raise Hung(limit, runs) from None
+        if status != 0:
+            raise _runtime.CUDARuntimeError(status)
 
     # -- modules ---------------------------------------------------------------------------------------------
     def _load(self, compiled, entries: list[str]) -> _Loaded:
@@ -754,14 +768,26 @@ class GpuEvaluator:
             if failure.details["sticky"]:
                 self.poisoned, self.poisoned_by = True, failure
             return failure
-        except _Hung:
-            hung = TimedOut(
-                reason=f"{phase[0]}: the GPU did not finish within {self.hang_timeout_s:g} s; "
-                "the worker must be replaced",
-                details={"timeout_s": self.hang_timeout_s, "phase": phase[0]},
+        except MemoryError as exc:  # CuPy's OutOfMemoryError is one: the config's arrays do not fit
+            return LaunchFailed(
+                reason=f"{phase[0]}: out of GPU memory: {str(exc).splitlines()[0] if str(exc) else ''}",
+                details={"status": 2, "sticky": False, "phase": phase[0], "message": str(exc)},
             )
-            self.poisoned, self.poisoned_by = True, hung
-            return hung
+        except Hung as hung:
+            return self._hung(hung, phase[0])
+
+    def _hung(self, hung: Hung, phase: str) -> TimedOut:
+        """The TimedOut of a wait given up in `phase`; the evaluator is poisoned (the kernel never ends)."""
+        details: dict[str, Any] = {"timeout_s": hung.seconds, "phase": phase, "sticky": True}
+        if self.deadline is not None:
+            details.update(self.deadline.details(self._expected_s, hung.runs))
+        failure = TimedOut(
+            reason=f"{phase}: the GPU did not finish within {hung.seconds:g} s (a hung kernel?); "
+            "the worker must be replaced",
+            details=details,
+        )
+        self.poisoned, self.poisoned_by = True, failure
+        return failure
 
     def _evaluate(
         self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase: list[str]
@@ -773,6 +799,11 @@ class GpuEvaluator:
             raise ValueError(f"{family.name}: launches() returned no launch")
         entries = list(dict.fromkeys(launch.entry for launch in launches))
         loaded = self._load(compiled, entries)
+        # A run's expected time, for the deadline of the waits behind it: its bytes and one L2 flush (a timed
+        # run follows one) over the copy ceiling, or the family's own estimate.
+        flush_s = self.flush_bytes / (self._ceiling_tbps * 1e12) if self._ceiling_tbps else 0.0
+        self._expected_s = expected_seconds(family, problem, config, self._ceiling_tbps) + flush_s
+        self._runs = 0
 
         # -- resources and launch limits (no launch yet) --
         phase[0] = "launch configuration"
@@ -888,6 +919,7 @@ class GpuEvaluator:
             def run() -> None:
                 for function, grid, block, args, smem in calls:
                     function(grid, block, args, shared_mem=smem, stream=stream)
+                self._runs += 1  # the next wait covers this run: it is under the config's deadline
 
             checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
             if kept and not all(check.ok for check in checks):

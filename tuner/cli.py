@@ -802,7 +802,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--gpus", type=_positive_int, help="GPU workers (default: every GPU Ray sees)")
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
-    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a config is a hang")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        help="the most seconds a config may take before it is a hang (its deadline fits it: tuner.deadline)",
+    )
     p.add_argument(
         "--engine",
         choices=ENGINES,

@@ -4,7 +4,11 @@
 Behind it, each config is rendered in the driver (cheap, and templates live with the driver), compiled in a Ray
 CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA context, L2 flush buffer and
 the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
-past the time limit is killed and replaced; its trial gets the typed failure and the study goes on.
+past the time limit is killed and replaced; its trial gets the typed failure and the study goes on. Each
+evaluation carries a `tuner.deadline.Deadline` (the time limit as its ceiling, the slowest healthy run so far),
+so an evaluator that bounds its waits by one (`tuner.bench.GpuEvaluator`) reports a hung kernel as a sticky
+`TimedOut` at the config's deadline, not at the limit; the jobs queued behind it on that actor go back to the
+queue, in order, and run on the next free actor.
 
 Each actor wraps whatever `tuner.evaluator.Evaluator` the caller's factory builds there: `tuner.bench.GpuEvaluator`
 on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one (``ray.init(num_gpus=N)`` on a machine without
@@ -22,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.deadline import Deadline
 from tuner.errors import InputError
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.kernels.base import Family
@@ -131,7 +136,11 @@ class _GpuActor:
         budget_ms: float = 25.0,
         min_reps: int = 10,
         cutoff_ms: float | None = None,
+        deadline: Deadline | None = None,
     ) -> Result:
+        set_deadline = getattr(self.evaluator, "set_deadline", None)
+        if deadline is not None and set_deadline is not None:
+            set_deadline(deadline)
         started = time.perf_counter()
         try:
             return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
@@ -211,6 +220,8 @@ class Pool:
         #: trial number → (Source, Compiled) of each config compiled, for its artifacts (taken by the driver)
         self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
+        #: the slowest healthy run measured so far (p80, seconds): every actor's hang deadline allows for it
+        self.slowest_s = 0.0
         #: the results collected and compiles done so far (`spent` adds the live actors' occupied time)
         self._spent = Spent()
         self.started = time.perf_counter()
@@ -307,8 +318,10 @@ class Pool:
             self._replace(slot)
         else:
             if getattr(result, "details", {}).get("sticky"):
-                # The CUDA context is poisoned: everything after this on that actor would fail too.
+                # The CUDA context is poisoned (or a kernel never ends): everything after this would fail too.
                 self._replace(slot)
+            elif result.ok:
+                self.slowest_s = max(self.slowest_s, result.p80_ms / 1e3)
         self._spent.add(result)
         self.finished.append((job.number, result))
 
@@ -336,6 +349,7 @@ class Pool:
                     seed=None if job.screening else self.finalist_seed,
                     budget_ms=job.budget_ms,
                     cutoff_ms=self.cutoff_ms if job.screening else None,
+                    deadline=Deadline(ceiling_s=self.timeout_s, slowest_s=self.slowest_s),
                 )
                 if not slot.queue:
                     slot.head_started = time.perf_counter()

@@ -19,7 +19,11 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
   arch, budget) takes that result instead of measuring again. The GPU's work is the same either way: a
   screening evaluation with the default budget, under the cut-off in force when it runs;
 * one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
-  waits for the driver's loop; results come back through a queue that `poll` drains;
+  waits for the driver's loop; results come back through a queue that `poll` drains. The queue is the pool's,
+  not a worker's: a worker holds only the config it runs, so when a hung or faulted worker is killed and
+  replaced, only that config fails (`TimedOut` at its deadline, `tuner.deadline`); the configs queued behind
+  it stay queued, and are taken by the other GPUs meanwhile or by the replacement once it is up (its start-up
+  counts against no config's deadline). Every GPU's deadline allows for the slowest healthy run on any GPU;
 * `spent` sums what the work cost (`tuner.evaluator.Spent`): each evaluation's result (its GPU time and host
   stages) as the GPU thread gets it, speculative ones included (the GPU ran them, claimed or not), and the wall
   of each compile in its compile thread.
@@ -41,7 +45,7 @@ from tuner.clock import since_command
 from tuner.compilers import CompileProcesses
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.render import render
-from tuner.result import LaunchFailed, Result
+from tuner.result import LaunchFailed, Result, TimedOut
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
@@ -148,6 +152,16 @@ class _Gpu:
                 return
             self.run(job)
 
+    def _replace_lost(self, pool: LocalPool) -> None:
+        """Start the replacement of a worker lost to a hang or a fault before the next config is handed to it, so
+        that its start-up is timed apart (``pool.replacements_s``) and counted in no config's deadline."""
+        alive = getattr(self.evaluator, "alive", None)
+        if alive is None or alive():
+            return
+        started = time.perf_counter()
+        self.evaluator.start()
+        pool.replacements_s.append(round(time.perf_counter() - started, 3))
+
     def run(self, job: _Job) -> None:
         """Evaluate one job and hand its result to the driver's queue (a speculative one: to its claimant, or keep
         it for the `submit` that claims it)."""
@@ -159,6 +173,7 @@ class _Gpu:
         if pool.busy_since is None:
             pool.busy_since = started
         pool.startup.setdefault("first_measure_start_s", since_command(started))
+        evaluating = started  # past the start of a replacement worker, if one is started first
         try:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
             family = pool.space.family_ref or pool.family
@@ -166,6 +181,11 @@ class _Gpu:
             cutoff_ms = pool.cutoff_ms if job.screening else None
             # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
             seed = None if job.screening else pool.finalist_seed
+            note_healthy = getattr(self.evaluator, "note_healthy", None)
+            if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
+                note_healthy(pool.slowest_s)
+            self._replace_lost(pool)
+            evaluating = time.perf_counter()
             result = self.evaluator.evaluate(
                 job.compiled,
                 family,
@@ -180,6 +200,18 @@ class _Gpu:
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
         pool.account(result, time.perf_counter() - started)
+        if result.ok:
+            pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
+        elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
+            pool.hangs.append(
+                {
+                    "trial": job.number,
+                    "gpu_index": self.index,
+                    "cost_s": round(time.perf_counter() - evaluating, 3),
+                    "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
+                    "phase": result.details.get("phase"),
+                }
+            )
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
@@ -239,6 +271,12 @@ class LocalPool:
         self._spent = Spent()
         self._spent_lock = threading.Lock()
         self.closing = False
+        #: the slowest healthy run measured so far (p80, seconds) on any GPU: every GPU's hang deadline allows it
+        self.slowest_s = 0.0
+        #: one entry per config that hung (`TimedOut`): trial, GPU, what it cost (s), its deadline and phase
+        self.hangs: list[dict[str, Any]] = []
+        #: the start-up (s) of each GPU worker started in place of a lost one
+        self.replacements_s: list[float] = []
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.

@@ -864,6 +864,9 @@ class Driver:
             **({"writer": _writer_summary(writer)} if writer else {}),
             "best": stats.best,
             "finalists": finalists,
+            # Configs that hung: what each cost its GPU and its deadline; the start-up of each worker replaced.
+            "hangs": list(getattr(pool, "hangs", [])),
+            "replacements_s": list(getattr(pool, "replacements_s", [])),
         }
         if finalists and "tbps" in finalists[0]:
             summary["best"] = {**finalists[0], "screening": stats.best}

@@ -6,7 +6,11 @@ pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``) before CuPy touches CUDA
 buffer, copy ceiling: about a second) and stays alive across calls. What a kernel can do to a process stays in
 the child:
 
-* it hangs → no answer within ``timeout_s``: the child is killed, the call returns `TimedOut`;
+* it hangs → the child's evaluator gives up its wait for the GPU at the config's deadline
+  (`tuner.deadline`: from the config's expected time, the slowest healthy run so far and the runs asked, at
+  least a second, at most ``timeout_s``) and answers `TimedOut`; the child is killed at once and replaced. A
+  child that does not answer at all within ``timeout_s`` (the ceiling, which also bounds the host's share of
+  the evaluation: inputs, the reference) is killed too, and the call returns `TimedOut`;
 * it kills the process (or the driver does) → the call returns `LaunchFailed` ("worker died ...", with the
   child's last lines on stderr in ``details["stderr"]``);
 * it poisons the CUDA context (a sticky error such as an illegal address) → the child returns that
@@ -20,7 +24,7 @@ registered, the Family object itself: its class must be importable by name in th
 the caller's ``__main__``), the resolved config, the problem's env dict, the seed and the budget.
 
     parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
-                     ("ceiling",)   ("stop",)
+                     ("ceiling",)   ("stop",)   ("reserve", seed)   ("deadline", Deadline)   — the last two one way
     child → parent   ("ready", info)   ("result", Result, exiting)   ("value", float)
                      ("error", type name, message, traceback)   — a bug in the child; it then exits
 
@@ -36,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.child import Child, start_child
+from tuner.deadline import FLOOR_S, Deadline
 from tuner.errors import InputError
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
@@ -44,9 +49,9 @@ if TYPE_CHECKING:
 
     from tuner.kernels.base import Family
 
-# Nothing heavier than the standard library, tuner.child and tuner.result at this module's top: the child imports
-# this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner study`` imports it to
-# launch the workers; NumPy and the kernel families would add ~0.3 s to both.
+# Nothing heavier than the standard library, tuner.child, tuner.deadline and tuner.result at this module's top:
+# the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
+# study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
 __all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
 
@@ -137,6 +142,9 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         if op == "reserve":  # one way: no reply
             getattr(evaluator, "reserve", lambda seed: None)(message[1])
             continue
+        if op == "deadline":  # one way: no reply
+            getattr(evaluator, "set_deadline", lambda deadline: None)(message[1])
+            continue
         try:
             if op == "evaluate":
                 result = evaluator.evaluate(*message[1:])
@@ -162,7 +170,10 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
 class IsolatedEvaluator:
     """A GpuEvaluator in a child process; see the module docstring.
 
-    `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it).
+    `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it);
+    within it, the GPU's execution of the config is bounded by a `tuner.deadline.Deadline` told to every child:
+    that ceiling, `floor_s`, and `slowest_s`, the slowest healthy run the caller has seen (`note_healthy`;
+    every Measurement this evaluator returns counts).
     `evaluator_factory` (a picklable callable, default GpuEvaluator) and `evaluator_kwargs` build the child's
     evaluator: tests inject a fake one to exercise the fault handling without a GPU. Implements
     `tuner.evaluator.Evaluator`.
@@ -178,9 +189,13 @@ class IsolatedEvaluator:
         start_timeout_s: float = 180.0,
         evaluator_factory: Callable[..., Any] | None = None,
         evaluator_kwargs: dict[str, Any] | None = None,
+        floor_s: float = FLOOR_S,
     ):
         self.gpu = gpu
         self.timeout_s = timeout_s
+        self.floor_s = floor_s
+        self.slowest_s = 0.0  # the slowest healthy run seen (`note_healthy`): it lengthens the deadline
+        self._deadline: Deadline | None = None  # the last one told to the child
         self.start_timeout_s = start_timeout_s
         self.evaluator_factory = evaluator_factory
         self.evaluator_kwargs = dict(evaluator_kwargs or {})
@@ -243,7 +258,26 @@ class IsolatedEvaluator:
         self.info = reply[1]
         if self._reserved is not None:  # a replacement child hears what its predecessor was told
             parent_conn.send(("reserve", self._reserved))
+        if self._deadline is not None:
+            parent_conn.send(("deadline", self._deadline))
         return self.info
+
+    def note_healthy(self, seconds: float) -> None:
+        """A healthy run of `seconds` was measured in this study (here or on another GPU): later deadlines allow
+        for one as slow."""
+        self.slowest_s = max(self.slowest_s, seconds)
+
+    def _tell_deadline(self, ceiling_s: float) -> None:
+        """Tell the child the deadline for the next evaluation, if it changed (a new child hears it at start)."""
+        deadline = Deadline(ceiling_s=ceiling_s, slowest_s=self.slowest_s, floor_s=self.floor_s)
+        if deadline == self._deadline:
+            return
+        self._deadline = deadline
+        if self.info and self.alive() and self._conn is not None:
+            try:
+                self._conn.send(("deadline", deadline))
+            except OSError:
+                pass  # the child is gone; its replacement is told at its start
 
     def reserve(self, seed: int) -> None:
         """GpuEvaluator.reserve in the child (and in every child that replaces it)."""
@@ -376,12 +410,20 @@ class IsolatedEvaluator:
         problem_env = dict(getattr(problem, "env", problem))
         family_ref = self._family_ref(family)
         message = ("evaluate", compiled, family_ref, dict(config), problem_env, seed, budget_ms, min_reps, cutoff_ms)
-        reply = self._request(message, self.timeout_s if timeout_s is None else timeout_s)
+        ceiling_s = self.timeout_s if timeout_s is None else timeout_s
+        self._tell_deadline(ceiling_s)
+        reply = self._request(message, ceiling_s)
         if not isinstance(reply, tuple):
             return reply
         _, result, exiting = reply
-        if exiting:  # the child leaves by itself after a sticky error; the next call starts a fresh one
+        if isinstance(result, TimedOut):
+            # Its kernel still runs and its process cannot end until the driver stops it: killed now, and left
+            # to exit while the next call starts (whose start-up, not deadline, waits for it: `launch`).
+            self._retire(kill=True, wait_s=0.5)
+        elif exiting:  # the child leaves by itself after a sticky error; the next call starts a fresh one
             self._retire(wait_s=2.0)
+        elif result.ok:
+            self.note_healthy(result.p80_ms / 1e3)
         return result
 
     def ceiling(self) -> float:
