@@ -317,3 +317,22 @@ def test_configs_queued_behind_a_hang_run_and_only_the_hung_ones_fail(tmp_path, 
         assert [hang["trial"] for hang in pool.hangs] == [0, 3]  # what each hang cost, for the study's summary
         assert all(hang["cost_s"] < 1.5 and hang["phase"] == "launch" for hang in pool.hangs)
         assert len(pool.replacements_s) == 2 and min(pool.replacements_s) >= 2.0  # timed apart from any config
+
+
+def test_a_hang_measured_ahead_of_the_driver_is_charged_to_the_trial_that_claims_it(tmp_path, monkeypatch):
+    """A config prefetched with evaluate=True runs before any trial takes it (its job's number is -1): its hang
+    is recorded under the trial that submits it, not under -1."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    space = space_mod.load(SPACE)
+    (params,) = list(space.enumerate())[:1]
+    with _spinning_pool(space, [params], gpus=1, timeout_s=1.5, start_s=0.5) as pool:
+        pool.wait_ready()
+        pool.prefetch(params, "sm_90", evaluate=True)
+        deadline = time.time() + 60
+        while not pool.hangs and time.time() < deadline:  # measured (and hung) before the driver asks for it
+            time.sleep(0.05)
+        assert [hang["trial"] for hang in pool.hangs] == [None]
+        pool.submit(7, params)
+        results = _drain(pool, 1)
+        assert results[7].kind == "timed_out"
+        assert [hang["trial"] for hang in pool.hangs] == [7]

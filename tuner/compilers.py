@@ -43,7 +43,10 @@ def _serve(conn, niceness: int) -> None:
         os.nice(niceness)  # before the imports below, which are most of a child's start-up
     from tuner.compile import compile_source
 
-    conn.send(("ready",))  # its start-up is over: the caller stops compiling in its own process
+    try:
+        conn.send(("ready",))  # its start-up is over: the caller stops compiling in its own process
+    except OSError:  # the study stopped while this child started: nothing will ask it for a compile
+        return
     while True:
         try:
             source, arch, use_cache = conn.recv()

@@ -98,6 +98,8 @@ class _Speculation:
     gpu_index: int | None = None
     worker: dict[str, Any] | None = None
     claimed_by: int | None = None
+    #: the study summary's record of this speculation's hang, if it hung (its trial filled in when claimed)
+    hang: dict[str, Any] | None = None
     dropped: bool = False
 
 
@@ -203,15 +205,17 @@ class _Gpu:
         if result.ok:
             pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
         elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
-            pool.hangs.append(
-                {
-                    "trial": job.number,
-                    "gpu_index": self.index,
-                    "cost_s": round(time.perf_counter() - evaluating, 3),
-                    "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
-                    "phase": result.details.get("phase"),
-                }
-            )
+            hang = {
+                # a speculation's trial is known when a trial claims it (`LocalPool._deliver`); None if none does
+                "trial": job.number if job.speculation is None else job.speculation.claimed_by,
+                "gpu_index": self.index,
+                "cost_s": round(time.perf_counter() - evaluating, 3),
+                "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
+                "phase": result.details.get("phase"),
+            }
+            pool.hangs.append(hang)
+            if job.speculation is not None:
+                job.speculation.hang = hang
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
@@ -384,6 +388,8 @@ class LocalPool:
         if speculation.dropped:
             self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
             return
+        if speculation.hang is not None:
+            speculation.hang["trial"] = number
         if speculation.gpu_index is not None:
             self.ran_on[number] = speculation.gpu_index
         if speculation.worker is not None:
