@@ -1,12 +1,13 @@
 """What -lineinfo costs NVRTC, and that it leaves the code alone: GEMM configs of the main job compiled with and
 without it.
 
-    python benchmarks/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--out DIR]
+    python benchmarks/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--order lineinfo,plain] [--out DIR]
 
 Samples `--configs` valid configs of the shipped GEMM space (the main job's kernel), renders each, and compiles it
-for sm_90 through `tuner.compile.nvrtc_compile` (no cache) twice: with tuner's options plus ``-lineinfo``, and with
-tuner's options alone, alternating so both see the same machine load. For each config: both compile times and
-whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU. Writes
+for sm_90 through `tuner.compile.nvrtc_compile` (no cache) twice: with tuner's options (which hold ``-lineinfo``)
+and with them less ``-lineinfo``, one after the other in `--order` (``plain,lineinfo`` reverses it;
+``plain,plain`` compiles the same thing twice: whether a second compile of one source is cheaper). For each
+config: both compile times and whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU. Writes
 ``nvrtc_lineinfo-<date>.json`` under --out (default: $OUT, else benchmarks/results) and prints a summary.
 """
 
@@ -47,6 +48,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--order", default="lineinfo,plain", choices=("lineinfo,plain", "plain,lineinfo", "plain,plain")
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
@@ -60,25 +64,27 @@ def main() -> int:
     warmed = False
     for params in s.sample(args.configs, seed=args.seed, problem=problem):
         source = render(s.family, params, s.resolve(params, problem), problem.env)
-        plain = [*nvrtc_options(source, "sm_90"), *include_options(source)]
+        options = [*nvrtc_options(source, "sm_90"), *include_options(source)]
+        plain = [o for o in options if o != "-lineinfo"]
         if not warmed:  # the first compile of a process also loads NVRTC's own data: untimed
             nvrtc_compile(source.text, program_name(source), plain)
             warmed = True
-        times: dict[str, float] = {}
-        cubins: dict[str, bytes] = {}
-        for label, options in (("lineinfo", [*plain, "-lineinfo"]), ("plain", plain)):
+        times: list[float] = []
+        cubins: list[bytes] = []
+        for label in args.order.split(","):
+            options = [*plain, "-lineinfo"] if label == "lineinfo" else plain
             start = time.perf_counter()
             status, log, cubin, _ = nvrtc_compile(source.text, program_name(source), options)
-            times[label] = time.perf_counter() - start
+            times.append(time.perf_counter() - start)
             if status != 0:
                 raise SystemExit(f"{source.uri}: NVRTC status {status}: {log[:300]}")
-            cubins[label] = cubin
-        same = text_sections(cubins["lineinfo"]) == text_sections(cubins["plain"])
-        rows.append({"uri": source.uri, "lineinfo_s": times["lineinfo"], "plain_s": times["plain"], "same_sass": same})
-        print(f"{source.uri:64s} {times['lineinfo']:.3f} s  {times['plain']:.3f} s  same SASS: {same}", flush=True)
+            cubins.append(cubin)
+        same = text_sections(cubins[0]) == text_sections(cubins[1])
+        rows.append({"uri": source.uri, "first_s": times[0], "second_s": times[1], "same_sass": same})
+        print(f"{source.uri:64s} {times[0]:.3f} s  {times[1]:.3f} s  same SASS: {same}", flush=True)
 
-    with_s = sum(r["lineinfo_s"] for r in rows)
-    without_s = sum(r["plain_s"] for r in rows)
+    first_s = sum(r["first_s"] for r in rows)
+    second_s = sum(r["second_s"] for r in rows)
     record = {
         "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]),
         "date": dt.date.today().isoformat(),
@@ -86,19 +92,22 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "versions": versions(),
         "configs": len(rows),
-        "lineinfo_s_total": with_s,
-        "plain_s_total": without_s,
-        "plain_over_lineinfo": without_s / with_s,
-        "median_ratio": statistics.median(r["plain_s"] / r["lineinfo_s"] for r in rows),
+        "order": args.order,
+        "first_s_total": first_s,
+        "second_s_total": second_s,
+        "second_over_first": second_s / first_s,
+        "median_ratio": statistics.median(r["second_s"] / r["first_s"] for r in rows),
         "all_same_sass": all(r["same_sass"] for r in rows),
         "rows": rows,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"nvrtc_lineinfo-{record['date']}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / f"nvrtc_lineinfo-{record['date']}-{args.order.replace(',', '-')}.json").write_text(
+        json.dumps(record, indent=1) + "\n"
+    )
     print(
-        f"{len(rows)} configs: {with_s:.2f} s with -lineinfo, {without_s:.2f} s without "
-        f"({record['plain_over_lineinfo']:.2f}x), SASS the same in all: {record['all_same_sass']}"
+        f"{len(rows)} configs, {args.order}: {first_s:.2f} s first, {second_s:.2f} s second "
+        f"({record['second_over_first']:.2f}x), SASS the same in all: {record['all_same_sass']}"
     )
     return 0 if record["all_same_sass"] else 1
 
