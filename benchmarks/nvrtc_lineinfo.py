@@ -5,10 +5,10 @@ without it.
 
 Samples `--configs` valid configs of the shipped GEMM space (the main job's kernel), renders each, and compiles it
 for sm_90 through `tuner.compile.nvrtc_compile` (no cache) twice: with tuner's options (which hold ``-lineinfo``)
-and with them less ``-lineinfo``, one after the other in `--order` (``plain,lineinfo`` reverses it;
-``plain,plain`` compiles the same thing twice: whether a second compile of one source is cheaper). For each
-config: both compile times and whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU. Writes
-``nvrtc_lineinfo-<date>.json`` under --out (default: $OUT, else benchmarks/results) and prints a summary.
+and with them less ``-lineinfo``, one after the other in `--order` (``plain,lineinfo`` reverses it; ``plain,plain``
+compiles the same thing twice: whether a second compile of one source is cheaper). For each config: both compile
+times and whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU.
+Writes ``nvrtc_lineinfo-<date>.json`` under --out (default: $OUT, else benchmarks/results) and prints a summary.
 """
 
 from __future__ import annotations
