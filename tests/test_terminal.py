@@ -1,5 +1,5 @@
 """The command line as a person uses it: in a pseudo-terminal (pexpect), through a pipe, from another directory;
-studies found by name; the README's command list against the parser."""
+studies found by name; the documented command list against the parser."""
 
 from __future__ import annotations
 
@@ -217,10 +217,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def _readme_commands() -> dict[str, str]:
-    """The README's command block: command → its synopsis (continuation lines joined, comments dropped)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Commands") :]
-    section = section[: section.index("\n## ", 5)]
+    """docs/commands.md's command block: command → its synopsis (continuation lines joined, comments dropped)."""
+    text = (ROOT / "docs" / "commands.md").read_text()
+    section = text[text.index("# Commands") :]
+    section = section[: section.index("\n## ")]
     commands: dict[str, str] = {}
     current = None
     for line in section.splitlines():
