@@ -119,6 +119,12 @@ class Hung(Exception):
         self.seconds, self.runs = seconds, runs
 
 
+#: the longest pause between two polls of a wait: the GPU may sit idle that long after the work is done, before the
+#: host enqueues the next (a config waits several times: its check, its estimate, its timed batches), and 5,000
+#: polls a second of a stream's status cost the host next to nothing
+POLL_MAX_S = 2e-4
+
+
 def wait_until_done(
     query: Callable[[], int],
     seconds: float,
@@ -129,8 +135,8 @@ def wait_until_done(
 ) -> int:
     """Poll `query` (a stream's status: 0 done, `not_ready` while work is pending, anything else an error) until
     it answers something other than `not_ready`, and return that; raise `Hung` once `seconds` have passed
-    since the call. Polls back off from 10 us to 1 ms, so a fast kernel is not made to wait and a hung one
-    costs the host little."""
+    since the call. Polls back off from 10 us to `POLL_MAX_S`, so a fast kernel is not made to wait and a hung
+    one costs the host little."""
     deadline = clock() + seconds
     delay = 1e-5
     while True:
@@ -140,4 +146,4 @@ def wait_until_done(
         if clock() > deadline:
             raise Hung(seconds)
         sleep(delay)
-        delay = min(2 * delay, 1e-3)
+        delay = min(2 * delay, POLL_MAX_S)
