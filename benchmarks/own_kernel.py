@@ -1370,11 +1370,14 @@ def dry_reference() -> list[tuple[str, bool, str]]:
     kernel = bf16.decode(np, bf16.encode(np, g32 / (np.float32(1) + np.exp(-g32)) * u32)).astype(np.float64)
     tol = family.tolerance(env)
     rel = np.abs(kernel - expected) / np.maximum(np.abs(expected), 1)
-    xp_form = ref.swiglu(x, 256, xp=np)
+    direct = ref.swiglu(x.astype(np.float32), 256)
+    # the family hands a NumPy reference of 16-bit outputs float32 arrays: float32 rounding, not float64's
+    off = np.abs(expected - tiny).max() / max(np.abs(tiny).max(), 1.0)
     return [
         (
-            f"ref.py:swiglu == a tiny NumPy SwiGLU (max diff {np.abs(expected - tiny).max():.1e}); with xp=np too",
-            bool(np.abs(expected - tiny).max() < 1e-12 and np.array_equal(xp_form, expected)),
+            f"ref.py:swiglu == a tiny float64 SwiGLU within float32 rounding (max rel diff {off:.1e}), and the "
+            "family calls it as written",
+            bool(off < 1e-6 and np.array_equal(direct, expected)),
             "",
         ),
         (
