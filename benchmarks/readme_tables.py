@@ -52,6 +52,7 @@ COPY = "peers-2026-12-01-copy.json"
 # The main job, `tuner study gemm --space search_spaces/gemm.yaml --trials 500` (benchmarks/study_gemm.py), with
 # empty caches: the latest code first, then the runs of 2026-12-01.
 MAIN_JOB = [
+    "study_gemm-2026-12-03.json",
     "study_gemm-2026-12-02-compile-processes.json",
     "study_gemm-2026-12-01-final/final-code-seed4.json",
     "study_gemm-2026-12-01-final/listing-seed1.json",
@@ -66,7 +67,7 @@ MAIN_JOB = [
 VS_KERNEL_TUNER = "vs_kernel_tuner-2026-12-01-hold.json"
 
 # A user's own bf16 kernel (benchmarks/own_kernel.py) and the README's example (benchmarks/example_scale_add.py).
-OWN_KERNEL = "own_kernel-2026-12-01.json"
+OWN_KERNEL = "own_kernel-2026-12-03.json"
 EXAMPLE = "example_scale_add-2026-11-30.json"
 
 
@@ -98,7 +99,11 @@ def provenance(files: list[str]) -> list[str]:
     lines = []
     for name in files:
         records = [r for r in load(name) if isinstance(r, dict)]
-        commands = sorted({r["command"] for r in records if r.get("command")})
+        # a merged record lists the commands of its parts
+        given = [
+            r["command"] if isinstance(r["command"], list) else [r["command"]] for r in records if r.get("command")
+        ]
+        commands = sorted({c for cs in given for c in cs})
         gpus = sorted({r["gpu"] for r in records if r.get("gpu")})
         facts = gpus + sorted({r["date"] for r in records if r.get("date")})
         said = "; ".join(f"`{c}`" for c in commands)
@@ -333,6 +338,7 @@ def own_kernels() -> list[str]:
                 f"{row['problem_bytes'] / 1e6:.0f} MB",
                 str(row["configs"]),
                 fmt(row["wall_s"], 1),
+                fmt(row["per_config_overhead_s"], 4),
                 kt,
                 fmt(row["triton_s_per_config"], 3),
                 f"{row['vs_torch_compile']:.4f} ({row['vs_torch_compile_verdict']})",
@@ -341,7 +347,15 @@ def own_kernels() -> list[str]:
     example = load(EXAMPLE)[0]
     commands = ", ".join(f"`{c}`" for c in example["commands"])
     best = example["best"]
-    header = ["kernel", "bytes", "configs", "tuner whole wall s", "Kernel Tuner s", "Triton s/config"]
+    header = [
+        "kernel",
+        "bytes",
+        "configs",
+        "tuner whole wall s",
+        "tuner overhead s/config",
+        "Kernel Tuner s",
+        "Triton s/config",
+    ]
     return [
         "## Your own kernel",
         "",
@@ -349,7 +363,7 @@ def own_kernels() -> list[str]:
         "every config of its space by tuner (whole wall, start-up included), by Kernel Tuner 1.5 and by Triton's",
         "`@autotune`, then ours beside torch.compile's fused kernel.",
         "",
-        *table([*header, "ours / torch.compile"], rows, right=(1, 2, 3, 5, 6)),
+        *table([*header, "ours / torch.compile"], rows, right=(1, 2, 3, 4, 6, 7)),
         "",
         f"The README's example (`examples/scale_add`, {example['problem']}): {example['trials']} configs in "
         f"{fmt(example['study_wall_s'], 1)} s of study, best `{best['uri']}` at {fmt(best['tbps'], 3)} TB/s, "
@@ -358,7 +372,8 @@ def own_kernels() -> list[str]:
         "",
         f"The table summarises {link(OWN_KERNEL)}, which names the runs it is drawn from:",
         "",
-        *provenance(list(load(OWN_KERNEL)[0]["sources"].values())),
+        # a record merged by hand names its source files; one merged by `own_kernel.py --merge` is its own source
+        *provenance(list(load(OWN_KERNEL)[0].get("sources", {}).values()) or [OWN_KERNEL]),
         "",
     ]
 
