@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -447,3 +449,33 @@ def test_the_driver_hears_at_once_of_a_writer_that_died(tmp_path):
     mirror.proc.join(30)
     with pytest.raises(RuntimeError, match="writer process exited with code -9"):
         mirror.check()
+
+
+@pytest.mark.parametrize("missing", ["models", "_create_scoped_session", "TrialUserAttributeModel"])
+def test_the_guard_takes_the_public_path_when_a_private_name_moved(tmp_path, monkeypatch, missing):
+    """A later Optuna that moved what the bulk path imports sends every write through `create_new_trial`."""
+    import optuna.storages._rdb as rdb
+    import optuna.storages._rdb.storage as rdb_storage
+
+    _, storage, _ = new_study(tmp_path, "bulk", 1)
+    if missing == "models":
+        monkeypatch.setitem(sys.modules, "optuna.storages._rdb.models", None)  # its import raises ImportError
+        monkeypatch.delattr(rdb, "models")
+    elif missing == "_create_scoped_session":
+        monkeypatch.delattr(rdb_storage, "_create_scoped_session")
+    else:
+        monkeypatch.delattr(rdb.models, missing)
+    assert not trialwriter.bulk_supported(storage)
+    assert not TrialWriter(storage).bulk
+
+
+def test_the_optuna_pin_is_the_tested_releases():
+    """pyproject's Optuna bound admits exactly the releases of `TESTED_OPTUNA`, and the installed one is among
+    them: a new Optuna release fails here until its models are checked and it joins both."""
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    low, high = re.search(r'"optuna>=(\d+\.\d+),<(\d+\.\d+)"', text).groups()
+    (lo_major, lo_minor), (hi_major, hi_minor) = (map(int, v.split(".")) for v in (low, high))
+    assert lo_major == hi_major, "the pin spans one major release"
+    pinned = {(lo_major, minor) for minor in range(lo_minor, hi_minor)}
+    assert pinned == set(trialwriter.TESTED_OPTUNA)
+    assert trialwriter.optuna_release() in trialwriter.TESTED_OPTUNA

@@ -287,7 +287,7 @@ def bench(
 REFERENCE_MODULE = "reference.py"
 REFERENCE_PICKLE = "reference.pkl"
 _REFERENCE_SOURCE = '''"""The reference of kernel {name!r} as tuner.tune received it: the caller's function, stored with
-cloudpickle (which Ray ships) in reference.pkl beside this file. Loading it runs the caller's code, as any
+cloudpickle in reference.pkl beside this file. Loading it runs the caller's code, as any
 reference does."""
 
 import pickle
@@ -541,7 +541,7 @@ def _argument(spec: str | dict[str, Any], bad) -> dict[str, Any]:
 
 
 def _pickle_reference(reference: Callable[..., Any], bad) -> bytes:
-    from ray import cloudpickle
+    import cloudpickle
 
     try:
         return cloudpickle.dumps(reference)
