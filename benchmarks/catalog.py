@@ -126,8 +126,8 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
+    from tuner.space import space as space_mod
     from tuner.study import StudyOptions, run_study
 
     date = dt.date.today().isoformat()

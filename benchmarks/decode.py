@@ -110,7 +110,7 @@ def selected(args) -> list[tuple[str, str, float, float]]:
 
 def space_paths(args) -> dict[str, Path]:
     """The space file each selected family is tuned with: a --space file naming it, else the shipped one."""
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     chosen = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
     return {kernel: chosen.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
@@ -120,7 +120,7 @@ def dry_run(args) -> int:
     """Render and compile the default plus a seeded sample of valid configs of every target (NVRTC, no GPU)."""
     from tuner import compile as tcompile
     from tuner import kernels, render
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     failures = 0
     t0 = time.time()
@@ -181,8 +181,8 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark, measure_ceiling
+    from tuner.space import space as space_mod
     from tuner.studies import artifact_dir_for
     from tuner.study import StudyOptions, run_study
 

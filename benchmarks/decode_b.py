@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 # (family, problem, target fraction of the copy ceiling)
 TARGETS = [

@@ -24,7 +24,7 @@ from tuner.bench import GpuEvaluator  # noqa: E402
 from tuner.compile import compile_source  # noqa: E402
 from tuner.render import render  # noqa: E402
 from tuner.search import valid_index  # noqa: E402
-from tuner.space import load  # noqa: E402
+from tuner.space.space import load  # noqa: E402
 
 
 def main() -> None:

@@ -39,10 +39,10 @@ def main() -> int:
 
     import torch
 
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
     from tuner.errors import SpaceError
     from tuner.evaluate import evaluate_config
+    from tuner.space import space as space_mod
 
     space = space_mod.load(args.space)
     problem = space.problem()

@@ -182,7 +182,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="validate the probes only (no GPU)")
     args = parser.parse_args()
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemv.yaml")
     probes = [(name, p, {**space.default, **c}) for name, p, c in PROBES if not args.only or p in args.only]

@@ -95,10 +95,10 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
     from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark
     from tuner.compile import compile_source
     from tuner.render import render
+    from tuner.space import space as space_mod
 
     date = dt.date.today().isoformat()
     ev = GpuEvaluator()

@@ -56,8 +56,8 @@ def main() -> int:
 
     from tuner import compile as compile_mod
     from tuner import kernels, render
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
+    from tuner.space import space as space_mod
 
     space = space_mod.load("gemv")
     problem = space.problem(args.problem)

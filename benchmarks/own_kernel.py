@@ -677,8 +677,8 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from head_to_head import verdict
 
-    from tuner import space as space_mod
     from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark, measure_ceiling
+    from tuner.space import space as space_mod
 
     ev = GpuEvaluator()
     ev.start()
@@ -1185,8 +1185,8 @@ def merge(paths: list[str], out: Path) -> int:
 
 def dry_space() -> list[tuple[str, bool, str]]:
     """The space: 144 valid configs and 6·M·H bytes per problem; both problems render the same CUDA."""
-    from tuner import space as space_mod
     from tuner.render import render
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     out = []
@@ -1229,9 +1229,9 @@ def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
     from kernel_tuner.core import KernelSource
     from vs_kernel_tuner import _norm_ptx
 
-    from tuner import space as space_mod
     from tuner.compile import BASE_OPTIONS, nvrtc_compile, parse_ptxas
     from tuner.render import render
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     problem = space.problem("m16384")
@@ -1296,7 +1296,7 @@ def dry_kernel_tuner() -> list[tuple[str, bool, str]]:
     from kernel_tuner import util as kt_util
     from kernel_tuner.searchspace import Searchspace
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     ss = Searchspace(kt_tune_params(), None, 1024)
@@ -1353,8 +1353,8 @@ def dry_reference() -> list[tuple[str, bool, str]]:
     GPU check applies."""
     import numpy as np
 
-    from tuner import space as space_mod
     from tuner.kernels import bf16
+    from tuner.space import space as space_mod
 
     sys.path.insert(0, str(HERE))
     import ref
@@ -1391,8 +1391,8 @@ def dry_tune_form(tmp: Path) -> list[tuple[str, bool, str]]:
     import numpy as np
 
     import tuner
-    from tuner import space as space_mod
     from tuner.render import render
+    from tuner.space import space as space_mod
 
     script = tune_script(TUNE_PROBLEM, KERNEL_SOURCE)
     compile(script, "tune_swiglu.py", "exec")

@@ -30,7 +30,7 @@ def main() -> int:
     import catalog
     import torch
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     problem = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{args.kernel}.yaml").problem(args.problem)
     found = dict(catalog.peers(args.kernel, problem, torch))

@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
 from tuner.bench import GpuEvaluator, benchmark  # noqa: E402
 from tuner.compile import compile_many  # noqa: E402
 from tuner.render import render  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 
 def sweep(ev: GpuEvaluator, space, configs, problem=None, budget_ms: float = 25.0):

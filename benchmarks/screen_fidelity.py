@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.evaluate import evaluate_config
     from tuner.render import render
     from tuner.search import valid_index
-    from tuner.space import load
+    from tuner.space.space import load
 
     space = load(args.space)
     problem = space.problem()

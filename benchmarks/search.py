@@ -80,9 +80,9 @@ def ground_truth(record_path: str, space_path: str) -> dict[str, Any]:
     """Times of the configs searched (inf for failures), sorted. The searched space is the recorded subset of the
     space (`tuner.replay.recorded_subspace`): for a partial recording, the configs it lacks are neither proposed
     as valid nor counted, and the optimum and the uniform baseline are those of the recorded configs."""
-    from tuner import space as space_mod
     from tuner.replay import load_records, recorded_subspace
-    from tuner.space import params_key
+    from tuner.space import space as space_mod
+    from tuner.space.space import params_key
 
     space = space_mod.load(space_path)
     records = load_records(record_path)

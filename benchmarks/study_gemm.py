@@ -137,9 +137,9 @@ def main() -> int:
     import optuna
     import torch
 
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator, benchmark
     from tuner.evaluate import evaluate_config
+    from tuner.space import space as space_mod
 
     study = optuna.load_study(study_name=summary["study"], storage=url)
     space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")

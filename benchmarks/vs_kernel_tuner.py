@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from kt_cupy import pad_device_uuid  # noqa: E402
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 SPACE = ROOT / "benchmarks" / "spaces" / "transpose_8192_45.yaml"
 EXPECTED_CONFIGS = 45

@@ -21,7 +21,7 @@ from tuner.evaluate import evaluate_config
 from tuner.kernels.base import Family, Launch
 from tuner.render import environment
 from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut
-from tuner.space import load
+from tuner.space.space import load
 from tuner.worker import IsolatedEvaluator, WorkerError
 
 # ------------------------------------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def _evaluate(evaluator, probes, mode, **kwargs):
 @pytest.mark.parametrize("name", ["copy", "transpose", "gemm"])
 def test_default_config_of_each_shipped_family_verifies_and_times(name, isolated):
     from tuner.evaluate import evaluate_config
-    from tuner.space import SPACES_DIR, load
+    from tuner.space.space import SPACES_DIR, load
 
     path = SPACES_DIR / f"{name}.yaml"
     if not path.exists():

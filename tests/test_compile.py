@@ -9,8 +9,8 @@ import pytest
 
 from tuner import compile as compile_mod
 from tuner import kernels
-from tuner import space as space_mod
 from tuner.render import Source, render
+from tuner.space import space as space_mod
 
 PTXAS = """\
 ptxas info    : 0 bytes gmem

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from tuner import compile as compile_mod
-from tuner import compile_options
-from tuner import space as space_mod
 from tuner.errors import SpaceError
+from tuner.kernels import compile_options
 from tuner.render import render
+from tuner.space import space as space_mod
 
 SIZED = """\
 #include "sizes.cuh"

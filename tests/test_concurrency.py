@@ -15,7 +15,7 @@ import pytest
 
 from tuner import lease
 from tuner.errors import InputError
-from tuner.space import params_key
+from tuner.space.space import params_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

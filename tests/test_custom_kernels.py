@@ -18,10 +18,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import kernels
-from tuner import space as space_mod
+from tuner import families, kernels
 from tuner.errors import InputError
 from tuner.kernels.base import ReferenceFailed
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "scale_add"
@@ -547,7 +547,7 @@ class ResolvingEvaluator:
     def evaluate(self, compiled, family, config, problem, *args):
         from tuner.result import Invalid
 
-        resolved = kernels.get(family) if isinstance(family, str) else family
+        resolved = families.get(family) if isinstance(family, str) else family
         return Invalid(reason=f"{type(family).__name__}:{resolved.name}:{resolved.template_dir}")
 
 

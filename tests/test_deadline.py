@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tuner import space as space_mod
 from tuner.bench import GpuEvaluator
 from tuner.deadline import (
     EXPECTED_SLACK,
@@ -29,6 +28,7 @@ from tuner.deadline import (
 from tuner.local import LocalPool
 from tuner.replay import ReplayEvaluator
 from tuner.result import Measurement, TimedOut
+from tuner.space import space as space_mod
 from tuner.worker import IsolatedEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -145,8 +145,8 @@ def test_ncu_command_profiles_the_second_call_only():
 
 
 def test_profile_target_takes_a_lessons_value_outside_the_space(capsys):
-    from tuner import space as space_mod
     from tuner.ncu import _target_main, widen
+    from tuner.space import space as space_mod
 
     # Without --outside-space the shipped GEMM space refuses min_blocks=8: the target exits 2 before the GPU.
     assert _target_main(["gemm", "--set", "min_blocks=8"]) == 2

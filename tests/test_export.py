@@ -29,9 +29,9 @@ from optuna.trial import TrialState
 from tuner import cli as cli_mod
 from tuner import compile as compile_mod
 from tuner import export, kernels
-from tuner import space as space_mod
 from tuner.errors import InputError
 from tuner.render import TEMPLATES_DIR, render
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE_FILE = "search_spaces/transpose.yaml"  # as `tuner study` records it: relative to the repository

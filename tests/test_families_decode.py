@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.fp8_quant import decode_e4m3, encode_e4m3, ordinal
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 

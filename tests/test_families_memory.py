@@ -10,9 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
+from tuner import kernels, render
 from tuner.compile import compile_source
-from tuner.space import Problem
+from tuner.space import space
+from tuner.space.space import Problem
 
 
 def _load(name: str) -> tuple[space.SearchSpace, kernels.Family]:

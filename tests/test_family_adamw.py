@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels, render
 from tuner.kernels import adamw, bf16
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"hidden": 36, "intermediate": 100, "kv_dim": 12, "layers": 2, "dtype": "float32"}

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import header, kernels, render, space
+from tuner import header, kernels, render
 from tuner.kernels import bf16
+from tuner.space import space
 
 MNK = {"N": 8192, "K": 8192, "dtype": "bfloat16"}
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels, render
+from tuner.space import space
 
 BIG = {"M": 4096, "N": 4096, "K": 4096, "dtype": "float32"}
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tuner import cli, kernels
-from tuner import space as space_mod
 from tuner.errors import InputError, SpaceError, TemplateError
 from tuner.render import render
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -432,7 +432,7 @@ def test_broken_pipe_exits_quietly():
 
 
 def test_replay_delay_is_checked_before_anything_starts():
-    from tuner import limits
+    from tuner.space import limits
 
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InputError, match="--replay-delay"):

@@ -13,9 +13,9 @@ import pytest
 
 from tuner import compile as compile_mod
 from tuner import includes
-from tuner import space as space_mod
 from tuner.errors import InputError
 from tuner.render import Source, render
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 

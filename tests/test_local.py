@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli, limits, local
-from tuner import space as space_mod
+from tuner import cli, local
 from tuner import worker as worker_mod
 from tuner.local import LocalPool, host_cores
 from tuner.replay import ReplayEvaluator
+from tuner.space import limits
+from tuner.space import space as space_mod
 from tuner.worker import IsolatedEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,10 @@ import random
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
+from tuner import kernels, render
 from tuner.compile import compile_source
-from tuner.gpu import DEFAULT
+from tuner.gpufacts import DEFAULT
+from tuner.space import space
 
 
 def _sample(spc: space.SearchSpace, prob, count: int) -> list[dict]:

@@ -416,7 +416,7 @@ def test_hidden_gpus_are_named_for_the_engine_in_use(tmp_path):
 
 
 def test_bench_without_a_driver_says_so_in_words(tmp_path):
-    from tuner import limits
+    from tuner.space import limits
 
     if limits.local_gpus() != 0:
         pytest.skip("this machine has a GPU")

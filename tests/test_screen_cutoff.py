@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner import limits, local
+from tuner import local
 from tuner.replay import ReplayEvaluator
+from tuner.space import limits
 from tuner.study import Driver, StudyOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,10 +20,10 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tuner import compile as compile_mod
 from tuner import kt
-from tuner import space as space_mod
 from tuner.cli import main as cli_main
 from tuner.replay import load_records, params_key
 from tuner.search import Codec, index_key, valid_index
+from tuner.space import space as space_mod
 from tuner.study import Driver, StudyOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from tuner import render
-from tuner import space as space_mod
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
+from tuner.space import space as space_mod
 
 GOOD = """\
 kernel: copy

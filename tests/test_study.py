@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from tuner.replay import ReplayEvaluator
-from tuner.space import params_key
+from tuner.space.space import params_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -38,7 +38,7 @@ def load(url: str) -> optuna.Study:
 
 def test_recording_is_a_real_h200_grid_over_the_transpose_space():
     replay = ReplayEvaluator(RECORDING)
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     assert replay.covers(space.enumerate()) == space.count_valid()
@@ -128,7 +128,7 @@ def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url)
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     valid = {params_key(c) for c in space_mod.load(SPACE).enumerate()}
     assert [params_key(t.params) for t in study.trials if True].__len__() == len(valid)
@@ -140,7 +140,7 @@ def test_interrupted_grid_resumes_to_exactly_the_valid_set(tmp_path):
     study ends (the interrupted configs were once queued twice, never counted, and random proposals ran on)."""
     import sqlite3
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     url = f"sqlite:///{tmp_path}/g.db"
     first = ["study", "transpose", "--sampler", "grid", "--replay", str(RECORDING), "--storage", url, "--json"]
@@ -277,8 +277,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
     next config."""
     import ray
 
-    from tuner import space as space_mod
     from tuner.cluster import Pool
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     configs = list(space.enumerate())[:3]
@@ -309,8 +309,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
 def test_hung_worker_times_out_and_is_replaced(tmp_path):
     import ray
 
-    from tuner import space as space_mod
     from tuner.cluster import Pool
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     pool = Pool(

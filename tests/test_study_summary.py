@@ -21,11 +21,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import cli, limits, local
+from tuner import cli, local
 from tuner.console import human_seconds
 from tuner.evaluator import CHECK_PHASES, PHASES, Spent
-from tuner.gpu import DEFAULT_ARCH, GpuFacts
+from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
+from tuner.space import limits
 from tuner.study import Driver, StudyOptions, _gpu_busy_text, _time_in_text, _time_split
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,8 +231,8 @@ def test_a_ray_pool_sums_what_its_actors_returned_and_what_its_compile_tasks_too
     import ray
     import ray.cloudpickle
 
-    from tuner import space as space_mod
     from tuner.cluster import Pool
+    from tuner.space import space as space_mod
 
     # The actors build this module's evaluator: sent by value, as the test module is not importable there.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -270,7 +271,7 @@ H200_FACTS = dataclasses.replace(GpuFacts(), sm_count=132, measured=True).to_dic
 def _gemm_recording(db: Path, tflops: float) -> int:
     """A synthetic recording of six valid GEMM configs (its figures invented: `tflops` TFLOP/s at a 0.02 share
     of the copy ceiling), with the facts and clocks a study on an H200 stores. Returns the trial count."""
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load("gemm")
     study = optuna.create_study(study_name="gemm-recorded", storage=f"sqlite:///{db}", directions=["maximize"])
@@ -386,7 +387,7 @@ def test_the_live_line_puts_each_unit_against_its_own_roof():
 
 
 def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
-    from tuner.gpu import compute_capability, fp32_peak_tflops
+    from tuner.gpufacts import compute_capability, fp32_peak_tflops
 
     assert fp32_peak_tflops(GpuFacts.from_dict(H200_FACTS), 1980) == pytest.approx(66.9, abs=0.05)
     assert fp32_peak_tflops(GpuFacts(), 1980) is None  # the defaults stand in for a GPU nobody asked

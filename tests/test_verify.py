@@ -129,7 +129,7 @@ extern "C" __global__ void {{ entry }}(const __nv_bfloat16* x, float* out, long 
 
 
 def _axpy_space(tmp_path: Path, reference: str, arrays: str = "", out: str = "float"):
-    from tuner.space import load
+    from tuner.space.space import load
 
     (tmp_path / "axpy.cu.j2").write_text(TEMPLATE.replace("float* out", f"{out}* out"))
     (tmp_path / "ref.py").write_text(reference)

@@ -34,8 +34,8 @@ from typing import Any
 from tuner.errors import InputError, TemplateError
 from tuner.expr import parse_tree
 from tuner.result import Result
-from tuner.space import Problem, SearchSpace
-from tuner.space import load as load_space
+from tuner.space.space import Problem, SearchSpace
+from tuner.space.space import load as load_space
 
 __all__ = [
     "StudyResult",
@@ -245,9 +245,9 @@ def run_bench(
 ) -> tuple[Result, dict[str, Any]]:
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
-    from tuner import limits
     from tuner.cachedirs import ensure_writable
     from tuner.evaluate import evaluate_config
+    from tuner.space import limits
     from tuner.worker import IsolatedEvaluator, WorkerError
 
     ensure_writable()  # the worker inherits the cache folders chosen here

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.compile import first_error, include_options, nvrtc_compile, nvrtc_options, program_name, target_arch
 from tuner.errors import InputError
-from tuner.gpu import DEFAULT_ARCH
+from tuner.gpufacts import DEFAULT_ARCH
 from tuner.result import StudyAttr, TrialAttr
 from tuner.studies import (
     artifact_dir_for,
@@ -50,7 +50,7 @@ def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:
 
 
 def virtual_arch(study: optuna.Study) -> str:
-    """compute_XX for the study's "arch" (sm_XX); for a study without one, that of `tuner.gpu.DEFAULT_ARCH`."""
+    """compute_XX for the study's "arch" (sm_XX); for a study without one, that of `tuner.gpufacts.DEFAULT_ARCH`."""
     arch = str(study.user_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH)
     return arch.replace("sm_", "compute_", 1) if arch.startswith("sm_") else DEFAULT_ARCH.replace("sm_", "compute_")
 

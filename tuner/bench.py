@@ -50,11 +50,11 @@ import numpy as np
 from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
-from tuner import kernels, verify
+from tuner import families, verify
 from tuner.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.evaluator import PHASES, fresh_seed
 from tuner.expr import ceil_div
-from tuner.gpu import GpuFacts
+from tuner.gpufacts import GpuFacts
 from tuner.kernels import bf16
 from tuner.kernels.base import Family, Launch, ReferenceFailed
 from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
@@ -754,7 +754,7 @@ class GpuEvaluator:
                 f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})"
             )
         if isinstance(family, str):
-            family = kernels.get(family)
+            family = families.get(family)
         problem = _problem_dict(problem)
         self.start()
         phase = ["load"]

@@ -72,8 +72,8 @@ def _screen_cutoff(text: str) -> float | None:
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:
-    from tuner import space as space_mod
     from tuner.console import Column, print_table
+    from tuner.space import space as space_mod
 
     rows = _space_rows(space_mod.shipped_spaces())
     if args.json:
@@ -112,9 +112,9 @@ def _space_rows(paths) -> list[dict[str, Any]]:
 
     from tuner.compile import cache_dir
     from tuner.files import atomic_write
+    from tuner.space import space as space_mod
 
-    here = Path(__file__).parent
-    code = hashlib.sha256(b"".join((here / m).read_bytes() for m in ("space.py", "expr.py", "gpu.py")))
+    code = hashlib.sha256(b"".join(path.read_bytes() for path in space_mod.code_files()))
     cache_path = cache_dir() / "spaces.json"
     try:
         cache = json.loads(cache_path.read_text())
@@ -126,7 +126,7 @@ def _space_rows(paths) -> list[dict[str, Any]]:
         key = hashlib.sha256(code.digest() + Path(path).read_bytes()).hexdigest()
         row = cache.get(key)
         if not isinstance(row, dict):
-            from tuner import space as space_mod
+            from tuner.space import space as space_mod
 
             s = space_mod.load(path)
             valid, exact = s.count_valid_bounded()  # a bounded walk: a huge space must not stall the listing
@@ -149,7 +149,7 @@ def _space_rows(paths) -> list[dict[str, Any]]:
 
 
 def _load_space_and_problem(args: argparse.Namespace):
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     s = space_mod.load(args.space)
     problem = s.problem(getattr(args, "problem", None))
@@ -172,9 +172,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from tuner import compile as compile_mod
-    from tuner import limits
     from tuner.console import Column, human_seconds, print_table
     from tuner.render import render
+    from tuner.space import limits
 
     # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
     # (that allocates the problem's arrays at full size: seconds and GBs for a compile-only command).
@@ -279,7 +279,7 @@ def distinct_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
     """Start the GPU worker; no usable GPU or driver is a one-line error, not a traceback."""
-    from tuner import limits
+    from tuner.space import limits
     from tuner.worker import WorkerError
 
     limits.require_gpu(gpu)  # in words, before a worker process starts only to fail
@@ -350,8 +350,9 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     take milliseconds (`tuner.preflight`: the study's name; a SQLite file's storage, which must take a write), so
     that a study refused by them starts no worker; and none start for a study that may hold its trials already:
     the driver's exact check then comes first (it starts them itself otherwise)."""
-    from tuner import limits, preflight
+    from tuner import preflight
     from tuner.dbfiles import default_storage_url, plain_sqlite_file, storage_url
+    from tuner.space import limits
     from tuner.worker import launch_gpu_workers
 
     preflight.check_study_name(args.study_name)
@@ -787,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the kernel's name (an identifier)")
     p.set_defaults(func=cmd_new)
 
-    from tuner.limits import ENGINES, SAMPLERS
+    from tuner.space.limits import ENGINES, SAMPLERS
 
     p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
     p.add_argument("kernel", help="kernel family, e.g. gemm, or a space file (.yaml), whose kernel is then the family")

@@ -40,7 +40,7 @@ from tuner import includes
 from tuner.cachedirs import ensure_writable, tuner_root
 from tuner.errors import InputError
 from tuner.files import atomic_write, locked
-from tuner.gpu import DEFAULT_ARCH
+from tuner.gpufacts import DEFAULT_ARCH
 from tuner.render import Source
 from tuner.result import CompileFailed
 
@@ -147,7 +147,7 @@ def versions() -> dict[str, str]:
 
 
 def default_arch() -> str:
-    """The arch of GPU 0 when there is one, else `tuner.gpu.DEFAULT_ARCH` (sm_90, H100/H200)."""
+    """The arch of GPU 0 when there is one, else `tuner.gpufacts.DEFAULT_ARCH` (sm_90, H100/H200)."""
     ensure_writable(cupy_only=True)
     import cupy
     from cupy_backends.cuda.api import runtime
@@ -425,7 +425,7 @@ def compile_many(
 
 
 def check_includes(space, problem=None, arch: str = DEFAULT_ARCH) -> None:
-    """Compile the default config of `space` (a `tuner.space.SearchSpace`) on `problem` (default: its first)
+    """Compile the default config of `space` (a `tuner.space.space.SearchSpace`) on `problem` (default: its first)
     once, through the cache, and raise InputError when NVRTC cannot open one of its includes: one line naming
     the template (and the template's line, where the include is written there), the include and every folder
     searched. Any other compile failure is left to the configs' trials, where it belongs (another config may

@@ -16,7 +16,7 @@ from tuner.evaluator import Evaluator
 from tuner.kernels.base import Family
 from tuner.render import render
 from tuner.result import Invalid, Result
-from tuner.space import Problem, SearchSpace, load
+from tuner.space.space import Problem, SearchSpace, load
 
 __all__ = ["evaluate_config"]
 

@@ -22,7 +22,7 @@ The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms,
 
 `start()` sets up once and returns the evaluator's info: at least "gpu" (a name), "gpu_index", "arch"
 (what to compile for) and "ceiling_tbps" (None where nothing is measured), and where a GPU answered,
-"gpu_facts" (`tuner.gpu.GpuFacts.to_dict`).
+"gpu_facts" (`tuner.gpufacts.GpuFacts.to_dict`).
 
 A pool sums what its evaluations cost in a `Spent` (GPU time, host stages, time occupied, compiles), from the
 Results they return: what "GPU busy" and the study summary's time split read.

@@ -26,7 +26,7 @@ from tuner.compile import target_arch
 from tuner.errors import InputError
 from tuner.expr import ceil_div
 from tuner.files import atomic_write, check_writable
-from tuner.gpu import DEFAULT_ARCH
+from tuner.gpufacts import DEFAULT_ARCH
 from tuner.render import environment
 from tuner.render import uri as kernel_uri
 from tuner.studies import (
@@ -204,7 +204,7 @@ def _launch_specs(
     then the constant, or ceil_div(size or product of sizes, q), that reproduces every probe. A dimension that
     no such formula fits keeps the tuned problem's value, and the note says so.
     """
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     family, problem = ctx.family, ctx.problem
     sizes = list(problem.sizes)

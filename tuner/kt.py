@@ -92,7 +92,7 @@ def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[s
     A measured entry becomes a Measurement whose ``median_ms`` is the cache's time; figures Kernel Tuner does not
     record (bytes, registers, SMEM) are 0 unless the entry was written by `write_cache`, which keeps ours under
     ``"tuner"``. A failure string becomes the matching failure kind."""
-    from tuner.space import params_key
+    from tuner.space.space import params_key
 
     keys = list(data["tune_params_keys"])
     objective = _objective(data)
@@ -222,7 +222,7 @@ def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
 
     import tempfile
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "space.yaml"

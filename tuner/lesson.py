@@ -227,7 +227,7 @@ class Bench:
 
 
 def _space(name: str):
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     return space_mod.load(name)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.gpu import FP32_LANES_PER_SM
+from tuner.gpufacts import FP32_LANES_PER_SM
 
 #: The counters `tuner explain` reads, why, and the kind of unit each must come in (checked against the units
 #: row of the capture: a value is converted to base units by its own unit, never assumed). Names as Nsight Compute
@@ -508,9 +508,9 @@ def _target_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--outside-space", action="store_true", help="accept values outside the space's lists")
     args = parser.parse_args(argv)
-    from tuner import space as space_mod
     from tuner.bench import GpuEvaluator
     from tuner.evaluate import evaluate_config
+    from tuner.space import space as space_mod
 
     try:
         space = space_mod.load(args.space)

@@ -18,10 +18,10 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.evaluator import Spent
-from tuner.gpu import DEFAULT_ARCH, GpuFacts
+from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
-from tuner.space import Problem, SearchSpace, params_key
+from tuner.space.space import Problem, SearchSpace, params_key
 
 _MEASUREMENT_FIELDS = set(Measurement.__dataclass_fields__)
 

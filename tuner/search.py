@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from tuner.space import Problem, SearchSpace
+    from tuner.space.space import Problem, SearchSpace
 
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
 FAILURE_ATTR = "failure"
@@ -186,12 +186,11 @@ def index_key(space: SearchSpace, problem: Problem, budget: int) -> str:
     """What a space's valid set depends on: the space file's text and its params' values (as loaded), the
     problem's sizes and dtype with the GPU facts expressions see (`Problem.expression_env`), the walk's budget, and
     the code that reads and evaluates spaces. Any change is a miss."""
-    import tuner
+    from tuner.space import space as space_mod
 
-    here = Path(tuner.__file__).parent
     blob = hashlib.sha256(INDEX_VERSION.encode())
-    for module in ("space.py", "expr.py", "gpu.py"):
-        blob.update((here / module).read_bytes())
+    for path in space_mod.code_files():
+        blob.update(path.read_bytes())
     blob.update(space.text.encode())
     facts = {"env": problem.expression_env, "budget": budget, "params": {n: list(v) for n, v in space.params.items()}}
     blob.update(json.dumps(facts, sort_keys=True, default=repr).encode())
@@ -225,7 +224,7 @@ def _read_index(space: SearchSpace, path: Path) -> ValidIndex | None:
 def _build_index(space: SearchSpace, problem: Problem, budget: int) -> ValidIndex:
     import numpy as np
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     try:
         rows, complete = space.valid_positions(problem, budget=budget), True
@@ -241,9 +240,9 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
     every time."""
     import numpy as np
 
-    from tuner import space as space_mod
     from tuner.errors import InputError
     from tuner.files import atomic_write, locked
+    from tuner.space import space as space_mod
 
     budget = space_mod.WALK_BUDGET if budget is None else budget
     if type(space) is not space_mod.SearchSpace:  # a subclass (a replay's recorded subset) decides validity itself
@@ -358,7 +357,7 @@ class ValidSetSampler:
         return dict(self.codec.sampler_dists)
 
     def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
-        from tuner.space import params_key
+        from tuner.space.space import params_key
 
         if not self.attached:
             return self.base.sample_relative(study, trial, search_space)

@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import InputError
-from tuner.gpu import GpuFacts
+from tuner.gpufacts import GpuFacts
 from tuner.result import StudyAttr, TrialAttr
 
 if TYPE_CHECKING:
@@ -319,7 +319,7 @@ def storage_url(study: optuna.Study) -> str:
 
 def gpu_facts(study: optuna.Study) -> GpuFacts:
     """The facts of the GPU the study ran on (its "gpu_facts" attr); for a study recorded before studies stored
-    them, `tuner.gpu.DEFAULT` (H100/H200), whose `measured` is False."""
+    them, `tuner.gpufacts.DEFAULT` (H100/H200), whose `measured` is False."""
     return GpuFacts.from_dict(study.user_attrs.get(StudyAttr.GPU_FACTS))
 
 
@@ -450,9 +450,9 @@ def study_context(study: optuna.Study) -> StudyContext:
     """Family and problem from the study's user attrs; the space from "space_path" (as given, else relative to
     the package root) when its sha256 matches "space_hash" and the family's template matches "templates_hash"
     (so a source rendered now is the one that was measured). InputError when the attrs are missing."""
-    from tuner import kernels
-    from tuner import space as space_mod
+    from tuner import families, kernels
     from tuner.render import templates_hash
+    from tuner.space import space as space_mod
 
     attrs = study.user_attrs
     kernel = attrs.get("kernel")
@@ -471,7 +471,7 @@ def study_context(study: optuna.Study) -> StudyContext:
         sizes={k: int(v) for k, v in problem_attr["sizes"].items()},
         gpu=gpu_facts(study),
     )
-    ctx = StudyContext(kernel=str(kernel), family=kernels.get(ref), problem=problem)
+    ctx = StudyContext(kernel=str(kernel), family=families.get(ref), problem=problem)
     space_path = attrs.get("space_path")
     if not space_path:
         ctx.space_note = "the study does not name its space file"
@@ -510,7 +510,7 @@ def render_trial(ctx: StudyContext, trial: FrozenTrial) -> Source:
 def _space_argument(space_path: str, space_hash: str) -> str:
     """How a command names a study's space: a shipped space by its name (which resolves from any directory)
     when the study was run on that very file (same sha256), any other space by its path as recorded."""
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     path = Path(space_path)
     shipped = space_mod.SPACES_DIR / path.name

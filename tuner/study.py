@@ -27,18 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from tuner import kernels, limits
-from tuner import space as space_mod
+from tuner import kernels
 from tuner.clock import since_command
 from tuner.dbfiles import default_storage_url, storage_url
 from tuner.errors import InputError
 from tuner.evaluator import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
-from tuner.gpu import GpuFacts
+from tuner.gpufacts import GpuFacts
 from tuner.preflight import check_storage, check_study_name, complete_line, counted_trials
 from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
-from tuner.space import params_key
+from tuner.space import limits
+from tuner.space import space as space_mod
+from tuner.space.space import params_key
 from tuner.writer import _Mirror, new_study
 
 if TYPE_CHECKING:
@@ -373,7 +374,7 @@ class Driver:
 
     def _name_before_start(self) -> str | None:
         """The study's name where it is known before a worker reports its GPU: given, a replay's, or built from
-        this machine's GPU model (`tuner.limits.local_gpu_model`) for GPUs of this machine; None otherwise."""
+        this machine's GPU model (`tuner.space.limits.local_gpu_model`) for GPUs of this machine; None otherwise."""
         if self.opts.study_name:
             return self.opts.study_name
         gpu: str | None
@@ -493,8 +494,8 @@ class Driver:
                 timeout_s=opts.timeout,
                 logical_gpus=self.logical_gpus,
             )
-        from tuner import limits
         from tuner.local import LocalPool, isolated_gpu_evaluator
+        from tuner.space import limits
 
         if opts.replay:
             factory = functools.partial(_replay_copy, self.recording, opts.replay_delay_s)
@@ -513,7 +514,7 @@ class Driver:
             # here, in the pool's niced threads beside the configs, did not have them ready sooner (measured with
             # the one-module build: the worker waited 0.58 s on its cache lock, as long as building them itself;
             # benchmarks/results/startup-2026-12-01-read-flush.md) and took a compile thread from the configs.
-            from tuner.gpu import DEFAULT_ARCH
+            from tuner.gpufacts import DEFAULT_ARCH
 
             first = [dict(self.space.default)]
             if opts.sampler == "grid":
@@ -1238,8 +1239,8 @@ class _Stats:
 
     def fp32_peak(self) -> float | None:
         """The FP32 peak in TFLOP/s of the GPU measured on, at the max SM clock its measurements report
-        (`tuner.gpu.fp32_peak_tflops`); None where either is unknown."""
-        from tuner.gpu import fp32_peak_tflops
+        (`tuner.gpufacts.fp32_peak_tflops`); None where either is unknown."""
+        from tuner.gpufacts import fp32_peak_tflops
 
         return fp32_peak_tflops(self.gpu, self.sm_clock_mhz) if self.gpu is not None else None
 
@@ -1430,7 +1431,7 @@ def _summary_figure(unit: str, best: dict[str, Any], summary: dict[str, Any], sm
     of the copy ceiling measured on the GPU; a compute-bound family's TFLOP/s with its share of the FP32 peak that
     the GPU's facts (`summary["gpus"]`: SM count, arch) and the measurements' max SM clock give, said to be from
     the facts (no peak is measured), or no share where the facts were not read from a GPU."""
-    from tuner.gpu import GpuFacts, fp32_peak_tflops
+    from tuner.gpufacts import GpuFacts, fp32_peak_tflops
 
     if unit == "TB/s":
         return f"{best['tbps']:.3f} TB/s, {best['fraction_of_ceiling']:.2f}× the copy ceiling"

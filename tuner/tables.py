@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.errors import InputError
 from tuner.files import atomic_write, check_writable
-from tuner.gpu import fp32_peak_tflops
+from tuner.gpufacts import fp32_peak_tflops
 from tuner.result import TrialAttr
 from tuner.studies import (
     artifact_dir_for,
@@ -179,7 +179,7 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
     """The fastest measured trial as a dict: study, number, uri, params, throughput (+unit), tbps, tflops,
     fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes,
     blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), for a TFLOP/s family
-    fp32_peak_tflops (its roof, from the GPU's facts: `tuner.gpu.fp32_peak_tflops`; None where unknown), and where
+    fp32_peak_tflops (its roof, from the GPU's facts: `tuner.gpufacts.fp32_peak_tflops`; None where unknown), and where
     its source is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
     line that prints it)."""
     t = best_trial(study)

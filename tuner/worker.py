@@ -373,16 +373,16 @@ class IsolatedEvaluator:
         return reply
 
     def _family_ref(self, family: Family | str) -> Family | str:
-        """A family that `tuner.kernels.get` resolves (shipped, registered, or defined by a space file) crosses by
+        """A family that `tuner.families.get` resolves (shipped, registered, or defined by a space file) crosses by
         its reference; any other Family crosses pickled, which needs its class importable by name in the child:
         one defined in the caller's ``__main__`` is an InputError here, not an unpickling error there."""
         if isinstance(family, str):
             return family
-        from tuner import kernels
+        from tuner import families
 
         ref = family.ref or family.name
         try:
-            if kernels.get(ref) is family:
+            if families.get(ref) is family:
                 return ref
         except (KeyError, InputError):
             pass

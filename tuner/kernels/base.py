@@ -103,7 +103,7 @@ class Family:
     #: Folders NVRTC searches for local ``#include``s after the template's own folder (a space's ``-I`` folders
     #: and the space's folder); CUDA's own headers are found without them (`tuner.includes`).
     include_dirs: tuple[str, ...] = ()
-    #: How any process finds this family again (`tuner.kernels.get`): its name, or ``space:PATH``.
+    #: How any process finds this family again (`tuner.families.get`): its name, or ``space:PATH``.
     ref: str = ""
     dtypes: tuple[str, ...] = ("float32",)
     #: Sizes every problem of this family must name (e.g. ("M", "N", "K")).

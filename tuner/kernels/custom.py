@@ -11,7 +11,7 @@ A space file chooses its family with one of
   block names one, which is again the user's choice).
 
 ``template: FILE.cu.j2`` (next to the space) gives the family a template of its own, and ``compile_options:``
-NVRTC options of its own (checked: `tuner.compile_options`). A family a space defines searches the space's
+NVRTC options of its own (checked: `tuner.kernels.compile_options`). A family a space defines searches the space's
 folder (and its ``-I`` folders) for local ``#include`` files. Every fault is an InputError that names the file
 and, where there is one, the line.
 """
@@ -36,7 +36,7 @@ from tuner.kernels.base import Family, ReferenceFailed
 def space_family(data: dict[str, Any], path: Path, fail) -> Family:
     """The family of the space loaded from `path` (its YAML mapping `data`), registered under its reference.
     `fail(message, *keys)` builds the SpaceError that names the space file and the line of `keys`."""
-    from tuner import compile_options
+    from tuner.kernels import compile_options
 
     directory = path.resolve().parent
     kernel, spec, template = data.get("kernel"), data.get("family"), data.get("template")

@@ -16,7 +16,7 @@ rule configs out before any work, derived values the template needs, and the stu
       - throughput: maximize
 
 ``template:`` gives the family a template beside the space, and ``compile_options:`` NVRTC options of its own
-(``[-DTILE=4, --use_fast_math, -I include]``: a known list, `tuner.compile_options`).
+(``[-DTILE=4, --use_fast_math, -I include]``: a known list, `tuner.kernels.compile_options`).
 
 Every fault is a `SpaceError` naming the file and, where YAML knows it, the line. Enumeration is lazy and
 backtracks: a constraint is checked as soon as the params it reads are bound, so a space with a million
@@ -44,7 +44,7 @@ import yaml
 
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
-from tuner.gpu import DEFAULT, GpuFacts
+from tuner.gpufacts import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
 if TYPE_CHECKING:
@@ -88,9 +88,17 @@ MAX_PROBLEM_SIZE = 2**63 - 1
 WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
 SAMPLE_DRAWS = 100_000
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped spaces: package data, so an installed wheel finds them from any directory.
 SPACES_DIR = Path(str(resources.files("tuner") / "search_spaces"))
+
+
+def code_files() -> list[Path]:
+    """The modules that read spaces and evaluate their expressions: what is cached of a space (its listing row,
+    its valid set) is keyed on their bytes, so a changed reader counts again."""
+    from tuner import expr, gpufacts
+
+    return [Path(__file__), Path(expr.__file__), Path(gpufacts.__file__)]
 
 
 class WalkBudgetExceeded(Exception):
@@ -106,7 +114,7 @@ def params_key(params: dict[str, Any]) -> str:
 class Problem:
     """A named problem: integer sizes and a dtype, on a GPU. `env` is what templates and kernel families see:
     the sizes, ``dtype`` and ``elem_bytes``; `expression_env`, what space expressions see, adds the GPU's facts
-    (`tuner.gpu.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is `tuner.gpu.DEFAULT`
+    (`tuner.gpufacts.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is `tuner.gpufacts.DEFAULT`
     (H100/H200) until the study driver learns the facts of the GPU its workers own."""
 
     name: str
@@ -148,7 +156,7 @@ class SearchSpace:
     objectives: list[Objective]
     default: dict[str, Any]
     text: str = ""
-    #: What `tuner.kernels.get` resolves to this space's family in any process (a name, or ``space:PATH``).
+    #: What `tuner.families.get` resolves to this space's family in any process (a name, or ``space:PATH``).
     family_ref: str = ""
     _plan: dict[str, Any] = field(default_factory=dict, repr=False)
 
