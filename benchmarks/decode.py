@@ -118,8 +118,9 @@ def space_paths(args) -> dict[str, Path]:
 
 def dry_run(args) -> int:
     """Render and compile the default plus a seeded sample of valid configs of every target (NVRTC, no GPU)."""
-    from tuner import compile as tcompile
-    from tuner import kernels, render
+    from tuner import kernels
+    from tuner.build import compile as tcompile
+    from tuner.build import render
     from tuner.space import space as space_mod
 
     failures = 0

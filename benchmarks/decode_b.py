@@ -182,8 +182,8 @@ def adamw_peers(problem, torch):
 def dry_run(targets, sample: int, probe: bool = False) -> int:
     """Render and compile each target's default and a seeded sample of valid configs (with `probe`, the
     decode-attention probes too) for sm_90; print the resources. Exit 1 if any fails."""
-    from tuner.compile import compile_many
-    from tuner.render import render
+    from tuner.build.compile import compile_many
+    from tuner.build.render import render
 
     failed = 0
     for kernel, problem_name, _ in targets:
@@ -217,8 +217,8 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 
 def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
     """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
+    from tuner.build.render import render
     from tuner.evaluate import evaluate_config
-    from tuner.render import render
     from tuner.result import Measurement
 
     family = kernels.get("decode_attention")

@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuner.bench import GpuEvaluator  # noqa: E402
-from tuner.compile import compile_source  # noqa: E402
-from tuner.render import render  # noqa: E402
+from tuner.build.compile import compile_source  # noqa: E402
+from tuner.build.render import render  # noqa: E402
 from tuner.search import valid_index  # noqa: E402
 from tuner.space.space import load  # noqa: E402
 

@@ -96,8 +96,8 @@ def main() -> int:
 
     from tuner import kernels
     from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
     from tuner.space import space as space_mod
 
     date = dt.date.today().isoformat()

@@ -54,9 +54,10 @@ def main() -> int:
     from cupy.cuda import runtime
     from cupy_backends.cuda.api import driver
 
-    from tuner import compile as compile_mod
-    from tuner import kernels, render
+    from tuner import kernels
     from tuner.bench import GpuEvaluator, benchmark
+    from tuner.build import compile as compile_mod
+    from tuner.build import render
     from tuner.space import space as space_mod
 
     space = space_mod.load("gemv")

@@ -658,8 +658,8 @@ def child_triton(problem: str) -> dict[str, Any]:
 def compile_ours(space, params: dict[str, Any], problem, arch: str):
     """Our config's cubin, rendered and compiled as the study did. Depends on tuner compiling cuda_bf16.h by itself
     (PENDING_FEATURES["cuda_bf16_include"]); should it not, NVRTC gets the CUDA headers' directory here."""
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
 
     config = space.resolve(params, problem)
     source = render(space.family, params, config, problem.env)
@@ -1185,7 +1185,7 @@ def merge(paths: list[str], out: Path) -> int:
 
 def dry_space() -> list[tuple[str, bool, str]]:
     """The space: 144 valid configs and 6·M·H bytes per problem; both problems render the same CUDA."""
-    from tuner.render import render
+    from tuner.build.render import render
     from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
@@ -1229,8 +1229,8 @@ def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
     from kernel_tuner.core import KernelSource
     from vs_kernel_tuner import _norm_ptx
 
-    from tuner.compile import BASE_OPTIONS, nvrtc_compile, parse_ptxas
-    from tuner.render import render
+    from tuner.build.compile import BASE_OPTIONS, nvrtc_compile, parse_ptxas
+    from tuner.build.render import render
     from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
@@ -1391,7 +1391,7 @@ def dry_tune_form(tmp: Path) -> list[tuple[str, bool, str]]:
     import numpy as np
 
     import tuner
-    from tuner.render import render
+    from tuner.build.render import render
     from tuner.space import space as space_mod
 
     script = tune_script(TUNE_PROBLEM, KERNEL_SOURCE)

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
 from tuner.bench import GpuEvaluator, benchmark  # noqa: E402
-from tuner.compile import compile_many  # noqa: E402
-from tuner.render import render  # noqa: E402
+from tuner.build.compile import compile_many  # noqa: E402
+from tuner.build.render import render  # noqa: E402
 from tuner.space import space as space_mod  # noqa: E402
 
 

@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from tuner.compile import compile_source
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
     from tuner.evaluate import evaluate_config
-    from tuner.render import render
     from tuner.search import valid_index
     from tuner.space.space import load
 

@@ -71,7 +71,7 @@ SPACE = ROOT / "benchmarks" / "spaces" / "transpose_8192_45.yaml"
 EXPECTED_CONFIGS = 45
 KERNEL_NAME = "transpose_kt"
 KT_ITERATIONS = 7  # Kernel Tuner's default, passed explicitly so the record says what was used
-#: what tuner/compile.py uses; without it Kernel Tuner's CuPy backend would pass --std=c++11
+#: what tuner/build/compile.py uses; without it Kernel Tuner's CuPy backend would pass --std=c++11
 KT_COMPILER_OPTIONS = ["-std=c++17"]
 MARKER = "@@vs_kernel_tuner@@ "  # prefixes the one JSON line a child prints
 IMPLS = {"tuner": "tuner", "answer": "kernel_tuner answer", "none": "kernel_tuner unverified"}
@@ -883,7 +883,7 @@ def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
 
 def _nvrtc(text: str, name: str, options: list[str]) -> tuple[int, str, bytes, str]:
     """NVRTC status, log, cubin and PTX (as text) of one source, through the package's NVRTC wrapper."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, cubin, ptx = nvrtc_compile(text, f"{name}.cu", options)
     return status, log, cubin, ptx.decode(errors="replace")
@@ -907,8 +907,8 @@ def check(arch: str) -> int:
     """The no-GPU checks: space size, Kernel Tuner's search space, its kernel against ours."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.compile import BASE_OPTIONS, parse_ptxas
-    from tuner.render import render
+    from tuner.build.compile import BASE_OPTIONS, parse_ptxas
+    from tuner.build.render import render
 
     ok = True
     space, problem = load_space()

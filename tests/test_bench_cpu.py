@@ -16,10 +16,10 @@ import pytest
 from cupy_backends.cuda.api import driver, runtime
 
 from tuner import bench, kernels
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.build.render import environment
 from tuner.evaluate import evaluate_config
 from tuner.kernels.base import Family, Launch
-from tuner.render import environment
 from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut
 from tuner.space.space import load
 from tuner.worker import IsolatedEvaluator, WorkerError

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tuner import kernels
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.build.render import environment, render
 from tuner.kernels.base import Family, Launch
-from tuner.render import environment, render
 from tuner.result import LaunchFailed, Measurement, TimedOut, WrongResult
 
 

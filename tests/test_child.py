@@ -1,4 +1,4 @@
-"""The driver's children (`tuner.child`: the GPU workers, the study's writer) start from wherever a user calls
+"""The driver's children (`tuner.build.child`: the GPU workers, the study's writer) start from wherever a user calls
 tuner — a plain script without a main guard, ``python -`` on standard input, IPython, pytest — and never run the
 caller's ``__main__``; one that dies says why with its last lines on stderr, which also reach the caller's
 stderr as they are written. Real child processes on CPU: a replay study (its writer process) and a GPU worker
@@ -19,7 +19,7 @@ import optuna
 import pytest
 from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_dies
 
-from tuner import child as child_mod
+from tuner.build import child as child_mod
 from tuner.errors import InputError
 from tuner.worker import IsolatedEvaluator, WorkerError
 from tuner.writer import _Mirror

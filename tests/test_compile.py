@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from tuner import compile as compile_mod
 from tuner import kernels
-from tuner.render import Source, render
+from tuner.build import compile as compile_mod
+from tuner.build.render import Source, render
 from tuner.space import space as space_mod
 
 PTXAS = """\

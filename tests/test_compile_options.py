@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner import compile as compile_mod
+from tuner.build import compile as compile_mod
+from tuner.build.render import render
 from tuner.errors import SpaceError
 from tuner.kernels import compile_options
-from tuner.render import render
 from tuner.space import space as space_mod
 
 SIZED = """\

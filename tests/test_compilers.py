@@ -1,4 +1,4 @@
-"""Compile processes (`tuner.compilers.CompileProcesses`): real NVRTC compiles in child processes, a child that
+"""Compile processes (`tuner.build.compilers.CompileProcesses`): real NVRTC compiles in child processes, a child that
 dies fails only its config's compile, and the results are those of an in-process compile."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import signal
 
-from tuner import compile as compile_mod
-from tuner.compilers import CompileProcesses
-from tuner.render import Source
+from tuner.build import compile as compile_mod
+from tuner.build.compilers import CompileProcesses
+from tuner.build.render import Source
 
 
 def _source(text: str, entry: str) -> Source:

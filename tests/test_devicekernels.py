@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuner import devicekernels
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
 
 try:
     import cupy
@@ -56,7 +56,7 @@ def test_the_shipped_flush_ptx_does_what_its_source_does():
     """FLUSH_PTX (loaded by the driver, no NVRTC) is NVRTC's PTX of FLUSH_SOURCE: the same global loads and
     stores as NVRTC gives for the source today, a grid-stride loop around the one 16-byte load, and the one store
     behind a predicate (so no load is dead), under a conservative PTX version and target."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, _, ptx = nvrtc_compile(devicekernels.FLUSH_SOURCE, "flush.cu", ["--gpu-architecture=compute_75"])
     assert status == 0, log
@@ -73,7 +73,7 @@ def test_the_shipped_hold_ptx_is_nvrtcs_for_its_source():
     """HOLD_PTX (loaded by the driver) is NVRTC's PTX of HOLD_SOURCE instruction for instruction, under the
     flush's conservative PTX version and target; its loop polls the host's word with a volatile load and reads
     the global timer, and the one store (the give-up) is outside the loop."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, _, ptx = nvrtc_compile(devicekernels.HOLD_SOURCE, "hold.cu", ["--gpu-architecture=compute_75"])
     assert status == 0, log

@@ -27,10 +27,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from tuner import cli as cli_mod
-from tuner import compile as compile_mod
 from tuner import export, kernels
+from tuner.build import compile as compile_mod
+from tuner.build.render import TEMPLATES_DIR, render
 from tuner.errors import InputError
-from tuner.render import TEMPLATES_DIR, render
 from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -720,7 +720,7 @@ def test_header_with_source_pareto_compiles_and_sources_build(in_tmp, db, tmp_pa
     lines = out.splitlines()
     assert lines[0] == expected[MAIN_STUDY]["front"][0] == expected[MAIN_STUDY]["uri"]
     source = "\n".join(lines[5:])  # the embedded CUDA of the selected config: NVRTC must build it as is
-    from tuner.render import Source
+    from tuner.build.render import Source
 
     result = compile_mod.compile_source(
         Source("transpose", source, lines[0], lines[0], "transpose.cu.j2"), arch=ARCH, use_cache=False

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import kernels, render
+from tuner import kernels
+from tuner.build import compile as tcompile
+from tuner.build import render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.fp8_quant import decode_e4m3, encode_e4m3, ordinal

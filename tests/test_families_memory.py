@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render
-from tuner.compile import compile_source
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
 from tuner.space import space
 from tuner.space.space import Problem
 

@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render
-from tuner.compile import compile_source
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.space import space

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import kernels, render
+from tuner import kernels
+from tuner.build import compile as tcompile
+from tuner.build import render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.space import space

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import header, kernels, render
+from tuner import header, kernels
+from tuner.build import compile as tcompile
+from tuner.build import render
 from tuner.kernels import bf16
 from tuner.space import space
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tuner import cli, kernels
+from tuner.build.render import render
 from tuner.errors import InputError, SpaceError, TemplateError
-from tuner.render import render
 from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent

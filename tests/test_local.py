@@ -101,7 +101,7 @@ def test_compiles_run_in_processes_below_the_rest_of_the_study(space, tmp_path, 
     """A measuring pool compiles in child processes, one per compile slot, niced by `COMPILE_NICENESS`, so the
     driver, the writer and the GPU workers keep their share of the cores; the driver itself is left as it was."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    from tuner.compilers import COMPILE_NICENESS
+    from tuner.build.compilers import COMPILE_NICENESS
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     with _pool(space, _child_factory(0.0), gpus=1) as pool:

@@ -9,8 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from tuner import kernels, render
-from tuner.compile import compile_source
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
 from tuner.gpufacts import DEFAULT
 from tuner.space import space
 

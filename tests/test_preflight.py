@@ -388,7 +388,7 @@ def test_an_unwritable_cupy_cache_dir_is_replaced_too(tmp_path):
 
 
 def test_the_temporary_cache_folder_is_this_users_alone(tmp_path, monkeypatch):
-    from tuner import cachedirs
+    from tuner.build import cachedirs
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     shared = tmp_path / f"tuner-{os.getuid()}"

@@ -18,8 +18,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner import compile as compile_mod
 from tuner import kt
+from tuner.build import compile as compile_mod
 from tuner.cli import main as cli_main
 from tuner.replay import load_records, params_key
 from tuner.search import Codec, index_key, valid_index

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tuner import render
+from tuner.build import render
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
 from tuner.space import space as space_mod

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.build.render import environment, render
 from tuner.kernels.base import Family, Launch
 from tuner.kernels.declarative import reference_arrays_of
-from tuner.render import environment, render
 from tuner.result import Measurement, WrongResult
 from tuner.verify import POOL_SIZE, InputPool, pool_key
 

@@ -164,7 +164,7 @@ def study(
     Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
-    from tuner.cachedirs import ensure_writable
+    from tuner.build.cachedirs import ensure_writable
     from tuner.study import StudyOptions, run_study
 
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
@@ -227,9 +227,9 @@ def study(
 
 def _check_includes(space: SearchSpace, problem: str | None) -> None:
     """Before a study on a GPU: compile the default config of `space` on `problem` (None: its first) once
-    (`tuner.compile.check_includes`), so an include NVRTC cannot open is one InputError naming the template, the
+    (`tuner.build.compile.check_includes`), so an include NVRTC cannot open is one InputError naming the template, the
     include and the folders searched, not one failed trial per config. An unknown problem is a SpaceError."""
-    from tuner import compile as compile_mod
+    from tuner.build import compile as compile_mod
 
     compile_mod.check_includes(space, space.problem(problem))
 
@@ -245,7 +245,7 @@ def run_bench(
 ) -> tuple[Result, dict[str, Any]]:
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
-    from tuner.cachedirs import ensure_writable
+    from tuner.build.cachedirs import ensure_writable
     from tuner.evaluate import evaluate_config
     from tuner.space import limits
     from tuner.worker import IsolatedEvaluator, WorkerError
@@ -344,9 +344,9 @@ def tune_space(
     Bad input is an InputError (one line) and leaves the directory as it was."""
     import yaml
 
-    from tuner.files import atomic_write
+    from tuner.build.files import atomic_write
+    from tuner.build.render import render
     from tuner.kernels.base import DTYPES
-    from tuner.render import render
 
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"tune: kernel name {name!r} is not an identifier")

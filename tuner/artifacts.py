@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.compile import first_error, include_options, nvrtc_compile, nvrtc_options, program_name, target_arch
+from tuner.build.compile import first_error, include_options, nvrtc_compile, nvrtc_options, program_name, target_arch
 from tuner.errors import InputError
 from tuner.gpufacts import DEFAULT_ARCH
 from tuner.result import StudyAttr, TrialAttr
@@ -34,7 +34,7 @@ from tuner.studies import (
 )
 
 if TYPE_CHECKING:
-    from tuner.render import Source
+    from tuner.build.render import Source
 
 
 def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:

@@ -498,7 +498,7 @@ class GpuEvaluator:
         import cupy
 
         from tuner import devicekernels
-        from tuner.compile import versions as compile_versions
+        from tuner.build.compile import versions as compile_versions
 
         t0 = time.perf_counter()
         self._device = cupy.cuda.Device(self.device)
@@ -1166,7 +1166,7 @@ def ceiling_cache_key(uuid: str, name: str, versions: dict[str, Any], nbytes: in
 
 
 def _ceiling_file():
-    from tuner.compile import cache_dir
+    from tuner.build.compile import cache_dir
 
     return cache_dir() / "ceilings.json"
 
@@ -1189,8 +1189,8 @@ def store_ceiling(key: str, tbps: float, gpu: str) -> None:
     import datetime as dt
     import json
 
+    from tuner.build.files import atomic_write
     from tuner.errors import InputError
-    from tuner.files import atomic_write
 
     path = _ceiling_file()
     try:

@@ -110,8 +110,8 @@ def _space_rows(paths) -> list[dict[str, Any]]:
     import hashlib
     from pathlib import Path
 
-    from tuner.compile import cache_dir
-    from tuner.files import atomic_write
+    from tuner.build.compile import cache_dir
+    from tuner.build.files import atomic_write
     from tuner.space import space as space_mod
 
     code = hashlib.sha256(b"".join(path.read_bytes() for path in space_mod.code_files()))
@@ -157,7 +157,7 @@ def _load_space_and_problem(args: argparse.Namespace):
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from tuner.render import render
+    from tuner.build.render import render
 
     s, problem = _load_space_and_problem(args)
     params = s.config_from_assignments(args.set or [], problem)
@@ -171,9 +171,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.text import Text
 
-    from tuner import compile as compile_mod
+    from tuner.build import compile as compile_mod
+    from tuner.build.render import render
     from tuner.console import Column, human_seconds, print_table
-    from tuner.render import render
     from tuner.space import limits
 
     # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
@@ -909,8 +909,8 @@ def main(argv: list[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     try:
         args = parser.parse_args(argv)
-        from tuner.cachedirs import ensure_writable
-        from tuner.child import profiled
+        from tuner.build.cachedirs import ensure_writable
+        from tuner.build.child import profiled
 
         ensure_writable()  # before anything imports CuPy or starts a process that will (they inherit the choice)
         code = int(profiled(f"tuner-{words[0] if words else 'help'}", args.func, args) or 0)

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.build.render import render
 from tuner.deadline import Deadline
 from tuner.errors import InputError
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.kernels.base import Family
-from tuner.render import render
 from tuner.result import LaunchFailed, Result, TimedOut
 
 #: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
@@ -87,7 +87,7 @@ class Job:
 
 def _compile_task(source, arch):
     """Compile on a cluster CPU; returns (the compile's result, its wall in seconds there)."""
-    from tuner.compile import compile_source
+    from tuner.build.compile import compile_source
 
     started = time.perf_counter()
     result = compile_source(source, arch)

@@ -3,7 +3,7 @@
 CuPy builds its random generators and element-wise operations (``isnan``, ``abs``, comparisons, reductions)
 by JIT-compiling a kernel on first use and caching it under ``CUPY_CACHE_DIR``. On a fresh machine the check of
 the first config then pays for a dozen NVRTC compiles inside the GPU worker. The kernels here do the same work
-from sources compiled by `tuner.compile.compile_source` (content-addressed, under the tuner cache dir, so each is
+from sources compiled by `tuner.build.compile.compile_source` (content-addressed, under the tuner cache dir, so each is
 compiled once per machine and arch) and loaded as modules with ``cupy.cuda.function.Module``, which compiles
 nothing. The GPU worker builds two: the random-input kernels with the checks every shipped family needs
 (`FIRST_CHECKS`) while its ceiling is timed, then the checks of the other dtypes in the background (`Built`).
@@ -286,9 +286,9 @@ $L__BB0_4:
 
 
 def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
-    """The module's `tuner.render.Source` (one text: its compile is cached like any config's): the random-input
+    """The module's `tuner.build.render.Source` (one text: its compile is cached like any config's): the random-input
     kernels and ``check_<output>_<reference>`` for each dtype pair of `checks`."""
-    from tuner.render import Source
+    from tuner.build.render import Source
 
     lines = [_PRELUDE]
     for o_name, r_name in checks:
@@ -312,7 +312,7 @@ class Built:
     def __init__(self, checks, arch: str, uri: str = "tuner_worker_kernels"):
         import threading
 
-        from tuner.compile import compile_source
+        from tuner.build.compile import compile_source
 
         self.checks = tuple(checks)
         self._out: list[Any] = []
@@ -418,7 +418,7 @@ class Hold:
 
 
 class DeviceKernels:
-    """The module loaded on the current device, from `compiled` (a `tuner.compile.Compiled` of
+    """The module loaded on the current device, from `compiled` (a `tuner.build.compile.Compiled` of
     `source(checks)`); check pairs outside `checks` come from `later` (a `Built` of the other pairs, loaded when
     a check first needs it), else the check answers None."""
 

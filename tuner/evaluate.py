@@ -11,10 +11,10 @@ from typing import Any
 
 import jinja2
 
-from tuner.compile import compile_source, default_arch
+from tuner.build.compile import compile_source, default_arch
+from tuner.build.render import render
 from tuner.evaluator import Evaluator
 from tuner.kernels.base import Family
-from tuner.render import render
 from tuner.result import Invalid, Result
 from tuner.space.space import Problem, SearchSpace, load
 

@@ -7,7 +7,7 @@ driver and `tuner.cluster.Pool` take any of them and never ask which.
 
 The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)``:
 
-* `compiled` is the `tuner.compile.Compiled` of the config, or None for an evaluator whose `measures` is
+* `compiled` is the `tuner.build.compile.Compiled` of the config, or None for an evaluator whose `measures` is
   False (it answers without running anything, so nothing is compiled for it);
 * `family` is a `Family` or a registered family's name; `config` the resolved config (params + derived);
   `problem` a `Problem` or its env dict;

@@ -6,13 +6,13 @@
 - `tuner.plots`: the Pareto plot with the GPU's occupancy budgets;
 - `tuner.header`: the C++17 header of tuned configs;
 - `tuner.artifacts`: rendered source and PTX per trial for optuna-dashboard (back-fill of older studies);
-- `tuner.files`: checked, atomic writes.
+- `tuner.build.files`: checked, atomic writes.
 """
 
 from __future__ import annotations
 
 from tuner.artifacts import AttachReport, attach_artifacts, compile_ptx, virtual_arch
-from tuner.files import atomic_write, check_writable
+from tuner.build.files import atomic_write, check_writable
 from tuner.header import c_string, check_namespace, header_text, write_header
 from tuner.plots import plot_pareto, register_budget, smem_budget
 from tuner.studies import (

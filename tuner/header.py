@@ -3,7 +3,7 @@ problem sizes, and a constexpr `select` by shape. InputError for a namespace tha
 
 Python prepares plain data (`header_context`: C++ names, types and literals, grid formulas as `GridDim`); all the
 C++ text is in the template ``export_templates/header.h.j2`` (package data), rendered by the strict environment
-of `tuner.render`.
+of `tuner.build.render`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import jinja2
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.compile import target_arch
+from tuner.build.compile import target_arch
+from tuner.build.files import atomic_write, check_writable
+from tuner.build.render import environment
+from tuner.build.render import uri as kernel_uri
 from tuner.errors import InputError
 from tuner.expr import ceil_div
-from tuner.files import atomic_write, check_writable
 from tuner.gpufacts import DEFAULT_ARCH
-from tuner.render import environment
-from tuner.render import uri as kernel_uri
 from tuner.studies import (
     StudyContext,
     _first_line,
@@ -262,7 +262,7 @@ def _launch_specs(
 
 def compile_target_note(text: str, arch: str) -> str:
     """The caveat for a config whose source compiles only for its arch's arch-specific target
-    (`tuner.compile.target_arch`: sm_90 -> sm_90a for wgmma or setmaxnreg), so that a host program compiling the
+    (`tuner.build.compile.target_arch`: sm_90 -> sm_90a for wgmma or setmaxnreg), so that a host program compiling the
     embedded source passes that target to NVRTC; "" for every other source. `arch` "" means the default arch."""
     base = arch or DEFAULT_ARCH
     target = target_arch(text, base)
@@ -488,7 +488,7 @@ def header_text(
     with_source: bool = False,
 ) -> str:
     """The text `write_header` writes (see there): `header_context` rendered by the strict template environment
-    of `tuner.render`."""
+    of `tuner.build.render`."""
     if isinstance(studies, optuna.Study):
         studies = [studies]
     return _header_template().render(header_context(studies, pick, namespace, with_source))

@@ -187,9 +187,9 @@ class Bench:
         not permitted still ends the lesson (no config could be profiled)."""
         if not self.use_ncu:
             return None
+        from tuner.build.render import render
         from tuner.explain import explain
         from tuner.ncu import NcuConfigError, fp32_peak_tflops, parse_raw_csv
-        from tuner.render import render
 
         family = space.family
         resolved = space.resolve(params, problem)
@@ -301,8 +301,8 @@ def bank_conflicts(bench: Bench) -> LessonResult:
 def registers(bench: Bench | None) -> LessonResult:
     """`bench` None: registers and spills from NVRTC only (no GPU)."""
     from tuner import kernels
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
 
     space = _space("gemm")
     # The shipped space offers min_blocks 0, 1, 2, 4; the sweep wants every N up to 8 (8 × 256 threads fill an SM).

@@ -11,7 +11,7 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 * every evaluator starts in a background thread as soon as the pool is made, so the GPU workers' CUDA set-up
   (context, flush buffer, ceiling) overlaps the driver's own start-up (storage, study, sampler); `wait_ready`
   joins them;
-* compiles run in compile processes, one per core (`tuner.compilers`: NVRTC compiles one at a time per process,
+* compiles run in compile processes, one per core (`tuner.build.compilers`: NVRTC compiles one at a time per process,
   so threads of one process did not scale), fed by a thread pool of the same size, and `prefetch`
   starts a config's compile before the GPU worker is up (the first configs of a study: its default, or a grid's
   first configs). With ``evaluate=True`` the GPU also measures a prefetched config as soon as it is up and idle,
@@ -41,10 +41,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.build.compilers import CompileProcesses
+from tuner.build.render import render
 from tuner.clock import since_command
-from tuner.compilers import CompileProcesses
 from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
-from tuner.render import render
 from tuner.result import LaunchFailed, Result, TimedOut
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
@@ -278,7 +278,7 @@ class LocalPool:
         #: the start-up (s) of each GPU worker started in place of a lost one
         self.replacements_s: list[float] = []
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
-        # The compile threads hand their compiles to processes (tuner.compilers: NVRTC compiles one at a time per
+        # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
         self._compilers = CompileProcesses(self.compile_slots) if self.measures_hint else None
         self.startup: dict[str, Any] = {
@@ -489,7 +489,7 @@ class LocalPool:
         try:
             if self._compilers is not None:
                 return self._compilers.compile(source, arch)
-            from tuner.compile import compile_source
+            from tuner.build.compile import compile_source
 
             return compile_source(source, arch)
         finally:

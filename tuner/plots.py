@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner.build.files import atomic_write, check_writable
 from tuner.expr import ceil_div
-from tuner.files import atomic_write, check_writable
 from tuner.gpufacts import DEFAULT, GpuFacts
 from tuner.studies import gpu_facts, measured_trials, pareto_trials, threads, throughput, throughput_unit
 from tuner.tables import pareto_frame

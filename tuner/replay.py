@@ -229,8 +229,8 @@ def _load_recording_cached(path: str, study_name: str | None):
     import hashlib
 
     from tuner import kt
-    from tuner.compile import cache_dir
-    from tuner.files import atomic_write
+    from tuner.build.compile import cache_dir
+    from tuner.build.files import atomic_write
 
     if kt.is_cache_path(path):
         return _load_recording(path, study_name)

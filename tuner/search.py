@@ -198,7 +198,7 @@ def index_key(space: SearchSpace, problem: Problem, budget: int) -> str:
 
 
 def _index_path(key: str) -> Path:
-    from tuner.compile import cache_dir
+    from tuner.build.compile import cache_dir
 
     return cache_dir() / "valid" / f"{key}.npz"
 
@@ -240,8 +240,8 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
     every time."""
     import numpy as np
 
+    from tuner.build.files import atomic_write, locked
     from tuner.errors import InputError
-    from tuner.files import atomic_write, locked
     from tuner.space import space as space_mod
 
     budget = space_mod.WALK_BUDGET if budget is None else budget

@@ -34,7 +34,7 @@ from tuner.gpufacts import GpuFacts
 from tuner.result import StudyAttr, TrialAttr
 
 if TYPE_CHECKING:
-    from tuner.render import Source
+    from tuner.build.render import Source
 
 STUDIES_DIR = Path("studies")
 """Where `tuner study` puts `<kernel>.db` by default (relative to the working directory, like its URL)."""
@@ -451,7 +451,7 @@ def study_context(study: optuna.Study) -> StudyContext:
     the package root) when its sha256 matches "space_hash" and the family's template matches "templates_hash"
     (so a source rendered now is the one that was measured). InputError when the attrs are missing."""
     from tuner import families, kernels
-    from tuner.render import templates_hash
+    from tuner.build.render import templates_hash
     from tuner.space import space as space_mod
 
     attrs = study.user_attrs
@@ -499,7 +499,7 @@ def study_context(study: optuna.Study) -> StudyContext:
 def render_trial(ctx: StudyContext, trial: FrozenTrial) -> Source:
     """The rendered `Source` of a trial's config. InputError when the space is unavailable (see
     `ctx.space_note`)."""
-    from tuner.render import render
+    from tuner.build.render import render
 
     if ctx.space is None:
         raise InputError(f"cannot render trial {trial.number}: {ctx.space_note}")

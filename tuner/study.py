@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from tuner import kernels
+from tuner.build.render import templates_hash
 from tuner.clock import since_command
 from tuner.dbfiles import default_storage_url, storage_url
 from tuner.errors import InputError
 from tuner.evaluator import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
 from tuner.gpufacts import GpuFacts
 from tuner.preflight import check_storage, check_study_name, complete_line, counted_trials
-from tuner.render import templates_hash
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
 from tuner.space import limits
@@ -338,7 +338,7 @@ class Driver:
 
     def _study_attrs(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> dict[str, Any]:
         """The user attrs a study is created with: what it tunes, where, and with what code."""
-        from tuner.compile import versions
+        from tuner.build.compile import versions
 
         attrs = {
             **self._identity_attrs(),

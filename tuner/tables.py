@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner.build.files import atomic_write, check_writable
 from tuner.errors import InputError
-from tuner.files import atomic_write, check_writable
 from tuner.gpufacts import fp32_peak_tflops
 from tuner.result import TrialAttr
 from tuner.studies import (

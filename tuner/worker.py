@@ -1,6 +1,6 @@
 """Fault containment for callers that are not Ray actors (``tuner bench``, tests): a GPU evaluator in a child.
 
-`IsolatedEvaluator` keeps one child process (`tuner.child.start_child`: a fresh interpreter that runs this module,
+`IsolatedEvaluator` keeps one child process (`tuner.build.child.start_child`: a fresh interpreter that runs this module,
 never the caller's ``__main__``) that owns one GPU and a `tuner.bench.GpuEvaluator`, and sends it work over a
 pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``) before CuPy touches CUDA, sets up once (context, flush
 buffer, copy ceiling: about a second) and stays alive across calls. What a kernel can do to a process stays in
@@ -18,7 +18,7 @@ the child:
 
 In every case the next call starts a fresh child, so one caller can go on evaluating. A child that dies or hangs
 while starting raises `WorkerError` with its last lines on stderr (its stderr reaches the caller's ``sys.stderr``
-as it is written, `tuner.child`). The protocol is tuples over the pipe; what crosses is picklable by
+as it is written, `tuner.build.child`). The protocol is tuples over the pipe; what crosses is picklable by
 construction: the `Compiled` (cubin bytes and resources), the family's *name* (or, for a family that is not
 registered, the Family object itself: its class must be importable by name in the child, so not one defined in
 the caller's ``__main__``), the resolved config, the problem's env dict, the seed and the budget.
@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.child import Child, start_child
+from tuner.build.child import Child, start_child
 from tuner.deadline import FLOOR_S, Deadline
 from tuner.errors import InputError
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from tuner.kernels.base import Family
 
-# Nothing heavier than the standard library, tuner.child, tuner.deadline and tuner.result at this module's top:
+# Nothing heavier than the standard library, tuner.build.child, tuner.deadline and tuner.result at this module's top:
 # the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
 # study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
@@ -331,7 +331,7 @@ class IsolatedEvaluator:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the child is ended at exit anyway (tuner.child)
+        except Exception:  # interpreter shutdown: the child is ended at exit anyway (tuner.build.child)
             pass
 
     # -- requests -------------------------------------------------------------------------------------------
@@ -449,7 +449,7 @@ _LAUNCHED: dict[int, IsolatedEvaluator] = {}
 def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
     """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
     thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
-    set-up. `take_launched` hands them out; ones never taken end with this process (`tuner.child`)."""
+    set-up. `take_launched` hands them out; ones never taken end with this process (`tuner.build.child`)."""
     for gpu in range(count):
         if gpu not in _LAUNCHED:
             evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)

@@ -5,8 +5,8 @@ durable storage by this process, so SQLite's commits (tens of milliseconds each)
 process is started before anything is known of the study (`launch_writer`, called first thing by ``tuner study``,
 so that its imports of Optuna and SQLAlchemy overlap the driver's own start-up); its first message names the
 storage and the study (`_Mirror.bind` for a study the driver has opened, `_Mirror.create` for a new one, which the
-writer creates itself). The process is a `tuner.child` child (it never runs the caller's ``__main__``); the
-driver's messages go to it over its pipe from a thread (`tuner.child.Outbox`), so that a slow commit never blocks
+writer creates itself). The process is a `tuner.build.child` child (it never runs the caller's ``__main__``); the
+driver's messages go to it over its pipe from a thread (`tuner.build.child.Outbox`), so that a slow commit never blocks
 the driver, and its one report comes back on the same pipe.
 
 This module imports only the standard library at the top: the driver's command can start the process before
@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from tuner.child import Outbox, start_child
+from tuner.build.child import Outbox, start_child
 from tuner.errors import InputError
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ _LAUNCHED: _Mirror | None = None
 def launch_writer() -> None:
     """Start a study writer's process now, before the storage is known: ``tuner study`` calls this first thing,
     so the writer's imports (Optuna, SQLAlchemy, Alembic: a second or two on a busy host) overlap the driver's own
-    start-up instead of ending after it. One never taken ends with this process (`tuner.child`; it also exits by
+    start-up instead of ending after it. One never taken ends with this process (`tuner.build.child`; it also exits by
     itself once its parent is gone)."""
     global _LAUNCHED
     if _LAUNCHED is None:

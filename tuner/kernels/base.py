@@ -101,7 +101,7 @@ class Family:
     #: NVRTC options for every config, after the tuner's own (a space's checked ``compile_options:``).
     compile_options: tuple[str, ...] = ()
     #: Folders NVRTC searches for local ``#include``s after the template's own folder (a space's ``-I`` folders
-    #: and the space's folder); CUDA's own headers are found without them (`tuner.includes`).
+    #: and the space's folder); CUDA's own headers are found without them (`tuner.build.includes`).
     include_dirs: tuple[str, ...] = ()
     #: How any process finds this family again (`tuner.families.get`): its name, or ``space:PATH``.
     ref: str = ""

@@ -43,7 +43,7 @@ _FLAGS = {
     "-extra-device-vectorization": "--extra-device-vectorization",
     "--restrict": "--restrict",
     "-restrict": "--restrict",
-    "-lineinfo": "",  # tuner.compile.BASE_OPTIONS has it: profiles map back to source lines
+    "-lineinfo": "",  # tuner.build.compile.BASE_OPTIONS has it: profiles map back to source lines
     "--generate-line-info": "",
 }
 #: options with a value: name (either spelling) → (long name, check of the value, what the value must be)

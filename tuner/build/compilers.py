@@ -4,8 +4,8 @@ NVRTC runs one compile at a time per process, however many threads call it: on a
 that includes cuda_bf16.h compiled at 0.046 s per compile from one thread, 0.037 s from 16 threads, and 0.0032 s
 from 16 processes (benchmarks/nvrtc_threads.py, 2026-12-02; CuPy's binding and a ctypes call alike). A study whose
 configs compile faster than the GPU measures them was bound by its compiles in series. So `CompileProcesses`
-keeps `slots` child processes (`tuner.child`: fresh interpreters that import tuner's code and never re-run the
-caller's ``__main__``), each compiling one config at a time through `tuner.compile.compile_source` (the cache
+keeps `slots` child processes (`tuner.build.child`: fresh interpreters that import tuner's code and never re-run the
+caller's ``__main__``), each compiling one config at a time through `tuner.build.compile.compile_source` (the cache
 included: its writes are atomic and locked across processes). A thread that calls `compile` takes an idle child,
 hands it the config over its pipe and blocks there without the GIL, so the caller's compile threads stay what
 they were: the feeders.
@@ -27,7 +27,7 @@ import queue
 import threading
 from typing import Any
 
-from tuner.child import Child, start_child
+from tuner.build.child import Child, start_child
 from tuner.result import CompileFailed
 
 __all__ = ["COMPILE_NICENESS", "CompileProcesses"]
@@ -41,7 +41,7 @@ def _serve(conn, niceness: int) -> None:
     its pipe closes."""
     with contextlib.suppress(AttributeError, OSError):
         os.nice(niceness)  # before the imports below, which are most of a child's start-up
-    from tuner.compile import compile_source
+    from tuner.build.compile import compile_source
 
     conn.send(("ready",))  # its start-up is over: the caller stops compiling in its own process
     while True:
@@ -81,7 +81,7 @@ class CompileProcesses:
         return child
 
     def compile(self, source, arch: str, use_cache: bool = True):
-        """`tuner.compile.compile_source(source, arch)` in an idle child: a Compiled or CompileFailed; raises
+        """`tuner.build.compile.compile_source(source, arch)` in an idle child: a Compiled or CompileFailed; raises
         what compile_source raised there (in the caller's process while no child is ready yet)."""
         child = self._idle.get()
         # One compile at a time in this process: NVRTC serializes them here, and a second would wait behind the
@@ -89,7 +89,7 @@ class CompileProcesses:
         if not self._is_ready(child) and self._here.acquire(blocking=False):
             self._idle.put(child)
             try:
-                from tuner.compile import compile_source
+                from tuner.build.compile import compile_source
 
                 self.in_process += 1
                 return compile_source(source, arch, (), use_cache)

@@ -58,14 +58,14 @@ __all__ = ["Child", "Outbox", "start_child"]
 
 #: What the child runs: the tuner package's directory first on its path, then `main` (argv: that directory, the
 #: pipe's file descriptor, the child's name for ``ps``).
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from tuner.child import main; main()"
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from tuner.build.child import main; main()"
 #: How much of a child's stderr `Child.stderr_tail` gives: its last lines, at most this many and this many bytes.
 TAIL_LINES = 12
 TAIL_BYTES = 2048
 #: How long a lost child's relay may take to read the rest of its stderr (the pipe's EOF comes when it exits).
 RELAY_DRAIN_S = 2.0
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _LIVE: weakref.WeakSet[Child] = weakref.WeakSet()
 
 

@@ -46,7 +46,7 @@ class Source:
     template: str
     #: folders for local ``#include``s, absolute, the template's own folder first (empty: none)
     include_dirs: tuple[str, ...] = ()
-    #: NVRTC options of the family's, after the tuner's own (`tuner.compile.BASE_OPTIONS`)
+    #: NVRTC options of the family's, after the tuner's own (`tuner.build.compile.BASE_OPTIONS`)
     options: tuple[str, ...] = ()
 
 

@@ -4,19 +4,19 @@ No GPU is needed: NVRTC writes an sm_XX cubin and the ptxas report (``-Xptxas=-v
 registers, static shared memory, stack frame and spill bytes per entry point.
 
 A source may include CUDA's own headers (``cuda_bf16.h``, ``cuda_fp16.h``, ``cuda_fp8.h``, ``cooperative_groups.h``,
-``cuda/pipeline``, ``cuda/barrier``: the folders `tuner.includes.system_include_dirs` finds) and local files
+``cuda/pipeline``, ``cuda/barrier``: the folders `tuner.build.includes.system_include_dirs` finds) and local files
 beside its template or in the space's ``-I`` folders (`Source.include_dirs`). The program is named as if it lay
 in its template's folder, so that ``#include "x.cuh"`` looks there first, never in the process's working folder.
 
 Results are cached on disk, content-addressed: the key is sha256 over the rendered source, the bytes of every
-local file it can include (`tuner.includes.local_includes`), the NVRTC options (include folders apart: where a
+local file it can include (`tuner.build.includes.local_includes`), the NVRTC options (include folders apart: where a
 file lies does not change what it holds), the arch, the CuPy/NVRTC versions and CUDA's header folders and
 versions, so any change to any of them is a miss. Files are written to a temporary
-name and `os.replace`d into place (`tuner.files.atomic_write`), so concurrent workers never see half a file, and a
+name and `os.replace`d into place (`tuner.build.files.atomic_write`), so concurrent workers never see half a file, and a
 per-key lock file makes a second process wait for the first's compile instead of repeating it. Compile failures
 are cached too, with their log: a broken config costs NVRTC once. A cache folder that cannot be written (a
 read-only home) is replaced by one under the temporary folder where a command or an API call starts
-(`tuner.cachedirs`); one that cannot be written all the same costs the caching, with one warning, not the
+(`tuner.build.cachedirs`); one that cannot be written all the same costs the caching, with one warning, not the
 compile. The PTX of each compile is kept beside its cubin: it is what the dashboard shows.
 
 `nvrtc_compile` is the package's one call into NVRTC; everything that compiles CUDA goes through it.
@@ -36,12 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from tuner import includes
-from tuner.cachedirs import ensure_writable, tuner_root
+from tuner.build import includes
+from tuner.build.cachedirs import ensure_writable, tuner_root
+from tuner.build.files import atomic_write, locked
+from tuner.build.render import Source
 from tuner.errors import InputError
-from tuner.files import atomic_write, locked
 from tuner.gpufacts import DEFAULT_ARCH
-from tuner.render import Source
 from tuner.result import CompileFailed
 
 #: 2: keys cover local includes, CUDA's header folders and versions, and a source's own options
@@ -139,7 +139,7 @@ def nvrtc_version() -> str:
 
 def versions() -> dict[str, str]:
     """CuPy's and NVRTC's versions, and those of CUDA's headers where they are found
-    (`tuner.includes.header_versions`): what a compiled config depends on besides its source and options."""
+    (`tuner.build.includes.header_versions`): what a compiled config depends on besides its source and options."""
     ensure_writable(cupy_only=True)  # CuPy makes its kernel cache folder on import, and raises where it cannot
     import cupy
 
@@ -186,7 +186,7 @@ def first_error(log: str, status: int) -> str:
 
 
 def cache_dir() -> Path:
-    """tuner's cache folder (`tuner.cachedirs.tuner_root`: ``$TUNER_CACHE_DIR``, ``$XDG_CACHE_HOME/tuner`` or
+    """tuner's cache folder (`tuner.build.cachedirs.tuner_root`: ``$TUNER_CACHE_DIR``, ``$XDG_CACHE_HOME/tuner`` or
     ``~/.cache/tuner``) under `CACHE_VERSION`."""
     return tuner_root() / CACHE_VERSION
 
@@ -201,7 +201,7 @@ def cache_key(
 ) -> str:
     """sha256 of what a compile's result depends on: the source text, the NVRTC `options` (include folders
     apart), `arch`, `vers` (`versions`), `local` ((name, sha256) of each local include:
-    `tuner.includes.local_includes`) and the folders of CUDA's headers."""
+    `tuner.build.includes.local_includes`) and the folders of CUDA's headers."""
     blob = json.dumps(
         {
             "source": source.text,
@@ -392,11 +392,11 @@ def compile_many(
 ) -> Iterator[tuple[Source, Compiled | CompileFailed]]:
     """Compile many sources in parallel, yielding (source, result) in input order.
 
-    In `jobs` processes (`tuner.compilers`: NVRTC compiles one at a time per process, so threads of one process
+    In `jobs` processes (`tuner.build.compilers`: NVRTC compiles one at a time per process, so threads of one process
     do not scale) where there are more sources than jobs; a few sources compile in threads here, which costs less
     than starting processes for them.
     """
-    from tuner.compilers import CompileProcesses
+    from tuner.build.compilers import CompileProcesses
 
     jobs = jobs or os.cpu_count() or 1
     items = list(sources)
@@ -431,8 +431,8 @@ def check_includes(space, problem=None, arch: str = DEFAULT_ARCH) -> None:
     searched. Any other compile failure is left to the configs' trials, where it belongs (another config may
     compile). A template fault raises its TemplateError here, before any trial. Only a family a space defines
     (``space:`` reference) is checked: the shipped and registered ones' templates are tested with them."""
+    from tuner.build.render import render, template_file
     from tuner.kernels import SPACE_PREFIX
-    from tuner.render import render, template_file
 
     family = space.family
     if not family.ref.startswith(SPACE_PREFIX):

@@ -119,7 +119,7 @@ def local_includes(
     order first met, each file once.
 
     A name is looked up as NVRTC does: for ``"name"`` first beside the file that includes it (for `text` itself,
-    the first of `include_dirs`, where `tuner.compile` places the program), then in `include_dirs`, then in
+    the first of `include_dirs`, where `tuner.build.compile` places the program), then in `include_dirs`, then in
     `system_dirs`. One found in `system_dirs` is CUDA's, covered by its version and not read; one found nowhere
     is NVRTC's built-in or missing (NVRTC says which). Every ``#include`` line is followed, also one that an
     ``#if`` leaves out: hashing a file more than the compile reads costs a cache miss at worst, never a stale hit.
