@@ -5,7 +5,7 @@
 
 For each target (family, problem) it runs a real `tuner study` (TPE, in one process, one Ray session, one SQLite
 database), whose fastest configs are re-timed with a longer budget at the end; then it times the peers a user
-would otherwise pick with the same protocol (`tuner.bench.benchmark`: L2 flushed, CUDA events, median) on the
+would otherwise pick with the same protocol (`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median) on the
 same GPU: torch eager, torch.compile, cuBLAS (torch's F.linear) for GEMV, and for the decode-time families the
 peers of benchmarks/decode.py and decode_b.py (imported from there: SDPA per backend and flash_attn for decode
 attention, torch's fused/foreach/compiled AdamW). The study database and its per-trial dashboard artifacts
@@ -126,7 +126,8 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     import torch
 
     from tuner import kernels
-    from tuner.bench import GpuEvaluator, benchmark
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
     from tuner.space import space as space_mod
     from tuner.study import StudyOptions, run_study
 

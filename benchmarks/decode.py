@@ -6,7 +6,7 @@ embedding with `tuner study`, and time the peers a user would otherwise pick bes
 
 For each target (family, problem) it runs a short real study (TPE, one process, one Ray session, a fresh SQLite
 database under --out; the fastest configs re-timed with a longer budget at the end), then times with the same
-protocol (`tuner.bench.benchmark`: L2 flushed, CUDA events, median) on the same GPU:
+protocol (`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median) on the same GPU:
 
 * the peers: torch eager and torch.compile for every family; cuBLAS (torch.matmul) for GEMV;
 * two ceilings: cudaMemcpy device-to-device of the problem's own byte count (read + write = the family's
@@ -182,7 +182,9 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner.bench import GpuEvaluator, benchmark, measure_ceiling
+    from tuner.gpu.ceiling import measure_ceiling
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
     from tuner.space import space as space_mod
     from tuner.studies import artifact_dir_for
     from tuner.study import StudyOptions, run_study

@@ -6,7 +6,7 @@
 
 For each target (family, problem) it runs a real study (TPE, seed 0, one Ray session, SQLite under --out) whose
 fastest configs are re-timed with a longer budget; then, on the same GPU with the same protocol
-(`tuner.bench.benchmark`: L2 flushed, CUDA events, median):
+(`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median):
 
 - decode_attention: torch.nn.functional.scaled_dot_product_attention under each backend that accepts the shape
   (flash, memory-efficient, cuDNN, math; GQA through ``enable_gqa``, K/V in torch's [B, H, S, D] layout,
@@ -218,7 +218,7 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
     """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
     from tuner.build.render import render
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
     from tuner.result import Measurement
 
     family = kernels.get("decode_attention")
@@ -288,7 +288,9 @@ def main() -> int:
 
     import torch
 
-    from tuner.bench import GpuEvaluator, _time_copy, benchmark
+    from tuner.gpu.ceiling import _time_copy
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
     from tuner.studies import artifact_dir_for
     from tuner.study import StudyOptions, run_study
 

@@ -4,7 +4,7 @@
     python benchmarks/gemv_probes.py --dry-run      # no GPU: validate every probe against the space
 
 Each probe is a config of tuner/search_spaces/gemv.yaml (the space default plus the listed changes), verified and
-timed with the study's protocol (`tuner.evaluate.evaluate_config`: L2 flushed, CUDA events, median) in one
+timed with the study's protocol (`tuner.gpu.evaluate.evaluate_config`: L2 flushed, CUDA events, median) in one
 isolated GPU worker. Writes ``gemv_probes-<date>.json`` under --out and prints a table: TB/s, × the 2 GiB copy
 ceiling, registers, SMEM and the failure reason of a config that did not verify.
 
@@ -195,8 +195,8 @@ def main() -> int:
         print(f"{len(probes)} probes valid")
         return 0
 
-    from tuner.evaluate import evaluate_config
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.worker import IsolatedEvaluator
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

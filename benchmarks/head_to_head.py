@@ -95,9 +95,10 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark
     from tuner.build.compile import compile_source
     from tuner.build.render import render
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import LAUNCH_HOLD, benchmark
     from tuner.space import space as space_mod
 
     date = dt.date.today().isoformat()
@@ -142,7 +143,7 @@ def main() -> int:
                 else:
                     ms = time_peer(impls[name])
                 tbps[name].append(nbytes / ms / 1e9)
-                # a hold that gave up may have let host time into that timing (tuner.bench.LAUNCH_HOLD)
+                # a hold that gave up may have let host time into that timing (tuner.gpu.timing.LAUNCH_HOLD)
                 records.append(
                     {
                         "kernel": kernel,

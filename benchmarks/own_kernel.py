@@ -25,7 +25,7 @@ and XDG_CACHE_HOME:
    run cut short by the time budget still reports the configs it finished.
 3. Triton: the same op under ``@triton.autotune`` over 16 configs (BLOCK_SIZE x num_warps); the first call's wall.
 4. Side by side in one process with tuner's timing protocol, as benchmarks/head_to_head.py times peers
-   (`tuner.bench.benchmark`: a read of 2x L2 before every launch, CUDA events, the stream hold): our best config
+   (`tuner.gpu.timing.benchmark`: a read of 2x L2 before every launch, CUDA events, the stream hold): our best config
    (verified against ref.py first), torch.compile's fused kernel, torch eager, Triton's chosen config and the
    same-bytes cudaMemcpy (the fair ceiling), once per round in a shuffled order; medians over the rounds, and a
    sign test for ours against torch.compile.
@@ -677,7 +677,9 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from head_to_head import verdict
 
-    from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark, measure_ceiling
+    from tuner.gpu.ceiling import measure_ceiling
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import LAUNCH_HOLD, benchmark
     from tuner.space import space as space_mod
 
     ev = GpuEvaluator()
@@ -718,7 +720,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
         "gpu": ev.gpu_name,
         "rounds": rounds,
         "budget_ms": budget_ms,
-        "protocol": f"tuner.bench.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
+        "protocol": f"tuner.gpu.timing.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
         "holds_given_up": ev.hold.timeouts,
         "uri": compiled.uri,
         "config": params,

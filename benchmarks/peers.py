@@ -11,8 +11,8 @@
   less work than we do) and torch eager / torch.compile of the full chain;
 - repeatability: the best transpose config timed twice in the same run.
 
-Everything is verified by `tuner.bench.GpuEvaluator` (ours) and timed with `tuner.bench.benchmark` (peers too:
-same flush, same events, same budget). Useful bytes only: each input read once, each output written once.
+Everything is verified by `tuner.gpu.evaluator.GpuEvaluator` (ours) and timed with `tuner.gpu.timing.benchmark`
+(peers too: same flush, same events, same budget). Useful bytes only: each input read once, each output written once.
 Writes ``peers-<date>.json`` (a list of records: kernel, shape, impl, TBps, TFLOPs, ceiling_TBps, gpu, date,
 command, ...) and ``peers-<date>.md`` under --out.
 """
@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner.bench import GpuEvaluator, benchmark  # noqa: E402
 from tuner.build.compile import compile_many  # noqa: E402
 from tuner.build.render import render  # noqa: E402
+from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
+from tuner.gpu.timing import benchmark  # noqa: E402
 from tuner.space import space as space_mod  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_di
 
 from tuner.build import child as child_mod
 from tuner.errors import InputError
-from tuner.worker import IsolatedEvaluator, WorkerError
+from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 from tuner.writer import _Mirror
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ TRIALS = 8
 SCRIPT = f"""\
 import functools, os, types
 import tuner
-from tuner.worker import IsolatedEvaluator
+from tuner.gpu.worker import IsolatedEvaluator
 
 print("the script ran", flush=True)
 stand_in = functools.partial(types.SimpleNamespace, start=functools.partial(dict, gpu="stand-in"), ceiling_tbps=4.0)
@@ -235,7 +235,7 @@ def test_children_end_with_the_parent(tmp_path):
     code = textwrap.dedent(
         f"""
         from tuner.replay import ReplayEvaluator
-        from tuner.worker import IsolatedEvaluator
+        from tuner.gpu.worker import IsolatedEvaluator
         from tuner.writer import launch_writer, _LAUNCHED
         import tuner.writer
         w = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})

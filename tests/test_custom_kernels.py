@@ -442,8 +442,8 @@ def test_without_a_reference_check_works_and_a_gpu_study_refuses(tmp_path):
 
 
 def test_a_reference_that_raises_in_a_study_is_a_reference_failure(tmp_path):
-    """The evaluator turns ReferenceFailed into a WrongResult trial (tuner/bench.py); here: the family raises it,
-    never anything else, whatever the user's function does."""
+    """The evaluator turns ReferenceFailed into a WrongResult trial (tuner/gpu/evaluator.py); here: the family raises
+    it, never anything else, whatever the user's function does."""
     _write_bad(tmp_path, {"ref.py": "def ref(x, n):\n    raise ValueError('no')\n"})
     # load without running the reference: a space file alone never runs it
     family = space_mod.load(tmp_path / "k.yaml").family
@@ -480,7 +480,7 @@ def _have_gpu() -> bool:
 def test_a_reference_that_raises_is_a_failed_trial_on_the_gpu(tmp_path):
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
 
     _write_bad(tmp_path, {"ref.py": "def ref(x, n):\n    raise ValueError('no')\n"})
     result = evaluate_config(tmp_path / "k.yaml", {"block": 128})
@@ -492,7 +492,7 @@ def test_a_reference_that_raises_is_a_failed_trial_on_the_gpu(tmp_path):
 def test_the_example_verifies_on_the_gpu():
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
 
     result = evaluate_config(EXAMPLE / "scale_add.yaml", {"vec": 4, "block": 256, "items": 2})
     assert result.ok, result
@@ -552,7 +552,7 @@ class ResolvingEvaluator:
 
 
 def test_the_worker_process_loads_a_user_family_by_reference():
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     space = space_mod.load(EXAMPLE / "scale_add.yaml")
     with IsolatedEvaluator(evaluator_factory=ResolvingEvaluator, start_timeout_s=60.0) as evaluator:

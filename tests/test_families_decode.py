@@ -125,7 +125,7 @@ def test_quant_reference_and_the_kernels_arithmetic_agree_within_one_ulp(fp8):
 
 
 def test_quant_check_fails_two_ulps_a_wrong_scale_and_an_unwritten_code(fp8):
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     problem = {"T": 32, "H": 512, "op": 1, "dtype": "bfloat16"}
     inputs = fp8.inputs(np, problem, np.random.default_rng(1))
@@ -201,7 +201,7 @@ def test_rope_reference_is_neox_rotate_half(rope):
 
 
 def test_rope_tolerance_passes_bf16_rounding_and_fails_mistakes(rope):
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     problem = {"T": 64, "Hq": 8, "Hkv": 2, "D": 128, "dtype": "bfloat16"}
     inputs = rope.inputs(np, problem, np.random.default_rng(3))

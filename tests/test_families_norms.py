@@ -321,7 +321,7 @@ def test_norm_inputs_exercise_eps_and_cancellation():
 def test_a_skipped_sum_term_fails_the_check(name):
     """A kernel that leaves one warp's 32 x 16 elements (of 8192) out of the row reduction must fail the
     evaluator's check; here emulated on the reference side."""
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     family = kernels.get(name)
     problem = {"rows": 256, "cols": 8192, "dtype": "bfloat16"}

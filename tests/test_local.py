@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from tuner import cli, local
-from tuner import worker as worker_mod
+from tuner.gpu import worker as worker_mod
+from tuner.gpu.worker import IsolatedEvaluator
 from tuner.local import LocalPool, host_cores
 from tuner.replay import ReplayEvaluator
 from tuner.space import limits
 from tuner.space import space as space_mod
-from tuner.worker import IsolatedEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -280,11 +280,13 @@ def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeyp
 
 
 def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():
-    # ``tuner study`` imports tuner.worker to launch its GPU workers, and each child imports it again before it can
+    # ``tuner study`` imports tuner.gpu.worker to launch its GPU workers, and each child imports it again before it can
     # start its CUDA context: NumPy and the families there would delay every GPU worker by ~0.3 s.
     import subprocess
     import sys
 
-    probe = "import sys, tuner.worker; print(sorted(m for m in ('numpy', 'tuner.kernels', 'cupy') if m in sys.modules))"
+    probe = (
+        "import sys, tuner.gpu.worker; print(sorted(m for m in ('numpy', 'tuner.kernels', 'cupy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -2,7 +2,7 @@
 
 The real driver and local engine (real NVRTC compiles in threads) run over an evaluator that answers from the H200
 transpose recording (tests/data/README.md) but, like a GPU evaluator, `measures` (so configs are compiled, the
-cut-off applies and the finalists are re-timed) and honours `cutoff_ms` as `tuner.bench.benchmark` does: a config
+cut-off applies and the finalists are re-timed) and honours `cutoff_ms` as `tuner.gpu.timing.benchmark` does: a config
 whose recorded time is over the cut-off comes back with the 3 repetitions of the estimate.
 """
 

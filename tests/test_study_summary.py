@@ -23,7 +23,7 @@ import pytest
 
 from tuner import cli, local
 from tuner.console import human_seconds
-from tuner.evaluator import CHECK_PHASES, PHASES, Spent
+from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
 from tuner.space import limits

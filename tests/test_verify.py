@@ -1,4 +1,4 @@
-"""Verification on a pool of input sets (`tuner.verify`), references computed once.
+"""Verification on a pool of input sets (`tuner.gpu.verify`), references computed once.
 
 The bookkeeping (sets taken in turn, budgets, keys that fall back to fresh inputs) and the ways a declarative
 reference receives its arrays run on the CPU; the pool inside the GPU evaluator (a reference computed once per
@@ -15,10 +15,10 @@ import pytest
 
 from tuner.build.compile import compile_source
 from tuner.build.render import environment, render
+from tuner.gpu.verify import POOL_SIZE, InputPool, pool_key
 from tuner.kernels.base import Family, Launch
 from tuner.kernels.declarative import reference_arrays_of
 from tuner.result import Measurement, WrongResult
-from tuner.verify import POOL_SIZE, InputPool, pool_key
 
 
 def _gpu_count() -> int:
@@ -262,7 +262,7 @@ class HostCounted(Counted):
 
 @pytest.fixture(scope="module")
 def evaluator():
-    from tuner.bench import GpuEvaluator
+    from tuner.gpu.evaluator import GpuEvaluator
 
     if not HAVE_GPU:
         pytest.skip("needs a CUDA GPU")

@@ -29,15 +29,15 @@ _LAZY = {
     "open_study": "tuner.api",
     "tune": "tuner.api",
     "tune_space": "tuner.api",
+    "bench": "tuner.api",
 }
 
 
 def __getattr__(name: str):
     import importlib
 
-    # `tuner.study` and `tuner.bench` are both a stage module and an API call (see `tuner.api.callable_module`);
-    # each module makes itself callable when it loads.
-    if name in ("study", "bench"):
+    # `tuner.study` is still both a stage module and an API call (see `tuner.api.callable_module`)
+    if name == "study":
         return importlib.import_module(f"tuner.{name}")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)

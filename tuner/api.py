@@ -246,9 +246,9 @@ def run_bench(
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
     from tuner.build.cachedirs import ensure_writable
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.worker import IsolatedEvaluator, WorkerError
     from tuner.space import limits
-    from tuner.worker import IsolatedEvaluator, WorkerError
 
     ensure_writable()  # the worker inherits the cache folders chosen here
     if not isinstance(space, SearchSpace):

@@ -279,8 +279,8 @@ def distinct_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
     """Start the GPU worker; no usable GPU or driver is a one-line error, not a traceback."""
+    from tuner.gpu.worker import WorkerError
     from tuner.space import limits
-    from tuner.worker import WorkerError
 
     limits.require_gpu(gpu)  # in words, before a worker process starts only to fail
     try:
@@ -319,7 +319,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_ceiling(args: argparse.Namespace) -> int:
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     # Measured afresh (never the cached figure), and stored for the studies that follow.
     with IsolatedEvaluator(gpu=args.gpu, timeout_s=120.0, evaluator_kwargs={"ceiling": "measure"}) as evaluator:
@@ -352,8 +352,8 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     the driver's exact check then comes first (it starts them itself otherwise)."""
     from tuner import preflight
     from tuner.dbfiles import default_storage_url, plain_sqlite_file, storage_url
+    from tuner.gpu.worker import launch_gpu_workers
     from tuner.space import limits
-    from tuner.worker import launch_gpu_workers
 
     preflight.check_study_name(args.study_name)
     url = storage_url(args.storage) if args.storage is not None else kernel and default_storage_url(kernel)
@@ -807,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_positive_float,
         default=60.0,
-        help="the most seconds a config may take before it is a hang (its deadline fits it: tuner.deadline)",
+        help="the most seconds a config may take before it is a hang (its deadline fits it: tuner.gpu.deadline)",
     )
     p.add_argument(
         "--engine",

@@ -5,17 +5,18 @@ Behind it, each config is rendered in the driver (cheap, and templates live with
 CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA context, L2 flush buffer and
 the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
 past the time limit is killed and replaced; its trial gets the typed failure and the study goes on. Each
-evaluation carries a `tuner.deadline.Deadline` (the time limit as its ceiling, the slowest healthy run so far),
-so an evaluator that bounds its waits by one (`tuner.bench.GpuEvaluator`) reports a hung kernel as a sticky
+evaluation carries a `tuner.gpu.deadline.Deadline` (the time limit as its ceiling, the slowest healthy run so far),
+so an evaluator that bounds its waits by one (`tuner.gpu.evaluator.GpuEvaluator`) reports a hung kernel as a sticky
 `TimedOut` at the config's deadline, not at the limit; the jobs queued behind it on that actor go back to the
 queue, in order, and run on the next free actor.
 
-Each actor wraps whatever `tuner.evaluator.Evaluator` the caller's factory builds there: `tuner.bench.GpuEvaluator`
-on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one (``ray.init(num_gpus=N)`` on a machine without
-a GPU), so the same driver, Ray plumbing and fault handling are exercised on CPUs. The pool never asks which: an
-evaluator whose `measures` is False gets no compile step (it needs no cubin). `spent` sums what the work cost
-(`tuner.evaluator.Spent`): each result as the driver collects it (so a replaced actor's work still counts), each
-compile task's wall as the task measured it, and the time each live actor spent in `evaluate`.
+Each actor wraps whatever `tuner.gpu.protocol.Evaluator` the caller's factory builds there:
+`tuner.gpu.evaluator.GpuEvaluator` on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one
+(``ray.init(num_gpus=N)`` on a machine without a GPU), so the same driver, Ray plumbing and fault handling are exercised
+on CPUs. The pool never asks which: an evaluator whose `measures` is False gets no compile step (it needs no cubin).
+`spent` sums what the work cost (`tuner.gpu.protocol.Spent`): each result as the driver collects it (so a replaced
+actor's work still counts), each compile task's wall as the task measured it, and the time each live actor spent in
+`evaluate`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.build.render import render
-from tuner.deadline import Deadline
 from tuner.errors import InputError
-from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
+from tuner.gpu.deadline import Deadline
+from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.kernels.base import Family
 from tuner.result import LaunchFailed, Result, TimedOut
 
@@ -207,7 +208,7 @@ class Pool:
         self.measures = bool(self.slots[0].info["measures"])
         #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
         self.finalist_seed = fresh_seed()
-        #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
+        #: the screening cut-off the driver sets (`tuner.gpu.timing.benchmark`), applied to screening jobs
         self.cutoff_ms: float | None = None
         self.arch = arch or str(self.slots[0].info["arch"])
         self.compiling: dict[Any, Job] = {}

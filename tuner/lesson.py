@@ -1,6 +1,6 @@
 """The memory-hierarchy lesson's hands-on exercises, one `tuner lesson NAME` each, and `tuner explain`.
 
-Each lesson times its configs with the project's one protocol (`tuner.evaluate.evaluate_config` on a GPU worker,
+Each lesson times its configs with the project's one protocol (`tuner.gpu.evaluate.evaluate_config` on a GPU worker,
 which verifies each config first), optionally profiles them under Nsight Compute (``--ncu``, see `tuner.ncu`),
 prints the lesson's prediction beside the measurement, and writes ``<out>/<name>.png`` and ``<name>.json`` (the
 rows, the GPU, the command), plus ``<name>-<config>.csv`` for each ncu capture.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.errors import InputError
 
 if TYPE_CHECKING:
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
 LESSONS = ("coalescing", "bank-conflicts", "registers", "fusion", "ncu")
 STUDY_HELP = "a study's name or its kernel's (found in studies/*.db, or in --storage), or a .db path"
@@ -146,7 +146,7 @@ class Bench:
             find_ncu()  # absent: one line before any GPU time is spent
 
     def start(self) -> dict[str, Any]:
-        from tuner.worker import IsolatedEvaluator, WorkerError
+        from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 
         if self._evaluator is None:
             self._evaluator = IsolatedEvaluator(gpu=self.gpu, timeout_s=self.timeout_s)
@@ -165,7 +165,7 @@ class Bench:
             self._evaluator = None
 
     def time(self, space, params: dict[str, Any], problem) -> dict[str, Any]:
-        from tuner.evaluate import evaluate_config
+        from tuner.gpu.evaluate import evaluate_config
 
         self.start()
         result = evaluate_config(space, params, problem, evaluator=self._evaluator, budget_ms=self.budget_ms)

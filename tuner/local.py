@@ -4,8 +4,8 @@
 ``gpus``, ``arch``, ``ran_on``, ``built``, ``spent``, ``close``) so the study driver runs unchanged over
 either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
 
-* the evaluators come from the same `tuner.evaluator.EvaluatorFactory` a Ray actor would call. For real GPUs
-  that factory is `isolated_gpu_evaluator`: a `tuner.worker.IsolatedEvaluator` whose child process owns one GPU,
+* the evaluators come from the same `tuner.gpu.protocol.EvaluatorFactory` a Ray actor would call. For real GPUs
+  that factory is `isolated_gpu_evaluator`: a `tuner.gpu.worker.IsolatedEvaluator` whose child process owns one GPU,
   so a kernel that hangs or poisons its CUDA context costs that child, never the driver (the child is killed
   and replaced, as a Ray actor would be). A replay evaluator answers in a thread of this process;
 * every evaluator starts in a background thread as soon as the pool is made, so the GPU workers' CUDA set-up
@@ -21,10 +21,10 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 * one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
   waits for the driver's loop; results come back through a queue that `poll` drains. The queue is the pool's,
   not a worker's: a worker holds only the config it runs, so when a hung or faulted worker is killed and
-  replaced, only that config fails (`TimedOut` at its deadline, `tuner.deadline`); the configs queued behind
+  replaced, only that config fails (`TimedOut` at its deadline, `tuner.gpu.deadline`); the configs queued behind
   it stay queued, and are taken by the other GPUs meanwhile or by the replacement once it is up (its start-up
   counts against no config's deadline). Every GPU's deadline allows for the slowest healthy run on any GPU;
-* `spent` sums what the work cost (`tuner.evaluator.Spent`): each evaluation's result (its GPU time and host
+* `spent` sums what the work cost (`tuner.gpu.protocol.Spent`): each evaluation's result (its GPU time and host
   stages) as the GPU thread gets it, speculative ones included (the GPU ran them, claimed or not), and the wall
   of each compile in its compile thread.
 """
@@ -43,8 +43,8 @@ from typing import Any
 
 from tuner.build.compilers import CompileProcesses
 from tuner.build.render import render
-from tuner.clock import since_command
-from tuner.evaluator import Evaluator, EvaluatorFactory, Spent, fresh_seed
+from tuner.gpu.clock import since_command
+from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
@@ -62,9 +62,9 @@ def host_cores() -> int:
 
 
 def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
-    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.worker),
-    the one `tuner.worker.launch_gpu_workers` started if there is one."""
-    from tuner.worker import IsolatedEvaluator, take_launched
+    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker),
+    the one `tuner.gpu.worker.launch_gpu_workers` started if there is one."""
+    from tuner.gpu.worker import IsolatedEvaluator, take_launched
 
     launched = take_launched(gpu_index)
     if launched is not None:
@@ -132,7 +132,7 @@ class _Gpu:
             info = self.evaluator.start()
             self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
             reserve = getattr(self.evaluator, "reserve", None)
-            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.verify)
+            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.gpu.verify)
                 reserve(self.pool.finalist_seed)
         except BaseException as exc:  # reported by wait_ready, in the driver's thread
             self.error = exc
@@ -259,7 +259,7 @@ class LocalPool:
         self._turn = 0
         #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
         self.finalist_seed = fresh_seed()
-        #: the screening cut-off the driver sets (`tuner.bench.benchmark`), applied to screening jobs
+        #: the screening cut-off the driver sets (`tuner.gpu.timing.benchmark`), applied to screening jobs
         self.cutoff_ms: float | None = None
         #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by
         #: (source text, arch); guarded by `_lock` (the GPU threads and the driver both change them)

@@ -2,7 +2,7 @@
 
 A config is profiled by re-running it through the project's own single-config path (`python -m tuner.ncu
 SPACE --problem P --set k=v ...`, the profile target below): render, compile, check against the reference and
-time it with `tuner.evaluate.evaluate_config` on an in-process `GpuEvaluator`. Under ncu only the config's own
+time it with `tuner.gpu.evaluate.evaluate_config` on an in-process `GpuEvaluator`. Under ncu only the config's own
 kernels are selected (``--kernel-name regex:^URI(_suffix)?$``), and the first call of them (the correctness
 check, cold) is skipped with ``--launch-skip``: ncu profiles the next call, the timing protocol's warm-up, once
 (``--launch-count`` = the config's launches per call). ``--clock-control none`` leaves the clocks as the
@@ -508,8 +508,8 @@ def _target_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--outside-space", action="store_true", help="accept values outside the space's lists")
     args = parser.parse_args(argv)
-    from tuner.bench import GpuEvaluator
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.evaluator import GpuEvaluator
     from tuner.space import space as space_mod
 
     try:

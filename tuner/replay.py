@@ -2,7 +2,7 @@
 
 Record a study once on a GPU (``tuner study transpose --sampler grid ...``), then replay it anywhere: CPU tests run
 the real driver over real Ray against it, and users compare samplers without spending GPU time. It implements
-the `tuner.evaluator.Evaluator` protocol; its `measures` is False (it needs no cubin and re-timing changes
+the `tuner.gpu.protocol.Evaluator` protocol; its `measures` is False (it needs no cubin and re-timing changes
 nothing), and its info names the recording as the GPU and the recorded study's arch and GPU facts. Each replayed
 measurement's `gpu` names the GPU that measured it and the recording (`replayed_gpu`).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.evaluator import Spent
+from tuner.gpu.protocol import Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr

@@ -112,7 +112,7 @@ class Measurement:
     minimal traffic (each input read once, each output written once), so `tbps` is useful bandwidth, never
     inflated by re-reads. `ceiling_tbps` is the device-to-device copy measured on the same GPU with the same
     protocol; `fraction_of_ceiling` = tbps / ceiling_tbps. `holds_given_up` counts the batches of repetitions
-    whose stream hold gave up before the host had enqueued them (`tuner.bench.LAUNCH_HOLD`): above 0, some
+    whose stream hold gave up before the host had enqueued them (`tuner.gpu.timing.LAUNCH_HOLD`): above 0, some
     repetitions may include time the GPU spent waiting for the host.
 
     `threads_per_block` is the threads of the config's main launch. `gpu_ms` is the GPU time the evaluation ran

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tuner import kernels
 from tuner.build.render import templates_hash
-from tuner.clock import since_command
 from tuner.dbfiles import default_storage_url, storage_url
 from tuner.errors import InputError
-from tuner.evaluator import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
+from tuner.gpu.clock import since_command
+from tuner.gpu.protocol import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
 from tuner.gpufacts import GpuFacts
 from tuner.preflight import check_storage, check_study_name, complete_line, counted_trials
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
@@ -95,10 +95,10 @@ class StudyOptions:
     #: flushed launches is steady, and 300 ms of a 0.15 ms kernel would be ~2,000 of them, ~0.5 s each finalist
     final_reps: int = 200
     #: multi-fidelity screening: a config whose 3-repetition estimate is over this many times the best median
-    #: so far is reported from those 3 repetitions and not timed further (`tuner.bench.benchmark`); its figure
+    #: so far is reported from those 3 repetitions and not timed further (`tuner.gpu.timing.benchmark`); its figure
     #: steers the search, and the finalists are re-timed in full anyway. None: every config gets the budget
     screen_cutoff: float | None = 1.05
-    #: timed work per config while screening (at least 10 repetitions; `tuner.bench.benchmark`); the finalists
+    #: timed work per config while screening (at least 10 repetitions; `tuner.gpu.timing.benchmark`); the finalists
     #: get `final_budget_ms`. Measured on an H200 (benchmarks/results/screen_fidelity-*-5ms-*): 5 ms against 25
     #: ms of transpose, softmax and GEMV configs agreed within 1.1% per config (median 0.1-0.4%, as 10 ms did), and
     #: the config picked by the 5 ms figure was the fastest by the 25 ms one, or within 0.1% of it (four or five of
@@ -296,7 +296,7 @@ class Driver:
                 self.space = recorded_subspace(self.space, replay.records, self.problem)
             self.logical_gpus: int | None = opts.gpus or 1  # a machine without GPUs: Ray gets logical ones
         else:
-            from tuner.bench import gpu_evaluator
+            from tuner.gpu.evaluator import gpu_evaluator
 
             self.evaluator, self.logical_gpus = gpu_evaluator, None
         limits.replay_delay(opts.replay_delay_s)
@@ -1020,7 +1020,7 @@ def _writer_summary(stats: dict[str, Any]) -> dict[str, Any]:
 
 def _stamps_from_command(stamps: dict[str, Any]) -> dict[str, Any]:
     """Another process's "<stage>_at" `perf_counter` stamps as "<stage>_s" from the command's start
-    (`tuner.clock`); other entries as they are."""
+    (`tuner.gpu.clock`); other entries as they are."""
     return {
         (k.removesuffix("_at") + "_s" if k.endswith("_at") else k): (since_command(v) if k.endswith("_at") else v)
         for k, v in stamps.items()
@@ -1186,7 +1186,7 @@ def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     stages = gpus[0].get("startup") if gpus else None
     if not stages:
         return {}
-    # "<stage>_at": the worker's perf_counter stamps (`tuner.clock`) → "<stage>_s" from the command
+    # "<stage>_at": the worker's perf_counter stamps (`tuner.gpu.clock`) → "<stage>_s" from the command
     return {"gpu_worker": _stamps_from_command(stages)}
 
 
@@ -1296,9 +1296,9 @@ def _time_split(
       alike) over the same window × GPUs; for a replay, the only figure of the three. "gpu_window_s": the window,
       from the first evaluation (a GPU may measure before the search starts) to the end of the search.
     * "phases_s": seconds summed over this run's results: "compile" (every compile, over the pool's
-      "compile_threads") and the evaluation's stages (`tuner.evaluator.PHASES`, where the evaluator reports them;
+      "compile_threads") and the evaluation's stages (`tuner.gpu.protocol.PHASES`, where the evaluator reports them;
       the checks' failures included). None for a replay.
-    * "phases_share": "compile" of the wall × compile threads; "check" (`tuner.evaluator.CHECK_PHASES`) and
+    * "phases_share": "compile" of the wall × compile threads; "check" (`tuner.gpu.protocol.CHECK_PHASES`) and
       "timing" of the GPU window × GPUs, the denominator of the busy fractions. None for a replay.
     """
     lanes = window_s * gpus

@@ -149,13 +149,13 @@ class Family:
     def reference_on_host(self) -> bool:
         """Whether `reference` computes on the host (NumPy, whatever `xp` it is given): seconds per input set at
         LLM sizes, so the GPU evaluator computes the later sets' references ahead, in the background
-        (`tuner.verify`), calling ``reference(numpy, inputs, ...)`` on a host copy of the inputs. Default False:
+        (`tuner.gpu.verify`), calling ``reference(numpy, inputs, ...)`` on a host copy of the inputs. Default False:
         the shipped families compute on `xp`, the GPU."""
         return False
 
     def reference_key(self, config: Config) -> tuple:
         """The values of `config` that the reference reads (default: none, the same reference for every config).
-        The GPU evaluator computes a reference once per input set and key (`tuner.verify`), so a family whose
+        The GPU evaluator computes a reference once per input set and key (`tuner.gpu.verify`), so a family whose
         expected output depends on the config (copy: its stride and vec) must name what it reads here."""
         return ()
 

@@ -29,7 +29,7 @@ An array's dtype is the problem's (``dtype``), a name (float32, float16, bfloat1
 kernel takes (``__nv_bfloat16``, ``__half``, ``float``, ``double``): a kernel written with ``cuda_bf16.h`` types
 takes ``const __nv_bfloat16*`` and is launched with 2-byte arrays of bf16 bits.
 
-Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.verify`: a pool of input sets
+Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.gpu.verify`: a pool of input sets
 whose references are computed once); outputs are NaN-poisoned before each checked launch. The reference receives
 every input and every scalar by name (keyword arguments) and returns the expected output (one output) or a dict
 name → array; it runs the user's code, by the user's choice. How it receives the arrays (``reference_arrays``,

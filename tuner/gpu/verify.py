@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.evaluator import fresh_seed
+from tuner.gpu.protocol import fresh_seed
 from tuner.kernels.base import Family, ReferenceFailed
 
 __all__ = ["POOL_SIZE", "InputPool", "InputSet", "host_reference", "normalize_reference", "pool_key"]

@@ -1,7 +1,7 @@
 """One config, end to end: validate → render → compile → check and time on a GPU. Returns a `Result`.
 
 This is the convenience path for a single config (``tuner bench``, tests, notebooks). The study's pipeline
-does the same steps spread over Ray (`tuner.cluster`); both end in `tuner.bench.GpuEvaluator.evaluate`.
+does the same steps spread over Ray (`tuner.cluster`); both end in `tuner.gpu.evaluator.GpuEvaluator.evaluate`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jinja2
 
 from tuner.build.compile import compile_source, default_arch
 from tuner.build.render import render
-from tuner.evaluator import Evaluator
+from tuner.gpu.protocol import Evaluator
 from tuner.kernels.base import Family
 from tuner.result import Invalid, Result
 from tuner.space.space import Problem, SearchSpace, load
@@ -40,9 +40,9 @@ def evaluate_config(
     `problem` (a Problem, a problem name, or the space's first).
 
     Invalid when the config breaks the space (no work done); CompileFailed when NVRTC refuses it; otherwise
-    what the evaluator returns. `evaluator` is any `tuner.evaluator.Evaluator`: a
-    `tuner.worker.IsolatedEvaluator` (kept by the caller across calls: it owns the GPU's child process) or an
-    in-process `tuner.bench.GpuEvaluator`; None starts an IsolatedEvaluator on GPU 0 with `timeout_s` for
+    what the evaluator returns. `evaluator` is any `tuner.gpu.protocol.Evaluator`: a
+    `tuner.gpu.worker.IsolatedEvaluator` (kept by the caller across calls: it owns the GPU's child process) or an
+    in-process `tuner.gpu.evaluator.GpuEvaluator`; None starts an IsolatedEvaluator on GPU 0 with `timeout_s` for
     this call alone (about a second of start-up). `arch` defaults to the evaluator's GPU. `family` and `env`
     override the space's family and the template environment (ad-hoc families in tests). A TemplateError (a
     broken template) propagates: it is a fault of the template, not of the config.
@@ -61,7 +61,7 @@ def evaluate_config(
 
     owned = evaluator is None
     if evaluator is None:
-        from tuner.worker import IsolatedEvaluator
+        from tuner.gpu.worker import IsolatedEvaluator
 
         evaluator = IsolatedEvaluator(gpu=0, timeout_s=timeout_s)
     try:

@@ -12,7 +12,7 @@ nothing. The GPU worker builds two: the random-input kernels with the checks eve
 ``uniform``, ``integers``), as counter-based draws (SplitMix64 of seed and element index: every element is
 independent of the launch geometry, and a seed reproduces its inputs). `DeviceKernels.check` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
-`tuner.bench.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
+`tuner.gpu.checks.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
 `ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2) and `Hold` its stream hold (no
 timed launch waits on the host): PTX the driver loads, no NVRTC.
 """
@@ -301,7 +301,7 @@ def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
         text="\n".join(lines) + "\n",
         entry="fill_normal_f32",
         uri=uri,
-        template="tuner/devicekernels.py",
+        template="tuner/gpu/devicekernels.py",
     )
 
 

@@ -1,7 +1,7 @@
 """The evaluator contract: one compiled config in, one `Result` out.
 
-Four evaluators implement it with one signature: `tuner.bench.GpuEvaluator` (in-process, owns a GPU),
-`tuner.worker.IsolatedEvaluator` (the same in a child process), the Ray actor of `tuner.cluster` (wraps any
+Four evaluators implement it with one signature: `tuner.gpu.evaluator.GpuEvaluator` (in-process, owns a GPU),
+`tuner.gpu.worker.IsolatedEvaluator` (the same in a child process), the Ray actor of `tuner.cluster` (wraps any
 evaluator on one cluster GPU) and `tuner.replay.ReplayEvaluator` (answers from a recorded study). The study
 driver and `tuner.cluster.Pool` take any of them and never ask which.
 
@@ -11,10 +11,10 @@ The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms,
   False (it answers without running anything, so nothing is compiled for it);
 * `family` is a `Family` or a registered family's name; `config` the resolved config (params + derived);
   `problem` a `Problem` or its env dict;
-* `seed` None checks against the evaluator's pool of input sets (`tuner.verify`: references computed once);
+* `seed` None checks against the evaluator's pool of input sets (`tuner.gpu.verify`: references computed once);
   an int is a fresh input set drawn from that seed, its reference computed for it (`fresh_seed` makes one: the
   study's finalists are verified so before they are reported);
-* `budget_ms`, `min_reps` and `cutoff_ms` are the timing protocol's (`tuner.bench.benchmark`): a config whose
+* `budget_ms`, `min_reps` and `cutoff_ms` are the timing protocol's (`tuner.gpu.timing.benchmark`): a config whose
   3-repetition estimate exceeds `cutoff_ms` is reported from those 3 repetitions; an evaluator that does not
   time anything ignores them;
 * it returns a `Measurement` or a typed `Failure` for anything the config did (refused launch, wrong

@@ -1,13 +1,13 @@
 """Fault containment for callers that are not Ray actors (``tuner bench``, tests): a GPU evaluator in a child.
 
 `IsolatedEvaluator` keeps one child process (`tuner.build.child.start_child`: a fresh interpreter that runs this module,
-never the caller's ``__main__``) that owns one GPU and a `tuner.bench.GpuEvaluator`, and sends it work over a
+never the caller's ``__main__``) that owns one GPU and a `tuner.gpu.evaluator.GpuEvaluator`, and sends it work over a
 pipe. The child pins its GPU (``CUDA_VISIBLE_DEVICES``) before CuPy touches CUDA, sets up once (context, flush
 buffer, copy ceiling: about a second) and stays alive across calls. What a kernel can do to a process stays in
 the child:
 
 * it hangs → the child's evaluator gives up its wait for the GPU at the config's deadline
-  (`tuner.deadline`: from the config's expected time, the slowest healthy run so far and the runs asked, at
+  (`tuner.gpu.deadline`: from the config's expected time, the slowest healthy run so far and the runs asked, at
   least a second, at most ``timeout_s``) and answers `TimedOut`; the child is killed at once and replaced. A
   child that does not answer at all within ``timeout_s`` (the ceiling, which also bounds the host's share of
   the evaluation: inputs, the reference) is killed too, and the call returns `TimedOut`;
@@ -40,8 +40,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.build.child import Child, start_child
-from tuner.deadline import FLOOR_S, Deadline
 from tuner.errors import InputError
+from tuner.gpu.deadline import FLOOR_S, Deadline
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
     from tuner.kernels.base import Family
 
-# Nothing heavier than the standard library, tuner.build.child, tuner.deadline and tuner.result at this module's top:
-# the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
+# Nothing heavier than the standard library, tuner.build.child, tuner.gpu.deadline and tuner.result at this module's
+# top: the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
 # study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
 __all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
@@ -116,7 +116,7 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         _warm_cuda_context()
     try:
         if factory is None:
-            from tuner.bench import GpuEvaluator
+            from tuner.gpu.evaluator import GpuEvaluator
 
             evaluator = GpuEvaluator(0, gpu_index=gpu, **kwargs)
         else:
@@ -171,12 +171,12 @@ class IsolatedEvaluator:
     """A GpuEvaluator in a child process; see the module docstring.
 
     `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it);
-    within it, the GPU's execution of the config is bounded by a `tuner.deadline.Deadline` told to every child:
+    within it, the GPU's execution of the config is bounded by a `tuner.gpu.deadline.Deadline` told to every child:
     that ceiling, `floor_s`, and `slowest_s`, the slowest healthy run the caller has seen (`note_healthy`;
     every Measurement this evaluator returns counts).
     `evaluator_factory` (a picklable callable, default GpuEvaluator) and `evaluator_kwargs` build the child's
     evaluator: tests inject a fake one to exercise the fault handling without a GPU. Implements
-    `tuner.evaluator.Evaluator`.
+    `tuner.gpu.protocol.Evaluator`.
     """
 
     measures = True
