@@ -409,8 +409,8 @@ def test_the_plot_of_a_trial_without_flops_draws_what_bounds_it(study_db, tmp_pa
     throughput from the profile stored on the study, and `tuner explain --plot` writes it without ncu."""
     import optuna
 
-    from tuner import export
     from tuner.explain import explain_study, roofline_figure
+    from tuner.results import export
 
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_db}")
     device = {"gpu": "NVIDIA H200", "sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"}

@@ -71,7 +71,7 @@ def test_defaults_compile_without_spills(name):
 def test_rmsnorm_l2_rows_read_twice_with_eviction_priorities(vec, monkeypatch, tmp_path):
     """cache l2: two reads of each chunk (evict_last, then evict_first), never merged into one, at every width,
     the weight's evict_last. Real NVRTC: PTX for the access count, a cubin for spills."""
-    from tuner.artifacts import compile_ptx
+    from tuner.results.artifacts import compile_ptx
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     spc, family = _load("rmsnorm")

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import header, kernels
+from tuner import kernels
 from tuner.build import compile as tcompile
 from tuner.build import render
 from tuner.kernels import bf16
+from tuner.results import header
 from tuner.space import space
 
 MNK = {"N": 8192, "K": 8192, "dtype": "bfloat16"}

@@ -214,7 +214,7 @@ def test_every_listed_name_opens_with_every_command(tmp_path):
 
 
 def test_dashboard_opens_a_listed_name(tmp_path, monkeypatch):
-    from tuner import dashboard
+    from tuner.results import dashboard
 
     assert replay_study(tmp_path, "--in-process").returncode == 0
     monkeypatch.chdir(tmp_path)

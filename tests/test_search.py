@@ -18,10 +18,10 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner import kt
 from tuner.build import compile as compile_mod
 from tuner.cli import main as cli_main
 from tuner.replay import load_records, params_key
+from tuner.results import kt
 from tuner.search import Codec, index_key, valid_index
 from tuner.space import space as space_mod
 from tuner.study import Driver, StudyOptions

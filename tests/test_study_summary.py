@@ -22,10 +22,10 @@ import optuna
 import pytest
 
 from tuner import cli, local
-from tuner.console import human_seconds
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
+from tuner.results.console import human_seconds
 from tuner.space import limits
 from tuner.study import Driver, StudyOptions, _gpu_busy_text, _time_in_text, _time_split
 

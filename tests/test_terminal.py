@@ -279,7 +279,7 @@ def test_version_and_completion(tmp_path):
 
 
 def test_a_command_names_a_shipped_space_only_when_the_study_ran_on_that_very_file():
-    from tuner import studies
+    from tuner.results import studies
     from tuner.space import space as space_mod
 
     recorded = "/some/other/checkout/search_spaces/transpose.yaml"

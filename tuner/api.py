@@ -88,21 +88,21 @@ class StudyResult:
     def best(self) -> dict[str, Any]:
         """The fastest verified config (re-timed where the study re-timed its finalists): what ``tuner best
         --json`` prints, its source's path included where the study attached sources."""
-        from tuner import export
+        from tuner.results import export
 
         return export.best_summary(self.study, export.artifact_dir_for(self.summary["storage"]))
 
     @property
     def pareto(self):
         """The Pareto front (throughput against registers and shared memory) as a DataFrame."""
-        from tuner import export
+        from tuner.results import export
 
         return export.pareto_frame(self.study)
 
     @property
     def trials(self):
         """Every trial, one row each, with params and measured figures flattened into columns."""
-        from tuner import export
+        from tuner.results import export
 
         return export.trials_frame(self.study)
 
@@ -110,7 +110,7 @@ class StudyResult:
         self, path: str | Path, pick: str = "fastest", namespace: str = "tuned", with_source: bool = False
     ) -> Path:
         """Write the tuned config(s) as a C++17 header, as `tuner export` does; returns the path."""
-        from tuner import export
+        from tuner.results import export
 
         return export.write_header(self.study, path, pick=pick, namespace=namespace, with_source=with_source)
 
@@ -118,7 +118,7 @@ class StudyResult:
 def open_study(name: str | None = None, storage: str | None = None) -> StudyResult:
     """A stored study, as ``tuner best NAME`` finds it: `name` is a study's name, its kernel's, or a .db path
     (None: the only one); `storage` a URL or .db path to look in (default: every studies/*.db here)."""
-    from tuner import export
+    from tuner.results import export
 
     found = export.open_study(name, storage)
     return StudyResult(summary={"study": found.study_name, "storage": export.storage_url(found)}, _study=found)

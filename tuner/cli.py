@@ -72,7 +72,7 @@ def _screen_cutoff(text: str) -> float | None:
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:
-    from tuner.console import Column, print_table
+    from tuner.results.console import Column, print_table
     from tuner.space import space as space_mod
 
     rows = _space_rows(space_mod.shipped_spaces())
@@ -173,7 +173,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from tuner.build import compile as compile_mod
     from tuner.build.render import render
-    from tuner.console import Column, human_seconds, print_table
+    from tuner.results.console import Column, human_seconds, print_table
     from tuner.space import limits
 
     # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
@@ -291,7 +291,7 @@ def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from tuner.api import run_bench
-    from tuner.console import Column, print_table
+    from tuner.results.console import Column, print_table
 
     s, problem = _load_space_and_problem(args)
     params = s.config_from_assignments(args.set or [], problem)
@@ -351,8 +351,8 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     that a study refused by them starts no worker; and none start for a study that may hold its trials already:
     the driver's exact check then comes first (it starts them itself otherwise)."""
     from tuner import preflight
-    from tuner.dbfiles import default_storage_url, plain_sqlite_file, storage_url
     from tuner.gpu.worker import launch_gpu_workers
+    from tuner.results.dbfiles import default_storage_url, plain_sqlite_file, storage_url
     from tuner.space import limits
 
     preflight.check_study_name(args.study_name)
@@ -428,7 +428,7 @@ STORAGE_HELP = "a storage URL or .db path to look in (default: every studies/*.d
 
 def _complete_study(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
     """Shell completion of STUDY: the study names in --storage, else in studies/*.db."""
-    from tuner.studies import study_names
+    from tuner.results.studies import study_names
 
     try:
         names = study_names(getattr(parsed_args, "storage", None))
@@ -460,8 +460,8 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from tuner import studies
-    from tuner.console import Column, print_table
+    from tuner.results import studies
+    from tuner.results.console import Column, print_table
 
     rows = studies.list_studies(args.storage)
     if args.json:
@@ -503,7 +503,7 @@ def _storage_label(url: str) -> str:
     """A SQLite URL as its file's path (relative to here when below it), any other URL as it is."""
     from pathlib import Path
 
-    from tuner.dbfiles import sqlite_path
+    from tuner.results.dbfiles import sqlite_path
 
     path = sqlite_path(url)
     if path is None:
@@ -515,8 +515,8 @@ def _storage_label(url: str) -> str:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
-    from tuner import export
-    from tuner.console import Column, print_table
+    from tuner.results import export
+    from tuner.results.console import Column, print_table
 
     if args.out:
         export.check_writable(args.out, (".csv", ".json"), "--out")
@@ -569,7 +569,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 def cmd_import_kt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tuner import kt
+    from tuner.results import kt
 
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
@@ -583,10 +583,10 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tuner import export
+    from tuner.results import export
 
     if args.kt_cache:
-        from tuner import kt
+        from tuner.results import kt
 
         study = export.open_study(args.study, args.storage)
         print(f"wrote {kt.write_cache(study, args.kt_cache)}: study {study.study_name} as a Kernel Tuner cache")
@@ -608,14 +608,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from tuner import dashboard
+    from tuner.results import dashboard
 
     dashboard.serve(args.study, port=args.port, host=args.host, storage=args.storage, artifact_dir=args.artifacts)
     return 0
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
-    from tuner import export
+    from tuner.results import export
 
     export.check_writable(args.out, (".csv", ".parquet"), "--out")
     study = export.open_study(args.study, args.storage)
@@ -647,7 +647,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     from rich.text import Text
 
-    from tuner.console import Cell, print_lines
+    from tuner.results.console import Cell, print_lines
 
     unit = best["throughput_unit"]
     lines: list[Cell] = [

@@ -372,7 +372,7 @@ def roofline_png(
     points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
 ) -> bytes:
     """`roofline_figure` as PNG bytes."""
-    from tuner.plots import png_bytes
+    from tuner.results.plots import png_bytes
 
     return png_bytes(roofline_figure(points, ceiling_tbps, peak_tflops, title))
 
@@ -523,7 +523,7 @@ def write_roofline(
     path: str | Path, points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str
 ) -> list[Path]:
     """Write the roofline as `path` (.png) and the same name with .html; atomically. Returns both paths."""
-    from tuner.export import atomic_write
+    from tuner.results.export import atomic_write
 
     path = Path(path)
     png = roofline_png(points, ceiling_tbps, peak_tflops, title)
@@ -552,8 +552,8 @@ class ExplainedTrial:
 def _pick(
     study, measured, args_trials: Sequence[int], best: bool, worst: bool, compare_pair: Sequence[int] | None
 ) -> list[int]:
-    from tuner import export
     from tuner.errors import InputError
+    from tuner.results import export
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     wanted: list[int] = list(args_trials) + list(compare_pair or [])
@@ -596,8 +596,8 @@ def explain_study(
     attr ``ncu:<n>``, in the current `PROFILE_FORMAT`) are not profiled again unless `reprofile`. Every profile
     runs before anything is written: an InputError (unknown or unmeasured trial, a config that no longer
     renders, ncu absent, not permitted or timing out) leaves the study as it was."""
-    from tuner import export
     from tuner import ncu as ncu_mod
+    from tuner.results import export
 
     measured = export.measured_trials(study)
     numbers = _pick(study, measured, trials, best, worst, compare_pair)

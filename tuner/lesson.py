@@ -391,10 +391,10 @@ def _cell(value: Any) -> str:
 
 def print_table(result: LessonResult) -> None:
     """The lesson's rows, each prediction beside each measurement, fitted to the terminal as every table of the
-    CLI is (`tuner.console.print_table`): a table wider than the window is printed as several, each beginning
+    CLI is (`tuner.results.console.print_table`): a table wider than the window is printed as several, each beginning
     with the config; a pipe gets plain rows, the title and notes on stderr."""
-    from tuner.console import Column
-    from tuner.console import print_table as print_rows
+    from tuner.results.console import Column
+    from tuner.results.console import print_table as print_rows
 
     pred_keys = list(dict.fromkeys(k for r in result.rows for k in r.predicted))
     meas_keys = list(dict.fromkeys(k for r in result.rows for k in r.measured if k != "reason"))
@@ -477,13 +477,13 @@ def lesson_png(result: LessonResult) -> bytes:
     ax.set_title(result.title + (f"\n{result.gpu}" if result.gpu else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    from tuner.plots import png_bytes
+    from tuner.results.plots import png_bytes
 
     return png_bytes(fig)
 
 
 def write_outputs(result: LessonResult, out_dir: Path, command: str) -> list[Path]:
-    from tuner.export import atomic_write
+    from tuner.results.export import atomic_write
 
     written = [
         atomic_write(out_dir / f"{result.name}.png", lesson_png(result)),
@@ -555,9 +555,9 @@ def cmd_lesson(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tuner import export
     from tuner.explain import compare, explain_study, write_roofline
     from tuner.ncu import fp32_peak_tflops
+    from tuner.results import export
 
     if args.plot:
         export.check_writable(args.plot, (".png",), "--plot")

@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuner.dbfiles import SQLITE_CANTOPEN, SQLITE_READONLY, connect_readonly, is_busy, sqlite_code
-from tuner.dbfiles import check_storage as check_contents
 from tuner.errors import InputError
 from tuner.result import INTERRUPTED, TrialAttr
+from tuner.results.dbfiles import SQLITE_CANTOPEN, SQLITE_READONLY, connect_readonly, is_busy, sqlite_code
+from tuner.results.dbfiles import check_storage as check_contents
 
 #: the longest study name Optuna's schema and the lease table keep (``VARCHAR(512)``)
 MAX_NAME = 512
@@ -78,7 +78,7 @@ def check_study_name(name: str | None) -> None:
 def storage_label(url: str, given: bool) -> str:
     """How a message names the storage: ``--storage X`` for one the user gave (X: a SQLite URL's file, any other
     URL without its password), the file and "the default storage" otherwise (the user gave no flag to blame)."""
-    from tuner.dbfiles import plain_sqlite_file
+    from tuner.results.dbfiles import plain_sqlite_file
 
     file = plain_sqlite_file(url)
     if file is None and "://" in url and not url.startswith("sqlite"):
@@ -261,7 +261,7 @@ def maybe_complete(storage: str | None, kernel: str, trials: int, study_name: st
     no Optuna): study `study_name`, or else a study of `kernel` on this machine's GPU model
     (`tuner.space.limits.local_gpu_model`), holds `trials` counted trials. True only says the driver's exact check
     (which knows the study's name and space) should run before GPU workers start; False costs nothing."""
-    from tuner.dbfiles import plain_sqlite_file, storage_url
+    from tuner.results.dbfiles import plain_sqlite_file, storage_url
     from tuner.space.limits import local_gpu_model
 
     url = storage_url(storage) if storage else f"sqlite:///studies/{kernel}.db"

@@ -203,8 +203,8 @@ def load_recording(
 ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names) of a
     recording: a study database (a SQLite file, ``.db.gz`` for a gzipped one, or a SQLAlchemy URL) or a Kernel
-    Tuner cache (``.json``, ``.json.gz``; see `tuner.kt`). A file read before in this process and unchanged since
-    is answered from memory, the same objects each time: callers must not modify them."""
+    Tuner cache (``.json``, ``.json.gz``; see `tuner.results.kt`). A file read before in this process and unchanged
+    since is answered from memory, the same objects each time: callers must not modify them."""
     try:
         stat = Path(path).stat() if "://" not in path else None
     except OSError:
@@ -228,9 +228,9 @@ def _load_recording_cached(path: str, study_name: str | None):
     JSON a few milliseconds. Kernel Tuner caches are JSON already and are read directly."""
     import hashlib
 
-    from tuner import kt
     from tuner.build.compile import cache_dir
     from tuner.build.files import atomic_write
+    from tuner.results import kt
 
     if kt.is_cache_path(path):
         return _load_recording(path, study_name)
@@ -262,8 +262,8 @@ def _load_recording(
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    from tuner import kt
-    from tuner.dbfiles import readonly_url
+    from tuner.results import kt
+    from tuner.results.dbfiles import readonly_url
 
     if kt.is_cache_path(path):
         data = kt.read_cache(path)

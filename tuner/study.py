@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tuner import kernels
 from tuner.build.render import templates_hash
-from tuner.dbfiles import default_storage_url, storage_url
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, EvaluatorFactory, Spent
 from tuner.gpufacts import GpuFacts
 from tuner.preflight import check_storage, check_study_name, complete_line, counted_trials
 from tuner.result import INTERRUPTED, Invalid, Result, StudyAttr, TrialAttr
+from tuner.results.dbfiles import default_storage_url, storage_url
 from tuner.search import Codec, IndexBuild, ValidIndex, ValidSetSampler, valid_index, worst_values
 from tuner.space import limits
 from tuner.space import space as space_mod
@@ -130,11 +130,11 @@ def engine_of(opts: StudyOptions) -> str:
 
 
 def open_storage(url: str) -> RDBStorage:
-    """An Optuna RDBStorage; SQLite gets WAL from its first connection (`tuner.dbfiles.WalConnection`), so the
+    """An Optuna RDBStorage; SQLite gets WAL from its first connection (`tuner.results.dbfiles.WalConnection`), so the
     storage's creation and the writer's commits stay cheap. Errors are InputErrors."""
     import optuna
 
-    from tuner.dbfiles import check_storage, create_storage, is_read_only, sqlite_engine_kwargs
+    from tuner.results.dbfiles import check_storage, create_storage, is_read_only, sqlite_engine_kwargs
 
     path = check_storage(url)
     if path is not None:
@@ -410,7 +410,7 @@ class Driver:
     def _already_complete(self, name: str, counted: int) -> dict[str, Any]:
         """The summary of a study that held its trials before this run (nothing measured, nothing written); one
         line says so where progress is shown."""
-        from tuner.dbfiles import sqlite_path
+        from tuner.results.dbfiles import sqlite_path
 
         where = sqlite_path(self.url) if self.url != ":memory:" else None
         if self.opts.progress:
@@ -1063,7 +1063,7 @@ class _ArtifactWriter:
     the trial's "artifacts" user attr. Nothing is attached for a storage that is not a SQLite file."""
 
     def __init__(self, url: str):
-        from tuner.studies import artifact_dir_for
+        from tuner.results.studies import artifact_dir_for
 
         self.folder = artifact_dir_for(url)
         self.store = None
@@ -1247,7 +1247,7 @@ class _Stats:
 
 def _where(study: str, url: str) -> str:
     """The line that says where a study's trials go, printed as it starts."""
-    from tuner.dbfiles import sqlite_path
+    from tuner.results.dbfiles import sqlite_path
 
     path = sqlite_path(url)
     return f"study {study}: trials go to {path if path is not None else url}"
@@ -1260,7 +1260,7 @@ _STAGES = {"imports_s": "imports", "ray_init_s": "Ray", "gpu_workers_s": "worker
 
 def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
     """What the seconds before the first result went to: start-up (its stages), then the first config."""
-    from tuner.console import human_seconds
+    from tuner.results.console import human_seconds
 
     cold = summary.get("cold_start_s")
     stages = {
@@ -1378,7 +1378,7 @@ class _Progress:
         from rich.table import Table
         from rich.text import Text
 
-        from tuner.console import human_seconds
+        from tuner.results.console import human_seconds
 
         if not self.enabled:
             return
@@ -1462,7 +1462,7 @@ def _gpu_busy_text(summary: dict[str, Any]) -> str:
 def _time_in_text(summary: dict[str, Any]) -> str:
     """The summary's "time in" row: compile, check (by stage) and timing, in seconds and as shares (see
     `_time_split`)."""
-    from tuner.console import human_seconds
+    from tuner.results.console import human_seconds
 
     phases, share = summary["phases_s"], summary.get("phases_share") or {}
     threads = summary.get("compile_threads")

@@ -23,7 +23,7 @@ from tuner.build.compile import first_error, include_options, nvrtc_compile, nvr
 from tuner.errors import InputError
 from tuner.gpufacts import DEFAULT_ARCH
 from tuner.result import StudyAttr, TrialAttr
-from tuner.studies import (
+from tuner.results.studies import (
     artifact_dir_for,
     get_storage,
     is_duplicate,

@@ -3,7 +3,7 @@
 `serve` is what ``tuner dashboard`` runs (blocks until interrupted); `start` runs the same dashboard app in a
 background thread on a free port and returns a handle with its URL and a `stop()`, for tests and notebooks.
 
-Before serving, every study in the storage gets `tuner.artifacts.attach_artifacts`, which back-fills what the
+Before serving, every study in the storage gets `tuner.results.artifacts.attach_artifacts`, which back-fills what the
 study driver did not attach while the trials ran (rendered source + PTX per measured trial, the "constraint"
 user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not read).
 Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
@@ -18,9 +18,9 @@ from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from tuner import studies
-from tuner.artifacts import AttachReport, attach_artifacts
 from tuner.errors import InputError
+from tuner.results import studies
+from tuner.results.artifacts import AttachReport, attach_artifacts
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from tuner.build.files import atomic_write, check_writable
 from tuner.errors import InputError
 from tuner.gpufacts import fp32_peak_tflops
 from tuner.result import TrialAttr
-from tuner.studies import (
+from tuner.results.studies import (
     artifact_dir_for,
     best_trial,
     finalist,

@@ -29,7 +29,7 @@ from tuner.build.render import uri as kernel_uri
 from tuner.errors import InputError
 from tuner.expr import ceil_div
 from tuner.gpufacts import DEFAULT_ARCH
-from tuner.studies import (
+from tuner.results.studies import (
     StudyContext,
     _first_line,
     best_trial,
@@ -38,7 +38,7 @@ from tuner.studies import (
     study_context,
     throughput_unit,
 )
-from tuner.studies import derived as recorded_derived
+from tuner.results.studies import derived as recorded_derived
 
 # C++ header
 
@@ -472,7 +472,7 @@ def header_context(
 
 
 #: The header's template: package data next to the kernel templates' directory, not in it (it is no kernel).
-EXPORT_TEMPLATES_DIR = resources.files("tuner") / "export_templates"
+EXPORT_TEMPLATES_DIR = resources.files("tuner.results") / "export_templates"
 HEADER_TEMPLATE = "header.h.j2"
 
 

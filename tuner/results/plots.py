@@ -14,8 +14,8 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.expr import ceil_div
 from tuner.gpufacts import DEFAULT, GpuFacts
-from tuner.studies import gpu_facts, measured_trials, pareto_trials, threads, throughput, throughput_unit
-from tuner.tables import pareto_frame
+from tuner.results.studies import gpu_facts, measured_trials, pareto_trials, threads, throughput, throughput_unit
+from tuner.results.tables import pareto_frame
 
 MAX_REGISTERS_PER_THREAD = 255
 REGISTER_ALLOCATION_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)

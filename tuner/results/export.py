@@ -1,21 +1,21 @@
 """The results stage's face: everything a user reads out of a study, re-exported from the rooms that hold it.
 
-- `tuner.studies`: opening studies in any storage, choosing trials (measured, Pareto, best, finalists), the
+- `tuner.results.studies`: opening studies in any storage, choosing trials (measured, Pareto, best, finalists), the
   study's context (family, problem, space) and GPU facts;
-- `tuner.tables`: the Pareto front and every trial as DataFrames and CSV/JSON/Parquet files; the best summary;
-- `tuner.plots`: the Pareto plot with the GPU's occupancy budgets;
-- `tuner.header`: the C++17 header of tuned configs;
-- `tuner.artifacts`: rendered source and PTX per trial for optuna-dashboard (back-fill of older studies);
+- `tuner.results.tables`: the Pareto front and every trial as DataFrames and CSV/JSON/Parquet files; the best summary;
+- `tuner.results.plots`: the Pareto plot with the GPU's occupancy budgets;
+- `tuner.results.header`: the C++17 header of tuned configs;
+- `tuner.results.artifacts`: rendered source and PTX per trial for optuna-dashboard (back-fill of older studies);
 - `tuner.build.files`: checked, atomic writes.
 """
 
 from __future__ import annotations
 
-from tuner.artifacts import AttachReport, attach_artifacts, compile_ptx, virtual_arch
 from tuner.build.files import atomic_write, check_writable
-from tuner.header import c_string, check_namespace, header_text, write_header
-from tuner.plots import plot_pareto, register_budget, smem_budget
-from tuner.studies import (
+from tuner.results.artifacts import AttachReport, attach_artifacts, compile_ptx, virtual_arch
+from tuner.results.header import c_string, check_namespace, header_text, write_header
+from tuner.results.plots import plot_pareto, register_budget, smem_budget
+from tuner.results.studies import (
     StudyContext,
     artifact_dir_for,
     best_trial,
@@ -36,7 +36,7 @@ from tuner.studies import (
     throughput,
     throughput_unit,
 )
-from tuner.tables import best_summary, pareto_frame, trial_record, trials_frame, write_pareto, write_trials
+from tuner.results.tables import best_summary, pareto_frame, trial_record, trials_frame, write_pareto, write_trials
 
 __all__ = [
     "AttachReport",

@@ -58,7 +58,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _as_url(storage: str) -> str:
     """A storage URL as given, or a path to a SQLite file turned into the URL of its absolute path."""
-    from tuner.dbfiles import storage_url
+    from tuner.results.dbfiles import storage_url
 
     if "://" in storage:
         return storage
@@ -67,7 +67,7 @@ def _as_url(storage: str) -> str:
 
 def _sqlite_path(url: str) -> Path | None:
     """The file behind a sqlite URL (None for other backends and for in-memory databases)."""
-    from tuner.dbfiles import plain_sqlite_file
+    from tuner.results.dbfiles import plain_sqlite_file
 
     if (plain := plain_sqlite_file(url)) is not None:
         return plain
