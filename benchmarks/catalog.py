@@ -129,7 +129,8 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     from tuner.gpu.evaluator import GpuEvaluator
     from tuner.gpu.timing import benchmark
     from tuner.space import space as space_mod
-    from tuner.study import StudyOptions, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     records: list[dict] = []

@@ -187,7 +187,8 @@ def main() -> int:
     from tuner.gpu.timing import benchmark
     from tuner.results.studies import artifact_dir_for
     from tuner.space import space as space_mod
-    from tuner.study import StudyOptions, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     url = f"sqlite:///{out}/decode-{date}.db"

@@ -292,7 +292,8 @@ def main() -> int:
     from tuner.gpu.evaluator import GpuEvaluator
     from tuner.gpu.timing import benchmark
     from tuner.results.studies import artifact_dir_for
-    from tuner.study import StudyOptions, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     stem = f"decode_b-{date}"

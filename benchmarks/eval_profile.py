@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tuner.build.compile import compile_source  # noqa: E402
 from tuner.build.render import render  # noqa: E402
 from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
-from tuner.search import valid_index  # noqa: E402
 from tuner.space.space import load  # noqa: E402
+from tuner.study.search import valid_index  # noqa: E402
 
 
 def main() -> None:

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.build.compile import compile_source
     from tuner.build.render import render
     from tuner.gpu.evaluate import evaluate_config
-    from tuner.search import valid_index
     from tuner.space.space import load
+    from tuner.study.search import valid_index
 
     space = load(args.space)
     problem = space.problem()

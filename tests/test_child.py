@@ -22,7 +22,7 @@ from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_di
 from tuner.build import child as child_mod
 from tuner.errors import InputError
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-from tuner.writer import _Mirror
+from tuner.study.writer import Mirror
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -164,7 +164,7 @@ def test_a_factory_on_a_path_added_at_run_time_reaches_the_child(tmp_path, monke
 
 
 def test_a_writer_that_dies_says_why(tmp_path):
-    mirror = _Mirror(f"sqlite:///{tmp_path}/w.db", target=writer_that_dies)
+    mirror = Mirror(f"sqlite:///{tmp_path}/w.db", target=writer_that_dies)
     assert mirror.proc.join(60) == 4
     with pytest.raises(RuntimeError, match="exited with code 4; nothing more can be recorded") as info:
         mirror.check()
@@ -234,14 +234,14 @@ def test_children_end_with_the_parent(tmp_path):
     """A GPU worker and a writer left running when their parent exits are ended with it."""
     code = textwrap.dedent(
         f"""
-        from tuner.replay import ReplayEvaluator
+        from tuner.study.replay import ReplayEvaluator
         from tuner.gpu.worker import IsolatedEvaluator
-        from tuner.writer import launch_writer, _LAUNCHED
-        import tuner.writer
+        from tuner.study import writer
+        from tuner.study.writer import launch_writer
         w = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})
         w.launch()
         launch_writer()
-        print(w.pid, tuner.writer._LAUNCHED.proc.pid, flush=True)
+        print(w.pid, writer._LAUNCHED.proc.pid, flush=True)
         """
     )
     proc = _run([sys.executable, "-c", code], tmp_path)

@@ -26,10 +26,10 @@ from tuner.gpu.deadline import (
 )
 from tuner.gpu.evaluator import GpuEvaluator
 from tuner.gpu.worker import IsolatedEvaluator
-from tuner.local import LocalPool
-from tuner.replay import ReplayEvaluator
 from tuner.result import Measurement, TimedOut
 from tuner.space import space as space_mod
+from tuner.study.local import LocalPool
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

@@ -72,7 +72,7 @@ def build_study(
     duplicate: bool = True,
     failures: bool = True,
 ) -> optuna.Study:
-    """Record a study in the layout `tuner study` (tuner/study.py) writes: n_valid measured configs, plus
+    """Record a study in the layout `tuner study` (tuner/study/driver.py) writes: n_valid measured configs, plus
     (optionally) two FAIL trials (compile_failed, wrong_result), two PRUNED constraint violations and one
     duplicate of the fastest config. Optuna constraints under the key "space" as study.py sets them; the
     "constraint" user-attr mirror is left out so that `attach_artifacts` has to write it."""

@@ -1,5 +1,5 @@
-"""The local engine (`tuner.local.LocalPool`) on CPUs: real NVRTC compiles in compile processes, real GPU-worker child
-processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
+"""The local engine (`tuner.study.local.LocalPool`) on CPUs: real NVRTC compiles in compile processes, real GPU-worker
+child processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
 suffer (killed, hung), handled as the Ray pool handles them."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli, local
+from tuner import cli
 from tuner.gpu import worker as worker_mod
 from tuner.gpu.worker import IsolatedEvaluator
-from tuner.local import LocalPool, host_cores
-from tuner.replay import ReplayEvaluator
 from tuner.space import limits
 from tuner.space import space as space_mod
+from tuner.study import local
+from tuner.study.local import LocalPool, host_cores
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

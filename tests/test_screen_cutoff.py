@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import local
-from tuner.replay import ReplayEvaluator
 from tuner.space import limits
-from tuner.study import Driver, StudyOptions
+from tuner.study import local
+from tuner.study.driver import Driver
+from tuner.study.options import StudyOptions
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

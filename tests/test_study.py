@@ -16,8 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.replay import ReplayEvaluator
 from tuner.space.space import params_key
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -277,8 +277,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
     next config."""
     import ray
 
-    from tuner.cluster import Pool
     from tuner.space import space as space_mod
+    from tuner.study.cluster import Pool
 
     space = space_mod.load(SPACE)
     configs = list(space.enumerate())[:3]
@@ -309,8 +309,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
 def test_hung_worker_times_out_and_is_replaced(tmp_path):
     import ray
 
-    from tuner.cluster import Pool
     from tuner.space import space as space_mod
+    from tuner.study.cluster import Pool
 
     space = space_mod.load(SPACE)
     pool = Pool(

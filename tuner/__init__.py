@@ -4,6 +4,7 @@ The public surface: load a space, run a study and read its result (`tuner.api`),
 of your own (`tuner.kernels.base.Family`), and the result types every stage returns.
 """
 
+import importlib as _importlib
 import time as _time
 
 #: When the package was first imported: for `python -m tuner` and the `tuner` script, the start of the command
@@ -11,6 +12,14 @@ import time as _time
 IMPORTED_AT = _time.perf_counter()
 
 from tuner.errors import InputError, SpaceError, TemplateError  # noqa: E402
+
+# `tuner.study` names the API call (`tuner.api.study`), and `tuner/study/` is the study stage's package. Importing a
+# package binds it as an attribute of its parent when it first loads; the stage package (its __init__ is only a
+# docstring) is loaded here, first, and that binding dropped, so that `tuner.study` resolves through `__getattr__`
+# below to the call, and importing the stage's modules later (``from tuner.study.driver import Driver``) does not
+# bind it again.
+_importlib.import_module("tuner.study")
+del globals()["study"]
 
 #: Names imported on first use, so that `tuner --help` does not pay for NumPy, PyYAML, Jinja2 and the stages.
 _LAZY = {
@@ -30,17 +39,13 @@ _LAZY = {
     "tune": "tuner.api",
     "tune_space": "tuner.api",
     "bench": "tuner.api",
+    "study": "tuner.api",
 }
 
 
 def __getattr__(name: str):
-    import importlib
-
-    # `tuner.study` is still both a stage module and an API call (see `tuner.api.callable_module`)
-    if name == "study":
-        return importlib.import_module(f"tuner.{name}")
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")

@@ -14,7 +14,7 @@
                                    "n: int64"], grid="ceil_div(n, block * items * vec)", block="block",
                         trials=48)
 
-A study run here is the same study the CLI runs (`tuner.study.run_study`): the dashboard, ``tuner export`` and
+A study run here is the same study the CLI runs (`tuner.study.driver.run_study`): the dashboard, ``tuner export`` and
 ``tuner best`` work on it; the ``tuner study`` and ``tuner bench`` commands are thin layers over `study` and
 `run_bench`. Bad input raises `tuner.InputError` (the CLI prints it as one line).
 """
@@ -25,7 +25,6 @@ import ast
 import re
 import sys
 import tempfile
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,6 @@ from tuner.space.space import load as load_space
 __all__ = [
     "StudyResult",
     "bench",
-    "callable_module",
     "load_space",
     "open_study",
     "run_bench",
@@ -48,23 +46,6 @@ __all__ = [
     "tune",
     "tune_space",
 ]
-
-
-class _CallableModule(types.ModuleType):
-    """A stage module that is also the API call of the same name: ``tuner.study(space, trials=...)`` runs
-    `tuner.api.study`, while ``from tuner.study import run_study`` and ``from tuner import bench`` still reach the
-    modules (renaming the modules would break their importers; shadowing them with functions would break
-    ``from tuner import bench``)."""
-
-    def __call__(self, *args, **kwargs):
-        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)
-
-
-def callable_module(name: str) -> types.ModuleType:
-    """Make the loaded module `name` (tuner.study or tuner.bench) callable as its API function; returns it."""
-    module = sys.modules[name]
-    module.__class__ = _CallableModule
-    return module
 
 
 @dataclass
@@ -160,12 +141,13 @@ def study(
     ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
     answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
     "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
-    (`tuner.study.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
+    (`tuner.study.options.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
     Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
     from tuner.build.cachedirs import ensure_writable
-    from tuner.study import StudyOptions, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
     if repair not in ("nearest", "random"):

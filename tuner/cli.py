@@ -347,13 +347,13 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
 def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> None:
     """Start the local engine's GPU worker processes before the study's own imports and set-up (Optuna, the
     space, the storage), which they overlap; a study refused meanwhile stops them on exit. First the checks that
-    take milliseconds (`tuner.preflight`: the study's name; a SQLite file's storage, which must take a write), so
+    take milliseconds (`tuner.study.preflight`: the study's name; a SQLite file's storage, which must take a write), so
     that a study refused by them starts no worker; and none start for a study that may hold its trials already:
     the driver's exact check then comes first (it starts them itself otherwise)."""
-    from tuner import preflight
     from tuner.gpu.worker import launch_gpu_workers
     from tuner.results.dbfiles import default_storage_url, plain_sqlite_file, storage_url
     from tuner.space import limits
+    from tuner.study import preflight
 
     preflight.check_study_name(args.study_name)
     url = storage_url(args.storage) if args.storage is not None else kernel and default_storage_url(kernel)
@@ -897,9 +897,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
-        # A study will need its writer process (tuner.writer): start it before this process builds its parser,
+        # A study will need its writer process (tuner.study.writer): start it before this process builds its parser,
         # so that the writer's imports (a second or two) overlap everything after. Bad flags end it with us.
-        from tuner.writer import launch_writer
+        from tuner.study.writer import launch_writer
 
         launch_writer()
     parser = build_parser()

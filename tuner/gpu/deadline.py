@@ -18,7 +18,7 @@ config instead (`hang_deadline_s`):
 Only the GPU's execution of the user's kernel is under this deadline: the clock starts once the runs are
 enqueued (`tuner.gpu.evaluator.GpuEvaluator._sync`), so the worker's start-up, a compile, loading the module (and a lazy
 first load inside the launch call) and the reference are never taken for a hang. Those are bounded by the
-ceiling alone (`tuner.gpu.worker.IsolatedEvaluator`, `tuner.cluster.Pool`).
+ceiling alone (`tuner.gpu.worker.IsolatedEvaluator`, `tuner.study.cluster.Pool`).
 
 Standard library only: the GPU worker's child imports it before CuPy.
 """

@@ -1,7 +1,7 @@
 """One config, end to end: validate → render → compile → check and time on a GPU. Returns a `Result`.
 
 This is the convenience path for a single config (``tuner bench``, tests, notebooks). The study's pipeline
-does the same steps spread over Ray (`tuner.cluster`); both end in `tuner.gpu.evaluator.GpuEvaluator.evaluate`.
+does the same steps spread over Ray (`tuner.study.cluster`); both end in `tuner.gpu.evaluator.GpuEvaluator.evaluate`.
 """
 
 from __future__ import annotations

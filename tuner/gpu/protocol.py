@@ -1,9 +1,9 @@
 """The evaluator contract: one compiled config in, one `Result` out.
 
 Four evaluators implement it with one signature: `tuner.gpu.evaluator.GpuEvaluator` (in-process, owns a GPU),
-`tuner.gpu.worker.IsolatedEvaluator` (the same in a child process), the Ray actor of `tuner.cluster` (wraps any
-evaluator on one cluster GPU) and `tuner.replay.ReplayEvaluator` (answers from a recorded study). The study
-driver and `tuner.cluster.Pool` take any of them and never ask which.
+`tuner.gpu.worker.IsolatedEvaluator` (the same in a child process), the Ray actor of `tuner.study.cluster` (wraps any
+evaluator on one cluster GPU) and `tuner.study.replay.ReplayEvaluator` (answers from a recorded study). The study
+driver and `tuner.study.cluster.Pool` take any of them and never ask which.
 
 The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)``:
 

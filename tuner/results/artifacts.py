@@ -189,3 +189,36 @@ def attach_artifacts(
             writer.set_attrs(writer.trial_id(t.number), user={TrialAttr.ARTIFACTS: ids})
             report.attached.append(t.number)
     return report
+
+
+class ArtifactWriter:
+    """Uploads a measured trial's rendered source (``<uri>.cu``) and PTX (``<uri>.ptx``) with
+    `optuna.artifacts.upload_artifact` while the trial still runs (before `tell`), into the artifact folder
+    beside a SQLite study (`<db stem>.artifacts/`, where `tuner dashboard` serves them from); the ids go into
+    the trial's "artifacts" user attr. Nothing is attached for a storage that is not a SQLite file."""
+
+    def __init__(self, url: str):
+        self.folder = artifact_dir_for(url)
+        self.store = None
+        if self.folder is not None:
+            from optuna.artifacts import FileSystemArtifactStore
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.store = FileSystemArtifactStore(self.folder)
+
+    def attach(self, trial, source, compiled) -> None:
+        import tempfile
+
+        from optuna.artifacts import upload_artifact
+
+        if self.store is None or not compiled.ptx:
+            return
+        ids = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind, ext, data in (("source", "cu", source.text.encode()), ("ptx", "ptx", compiled.ptx)):
+                path = Path(tmp) / f"{source.uri}.{ext}"
+                path.write_bytes(data)
+                ids[kind] = upload_artifact(
+                    artifact_store=self.store, file_path=str(path), study_or_trial=trial, mimetype="text/plain"
+                )
+        trial.set_user_attr(TrialAttr.ARTIFACTS, ids)

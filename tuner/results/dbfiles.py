@@ -17,9 +17,13 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
 
 #: tables every complete Optuna RDB storage has
 OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
@@ -236,3 +240,27 @@ def create_storage(make, attempts: int = 8):
                 raise
             time.sleep(0.05 + random.random() * 0.15 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def open_storage(url: str) -> RDBStorage:
+    """An Optuna RDBStorage; SQLite gets WAL from its first connection (`WalConnection`), so the
+    storage's creation and the writer's commits stay cheap. Errors are InputErrors."""
+    import optuna
+
+    path = check_storage(url)
+    if path is not None:
+        if path.parent and not path.parent.exists():
+            try:
+                path.parent.mkdir(parents=True)
+            except OSError as exc:
+                raise InputError(f"--storage {url}: cannot create {path.parent}: {exc.strerror}") from None
+    try:
+        storage = create_storage(
+            lambda: optuna.storages.RDBStorage(url, engine_kwargs=sqlite_engine_kwargs(url), heartbeat_interval=None)
+        )
+    except Exception as exc:  # SQLAlchemy raises ArgumentError/OperationalError/...; all mean "cannot open"
+        first = str(exc).strip().splitlines()[0][:200]
+        if is_read_only(exc):
+            raise InputError(f"--storage {url}: read-only database: it can be read, not written ({first})") from None
+        raise InputError(f"--storage {url}: cannot open: {first}") from None
+    return storage

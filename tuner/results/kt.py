@@ -87,7 +87,7 @@ def _failure(entry: dict[str, Any], objective: str) -> str | None:
 
 
 def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[str, Any]]]:
-    """params key → (state, attrs) as `tuner.replay.load_records` returns them, one per cache entry.
+    """params key → (state, attrs) as `tuner.study.replay.load_records` returns them, one per cache entry.
 
     A measured entry becomes a Measurement whose ``median_ms`` is the cache's time; figures Kernel Tuner does not
     record (bytes, registers, SMEM) are 0 unless the entry was written by `write_cache`, which keeps ours under

@@ -3,7 +3,7 @@
 `open_studies` finds a study in any storage (a study or kernel name under `studies/`, a .db path, a storage URL)
 without ever creating a database; `measured_trials`, `pareto_trials`, `best_trial` and `finalist` choose trials
 by the rules below; `study_context` rebuilds what rendering a trial's config needs, and `gpu_facts` the facts of
-the GPU the study ran on. Everything reads a study that `tuner/study.py` wrote (its user attrs: `StudyAttr`;
+the GPU the study ran on. Everything reads a study that `tuner/study/driver.py` wrote (its user attrs: `StudyAttr`;
 per trial: `TrialAttr` and every field of a Measurement). Which trials count:
 
 - **measured**: state COMPLETE and no "failure" user attr;

@@ -11,7 +11,7 @@ so an evaluator that bounds its waits by one (`tuner.gpu.evaluator.GpuEvaluator`
 queue, in order, and run on the next free actor.
 
 Each actor wraps whatever `tuner.gpu.protocol.Evaluator` the caller's factory builds there:
-`tuner.gpu.evaluator.GpuEvaluator` on a real GPU, or `tuner.replay.ReplayEvaluator` on a logical one
+`tuner.gpu.evaluator.GpuEvaluator` on a real GPU, or `tuner.study.replay.ReplayEvaluator` on a logical one
 (``ray.init(num_gpus=N)`` on a machine without a GPU), so the same driver, Ray plumbing and fault handling are exercised
 on CPUs. The pool never asks which: an evaluator whose `measures` is False gets no compile step (it needs no cubin).
 `spent` sums what the work cost (`tuner.gpu.protocol.Spent`): each result as the driver collects it (so a replaced

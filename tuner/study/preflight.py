@@ -1,7 +1,7 @@
 """What a study must pass before its first config is measured: a name that every command can open it by, a
 storage it can write, and trials left to run.
 
-The driver (`tuner.study.Driver`, which the CLI and `tuner.study(...)` both build) runs these checks while it
+The driver (`tuner.study.driver.Driver`, which the CLI and `tuner.study(...)` both build) runs these checks while it
 sets up, before a pool, a GPU worker or the study's writer is given any work; ``tuner study`` runs the quick ones
 again before it starts its GPU workers (each check is answered once per process). Each failure is an
 `InputError`: one line naming the storage (or the name) and the fault. Nothing here leaves a trace: the storage
@@ -34,7 +34,7 @@ from tuner.results.dbfiles import check_storage as check_contents
 
 #: the longest study name Optuna's schema and the lease table keep (``VARCHAR(512)``)
 MAX_NAME = 512
-#: the user attr that marks a proposal answered without evaluation (`tuner.study.SCREENED`; not imported from
+#: the user attr that marks a proposal answered without evaluation (`tuner.study.search.SCREENED`; not imported from
 #: there: this module must stay cheap to import)
 SCREENED = "screened"
 
@@ -223,7 +223,7 @@ def counted_trials(path: Path, name: str) -> tuple[int, dict[str, Any]] | None:
     """(trials of study `name` that count towards ``--trials``, the study's user attrs) from the SQLite file
     `path`, read-only and without Optuna; None when the file or the study is not there. A trial counts when it
     finished and is neither a leftover of a killed driver ("interrupted") nor a proposal answered without
-    evaluation ("screened"): the rule of `tuner.study._counts`."""
+    evaluation ("screened"): the rule of `tuner.study.search.counts`."""
     if not path.is_file():
         return None
     try:

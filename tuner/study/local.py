@@ -1,6 +1,6 @@
 """The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
 
-`LocalPool` offers the interface of `tuner.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
+`LocalPool` offers the interface of `tuner.study.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
 ``gpus``, ``arch``, ``ran_on``, ``built``, ``spent``, ``close``) so the study driver runs unchanged over
 either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
 

@@ -323,7 +323,7 @@ def _load_gzipped_db(path: str, study_name: str | None):
 
 
 class ReplayPool:
-    """The study driver's pool (`tuner.cluster.Pool`'s interface) answering from a recording in this process:
+    """The study driver's pool (`tuner.study.cluster.Pool`'s interface) answering from a recording in this process:
     no Ray, no GPU. `in_flight` configs are outstanding at a time and answered first in, first out, as
     `in_flight` workers of equal speed would answer them, so a study sees the sampler's parallel-proposal
     behaviour without any waiting. Used to replay studies fast (benchmarks/search.py, tests)."""

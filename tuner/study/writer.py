@@ -4,7 +4,7 @@ The driver samples from an in-memory Optuna study; every trial is mirrored, in a
 durable storage by this process, so SQLite's commits (tens of milliseconds each) never hold up the GPUs. The
 process is started before anything is known of the study (`launch_writer`, called first thing by ``tuner study``,
 so that its imports of Optuna and SQLAlchemy overlap the driver's own start-up); its first message names the
-storage and the study (`_Mirror.bind` for a study the driver has opened, `_Mirror.create` for a new one, which the
+storage and the study (`Mirror.bind` for a study the driver has opened, `Mirror.create` for a new one, which the
 writer creates itself). The process is a `tuner.build.child` child (it never runs the caller's ``__main__``); the
 driver's messages go to it over its pipe from a thread (`tuner.build.child.Outbox`), so that a slow commit never blocks
 the driver, and its one report comes back on the same pipe.
@@ -38,7 +38,7 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
     whose result comes within `WRITER_HOLD_S` of its start is written finished; one still running then is written
     RUNNING and completed by its finish. The trials due in one pass of the loop are written together, in one
     transaction, and the RUNNING ones whose finish came in that pass are completed together, in another
-    (`tuner.trialwriter`). Exits when the driver (`parent`) dies (its end of the pipe closes), once what it sent
+    (`tuner.study.trialwriter`). Exits when the driver (`parent`) dies (its end of the pipe closes), once what it sent
     is written, so a killed driver leaves no writer holding the database (its RUNNING trials are recovered on the
     rerun). The first message names the study, and the storage's `url` when the process was started without it:
     ("study", id[, url]) for a study the driver has opened, or ("create", spec) for a new study, which the writer
@@ -57,8 +57,8 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
     import sqlalchemy.dialects.sqlite  # noqa: F401
     import sqlalchemy.orm  # noqa: F401
 
-    from tuner.study import open_storage
-    from tuner.trialwriter import TrialWriter
+    from tuner.results.dbfiles import open_storage
+    from tuner.study.trialwriter import TrialWriter
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # as in the driver: no "A new study created" line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -81,7 +81,7 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
             storage, study_id, lease = _create_study(url, first[1])
         except InputError as exc:
             _report_and_leave(conn, {"refused": exc.message, "where": exc.where})
-    writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.trialwriter)
+    writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.study.trialwriter)
     # what the driver's summary reports of the writer (`perf_counter` stamps: the driver makes them relative)
     stats: dict[str, Any] = {
         "started_at": started_at,
@@ -117,7 +117,7 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
                 finals[msg[1]] = msg[2]
             elif kind == "finish":
                 finishing.append((trial_ids[msg[1]], msg[2]))
-        if finishing:  # completed together, in one transaction (tuner.trialwriter)
+        if finishing:  # completed together, in one transaction (tuner.study.trialwriter)
             started = time.perf_counter()
             writer.finish(study_id, finishing)
             stats["write_s"] += time.perf_counter() - started
@@ -173,8 +173,8 @@ def _create_study(url: str, spec: dict[str, Any]):
     storage (a second driver started it meanwhile: a rerun resumes it)."""
     import optuna
 
-    from tuner.lease import acquire
-    from tuner.study import open_storage
+    from tuner.results.dbfiles import open_storage
+    from tuner.study.lease import acquire
 
     name = spec["name"]
     storage = open_storage(url)
@@ -212,7 +212,7 @@ def new_study(
     return durable
 
 
-class _Mirror:
+class Mirror:
     """The driver's handle on a writer process: its messages out (an `Outbox` on its pipe), its one report back
     (final timings, or a refusal). `target` is the writer's entry, called as ``target(conn, url, driver pid,
     *extra)`` in the child (tests substitute a variant of `_writer_main`)."""
@@ -231,7 +231,7 @@ class _Mirror:
             self.bind(study_id)
 
     @classmethod
-    def for_storage(cls, url: str) -> _Mirror:
+    def for_storage(cls, url: str) -> Mirror:
         """A writer for the storage at `url`: the one `launch_writer` started, if it is still running, else a new
         one."""
         global _LAUNCHED
@@ -319,8 +319,8 @@ class _Mirror:
         return self._raise_refusal(stats)
 
 
-#: the writer `launch_writer` started ahead of the study (taken by `_Mirror.for_storage`)
-_LAUNCHED: _Mirror | None = None
+#: the writer `launch_writer` started ahead of the study (taken by `Mirror.for_storage`)
+_LAUNCHED: Mirror | None = None
 
 
 def launch_writer() -> None:
@@ -330,4 +330,26 @@ def launch_writer() -> None:
     itself once its parent is gone)."""
     global _LAUNCHED
     if _LAUNCHED is None:
-        _LAUNCHED = _Mirror(None)
+        _LAUNCHED = Mirror(None)
+
+
+class InlineMirror:
+    """`Mirror` without a process: writes each trial into `storage` at once (in-process replay studies)."""
+
+    def __init__(self, storage, study_id: int):
+        self.storage, self.study_id = storage, study_id
+        self.trial_ids: dict[int, int] = {}
+
+    def start(self, number: int, frozen) -> None:
+        self.trial_ids[number] = self.storage.create_new_trial(self.study_id, template_trial=frozen)
+
+    def finish(self, number: int, frozen) -> None:
+        trial_id = self.trial_ids[number]
+        for key, value in frozen.user_attrs.items():
+            self.storage.set_trial_user_attr(trial_id, key, value)
+        for key, value in frozen.system_attrs.items():
+            self.storage.set_trial_system_attr(trial_id, key, value)
+        self.storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
+
+    def close(self, timeout: float = 0.0) -> dict[str, Any]:
+        return {}

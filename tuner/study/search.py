@@ -33,11 +33,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.errors import InputError
+from tuner.result import INTERRUPTED, TrialAttr
+from tuner.space.limits import SAMPLERS
+
 if TYPE_CHECKING:
     import numpy as np
+    from optuna.samplers import BaseSampler
 
     from tuner.space.space import Problem, SearchSpace
 
+CONSTRAINT_KEY = "space"
+#: user attr of a proposal answered without evaluation; its value says why (invalid, duplicate, known_failure)
+SCREENED = "screened"
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
 FAILURE_ATTR = "failure"
 
@@ -392,3 +400,87 @@ class ValidSetSampler:
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sampler
+
+
+#: TPE's uniform start-up draws before it models (see make_sampler)
+TPE_STARTUP = 5
+
+
+#: TPE's candidates per proposal (Optuna's n_ei_candidates) with several configs in flight (see make_sampler) ...
+TPE_CANDIDATES_IN_FLIGHT = 128
+
+
+#: ... until this many configs are evaluated; then 24 again (the driver's `_narrow_sampler`)
+TPE_WIDE_UNTIL = 100
+
+
+def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int = 1) -> BaseSampler:
+    """The Optuna sampler `name` (one of SAMPLERS) for a study that keeps `in_flight` configs outstanding;
+    InputError for an unknown one or a missing extra."""
+    import optuna
+
+    # Optuna 5 samplers read each trial's constraints (trial.set_constraint) themselves.
+    if name == "tpe":
+        # 5 start-up draws (Optuna's default is 10): drawn inside the valid set, TPE learns from evaluated configs
+        # only, and on the GEMM recording it then reaches 0.98 of the optimum sooner (benchmarks/results/search/).
+        # Configs in flight are told to TPE as bad ones (constant_liar, Optuna 5's default); with 8 in flight that
+        # alone left GEMM at 25 evaluated configs 0.924 of the optimum against 0.954 one at a time (20 seeds).
+        # 128 candidates per proposal instead of 24 made it 0.936 (0.939 vs 0.948 over 40 seeds), GEMV M=64
+        # 0.905 vs 0.881, and no other budget or recorded space more than 0.004 below one at a time
+        # (benchmarks/results/search/grid-inflight-candidates-2026-12-01). One at a time it cost GEMM (0.938 vs
+        # 0.948 at 25, 40 seeds), so it is kept to several in flight; and to the first `TPE_WIDE_UNTIL` configs: the
+        # gain is early (within 0.001 from 100 on), while scoring 128 candidates costs ~50% more sampler time per
+        # proposal (GEMM replay, 300 trials: 10.9 vs 7.2 ms), which on the main job starved the GPU (47-48 s
+        # instead of 37-40 s on an H200).
+        candidates = 24 if in_flight <= 1 else TPE_CANDIDATES_IN_FLIGHT
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,
+            n_startup_trials=TPE_STARTUP,
+            n_ei_candidates=candidates,
+            constant_liar=True,
+        )
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name in ("random", "grid"):
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        try:
+            return optuna.samplers.GPSampler(seed=seed)
+        except ImportError as exc:
+            raise InputError(f"--sampler gp needs {exc.name} (pip install torch scipy)") from None
+    if name == "cmaes":
+        if n_objectives > 1:
+            raise InputError("--sampler cmaes handles one objective only; set one objective in the space")
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise InputError("--sampler cmaes needs the cmaes package (pip install cmaes)") from None
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    raise InputError(f"--sampler {name}: unknown (choose from {', '.join(SAMPLERS)})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# which trials count
+
+
+def counts(trial) -> bool:
+    """Trials that count towards --trials: configs evaluated, not the leftovers of a killed driver nor proposals
+    answered without evaluation (``screened``: a constraint violation, a duplicate, a known failure)."""
+    return (
+        trial.state.is_finished()
+        and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
+        and SCREENED not in trial.user_attrs
+    )
+
+
+def evaluation_failed(trial) -> bool:
+    """A recorded trial whose evaluation failed (compile, launch, wrong result, timeout, or an invalid answer of
+    the evaluator), as opposed to an interrupted one."""
+    kind = trial.user_attrs.get(TrialAttr.FAILURE)
+    return trial.state.name in ("FAIL", "PRUNED") and kind is not None and kind != INTERRUPTED
