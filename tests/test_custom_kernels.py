@@ -419,7 +419,10 @@ def test_check_says_a_template_fault_before_it_asks_cupy_anything(tmp_path):
     """The sources are rendered before the GPU's arch is looked up (CuPy's import alone takes about a second), so
     a typo in the template is one line as quickly as `tuner render` says it."""
     _write_bad(tmp_path, {"k.cu.j2": K_TEMPLATE.replace("{{ block }}", "{{ blok }}")})
-    code = "import sys\nfrom tuner.cli import main\nrc = main(['check', 'k.yaml'])\nprint(rc, 'cupy' in sys.modules)\n"
+    code = (
+        "import sys\nfrom tuner.cli.main import main\nrc = main(['check', 'k.yaml'])\n"
+        "print(rc, 'cupy' in sys.modules)\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""Results out of a study (tuner/results/export.py, tuner/cli.py): Pareto front, plots, trials table, best
+"""Results out of a study (tuner/results/export.py, tuner/cli/main.py): Pareto front, plots, trials table, best
 config, C++ header, artifacts. Real SQLite, real Optuna, real NVRTC, real g++/nvcc; no GPU.
 
 The study fixture is recorded in the layout `tuner study` writes (SQLite, the user attrs of its schema), from
@@ -26,10 +26,10 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tuner import cli as cli_mod
 from tuner import kernels
 from tuner.build import compile as compile_mod
 from tuner.build.render import TEMPLATES_DIR, render
+from tuner.cli import main as cli_mod
 from tuner.errors import InputError
 from tuner.results import export
 from tuner.space import space as space_mod

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli, kernels
+from tuner import kernels
 from tuner.build.render import render
+from tuner.cli import main as cli
 from tuner.errors import InputError, SpaceError, TemplateError
 from tuner.space import space as space_mod
 
@@ -419,7 +420,7 @@ def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
 
 def test_broken_pipe_exits_quietly():
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tuner import cli; sys.exit(cli.main(['spaces', '--json']))"],
+        [sys.executable, "-c", "import sys; from tuner.cli.main import main; sys.exit(main(['spaces', '--json']))"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli
+from tuner.cli import main as cli
 from tuner.gpu import worker as worker_mod
 from tuner.gpu.worker import IsolatedEvaluator
 from tuner.space import limits

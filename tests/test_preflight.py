@@ -301,8 +301,8 @@ def test_counted_trials_follow_the_drivers_rule(tmp_path):
     from optuna.distributions import IntDistribution
 
     from tuner.study.driver import run_study
-    from tuner.study.search import SCREENED, counts
     from tuner.study.options import StudyOptions
+    from tuner.study.search import SCREENED, counts
 
     url = f"sqlite:///{tmp_path}/s.db"
     opts = StudyOptions(

@@ -109,7 +109,7 @@ def _median(probe, uri: str) -> float:
 
 def test_the_command_sets_the_cutoff(probe, tmp_path):
     """`tuner study --screen-cutoff X` reaches the driver; `off` times every config in full."""
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
@@ -125,7 +125,7 @@ def test_the_command_sets_the_cutoff(probe, tmp_path):
 
 def test_the_command_sets_the_screening_budget(probe, tmp_path):
     """`tuner study --screen-ms X` is the timed work of every screening evaluation; the finalists keep theirs."""
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     args = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
     assert main([*args, "--storage", f"sqlite:///{tmp_path / 'ms.db'}", "--screen-ms", "7"]) == 0

@@ -19,7 +19,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tuner.build import compile as compile_mod
-from tuner.cli import main as cli_main
+from tuner.cli.main import main as cli_main
 from tuner.results import kt
 from tuner.space import space as space_mod
 from tuner.study.driver import Driver

@@ -387,7 +387,7 @@ def test_replayed_rows_name_the_recording_they_come_from(tmp_path):
     import csv
 
     import tuner
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     url = f"sqlite:///{tmp_path}/r.db"
     result = tuner.study(SPACE, trials=6, replay=RECORDING, storage=url, seed=2, in_process=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import cli
+from tuner.cli import main as cli
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult

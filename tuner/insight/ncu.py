@@ -1,6 +1,6 @@
 """Nsight Compute (`ncu`) for one config: the command line, running it, and reading its raw CSV.
 
-A config is profiled by re-running it through the project's own single-config path (`python -m tuner.ncu
+A config is profiled by re-running it through the project's own single-config path (`python -m tuner.insight.ncu
 SPACE --problem P --set k=v ...`, the profile target below): render, compile, check against the reference and
 time it with `tuner.gpu.evaluate.evaluate_config` on an in-process `GpuEvaluator`. Under ncu only the config's own
 kernels are selected (``--kernel-name regex:^URI(_suffix)?$``), and the first call of them (the correctness
@@ -275,10 +275,10 @@ def parse_raw_csv(text: str, where: str = "ncu output", metrics: Sequence[str] =
 def target_command(
     space: str | Path, problem: str, params: dict[str, Any], python: str | None = None, outside_space: bool = False
 ) -> list[str]:
-    """The profile target's argv for one config: ``python -m tuner.ncu SPACE --problem P --set k=v ...``.
+    """The profile target's argv for one config: ``python -m tuner.insight.ncu SPACE --problem P --set k=v ...``.
     `outside_space`: the values may lie outside the space's lists (a lesson's sweep past the shipped choices);
     the space's constraints still apply."""
-    argv = [python or sys.executable, "-m", "tuner.ncu", str(space), "--problem", problem]
+    argv = [python or sys.executable, "-m", "tuner.insight.ncu", str(space), "--problem", problem]
     if outside_space:
         argv.append("--outside-space")
     for name, value in params.items():
@@ -364,10 +364,10 @@ def run_ncu(
             f"{str(result.get('reason', ''))[:200]})"
         )
     if '"ID",' not in log:
-        # The target's own one-line error (``tuner.ncu: error: ...``) says why better than ncu's exit-code note.
+        # The target's own one-line error (``tuner.insight.ncu: error: ...``) says why better than ncu's exit-code note.
         lines = everything.splitlines()
         tail = next(
-            (ln.strip() for ln in reversed(lines) if ln.startswith("tuner.ncu: error:")),
+            (ln.strip() for ln in reversed(lines) if ln.startswith("tuner.insight.ncu: error:")),
             next(
                 (ln.strip() for ln in reversed(lines) if "error" in ln.lower() or "==WARNING==" in ln),
                 f"exit status {proc.returncode}",
@@ -500,9 +500,9 @@ def widen(space, assignments: Sequence[str]):
 
 
 def _target_main(argv: list[str] | None = None) -> int:
-    """``python -m tuner.ncu SPACE [--problem P] [--set k=v ...]``: check and time one config on GPU 0 with the
+    """``python -m tuner.insight.ncu SPACE [--problem P] [--set k=v ...]``: check and time one config on GPU 0 with the
     project's protocol (a short budget: the point is the launches ncu selects), print a JSON report."""
-    parser = argparse.ArgumentParser(prog="python -m tuner.ncu")
+    parser = argparse.ArgumentParser(prog="python -m tuner.insight.ncu")
     parser.add_argument("space")
     parser.add_argument("--problem")
     parser.add_argument("--set", action="append", default=[])
@@ -519,7 +519,7 @@ def _target_main(argv: list[str] | None = None) -> int:
         problem = space.problem(args.problem)
         params = space.config_from_assignments(args.set, problem)
     except InputError as exc:
-        print(f"tuner.ncu: error: {exc}", file=sys.stderr)
+        print(f"tuner.insight.ncu: error: {exc}", file=sys.stderr)
         return 2
     # A small ceiling copy: the profile does not use it, and the target should start fast.
     evaluator = GpuEvaluator(0, ceiling_bytes=64 << 20, ceiling_budget_ms=5.0)

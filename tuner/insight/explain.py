@@ -1,6 +1,6 @@
 """Why is a config fast (or slow)? Nsight Compute counters turned into the lesson's terms, and a verdict.
 
-`explain(profile, ...)` reads a `tuner.ncu.Profile` (the launches of one call of a config) against what the
+`explain(profile, ...)` reads a `tuner.insight.ncu.Profile` (the launches of one call of a config) against what the
 family says the call needs (its minimal bytes) and what the GPU can do (the measured copy ceiling, the FP32
 peak) and returns an `Explanation`: DRAM bytes and the useful fraction, DRAM throughput against the ceiling,
 global load/store sectors per request and bytes used per sector (coalescing), DRAM bytes read per requested
@@ -21,22 +21,19 @@ The bound (first rule that holds):
 `compare(a, b)` names what explains the difference between two configs: DRAM bytes (with their cause: sectors
 per request, DRAM over-fetch, spills, extra kernels), bank conflicts, spills, occupancy or DRAM throughput, in
 that order.
-`tuner explain` (`explain_study`) runs this over a study's trials; `roofline_figure` (`roofline_png`,
+`tuner explain` (`explain_study`) runs this over a study's trials; `tuner.insight.roofline` (`roofline_png`,
 `write_roofline`) draws them: on the roofline where they do FP32 work, else their bytes against the memory roof
 and their memory units' throughput.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tuner.ncu import Profile
+from tuner.insight.ncu import Profile
 
 #: DRAM throughput at or above this fraction of the measured copy ceiling is HBM-bound.
 HBM_BOUND = 0.70
@@ -193,19 +190,20 @@ def _nz(value: float) -> float:
     return 0.0 if math.isnan(value) else value
 
 
-def _ok(value: float | None) -> bool:
+def known(value: float | None) -> bool:
+    """A figure that was measured: neither missing nor NaN."""
     return value is not None and not math.isnan(value)
 
 
 def bound(e: Explanation) -> str:
     """The unit that limits the config, by the rules in the module docstring."""
-    fp32 = e.fma_pct / 100 if _ok(e.fma_pct) else _div(e.tflops, e.peak_tflops or math.nan)
+    fp32 = e.fma_pct / 100 if known(e.fma_pct) else _div(e.tflops, e.peak_tflops or math.nan)
     units = [("compute (FP32)", fp32), ("L2 bandwidth", e.lts_pct / 100), ("L1 / shared memory", e.l1tex_pct / 100)]
-    units = [(name, u) for name, u in units if _ok(u)]
+    units = [(name, u) for name, u in units if known(u)]
     compute_bound = bool(units) and max(units, key=lambda nu: nu[1]) == ("compute (FP32)", fp32) and fp32 >= UNIT_BOUND
     if not compute_bound and e.local_bytes > 0 and e.local_bytes >= SPILL_BOUND * _nz(e.dram_bytes):
         return "local memory (spills)"
-    if _ok(e.of_ceiling) and e.of_ceiling >= HBM_BOUND:
+    if known(e.of_ceiling) and e.of_ceiling >= HBM_BOUND:
         return "HBM bandwidth"
     if units:
         name, busiest = max(units, key=lambda nu: nu[1])
@@ -222,14 +220,14 @@ def findings(e: Explanation) -> list[str]:
     """The verdict in plain words: the bound first, then each problem the counters show."""
     out = []
     head = f"bound: {e.bound}"
-    if _ok(e.of_ceiling):
+    if known(e.of_ceiling):
         head += f" (DRAM {e.dram_tbps:.2f} TB/s = {e.of_ceiling:.0%} of the {e.ceiling_tbps:.2f} TB/s copy ceiling)"
-    elif _ok(e.dram_tbps):
+    elif known(e.dram_tbps):
         head += f" (DRAM {e.dram_tbps:.2f} TB/s)"
-    if e.bound == "latency / occupancy" and _ok(e.achieved_occupancy_pct):
+    if e.bound == "latency / occupancy" and known(e.achieved_occupancy_pct):
         head += f"; {e.achieved_occupancy_pct:.0f}% of warp slots active"
     out.append(head)
-    if _ok(e.useful_fraction):
+    if known(e.useful_fraction):
         line = (
             f"moves {_gb(e.dram_bytes)} through DRAM for {_gb(e.minimal_bytes)} of useful data: useful "
             f"fraction {e.useful_fraction:.2f}"
@@ -237,9 +235,9 @@ def findings(e: Explanation) -> list[str]:
         if e.useful_fraction < USEFUL_FRACTION_OK:
             line += f" ({1 / e.useful_fraction:.1f}× the minimal traffic)"
         out.append(line)
-    ld_bad = _ok(e.ld_efficiency_pct) and e.ld_efficiency_pct < 100 * COALESCED_EFFICIENCY
-    if not _ok(e.ld_efficiency_pct):  # the bytes-per-sector counter is missing: judge by sectors per request
-        ld_bad = _ok(e.ld_sectors_per_request) and e.ld_sectors_per_request > 1.25 * e.ideal_sectors_per_request
+    ld_bad = known(e.ld_efficiency_pct) and e.ld_efficiency_pct < 100 * COALESCED_EFFICIENCY
+    if not known(e.ld_efficiency_pct):  # the bytes-per-sector counter is missing: judge by sectors per request
+        ld_bad = known(e.ld_sectors_per_request) and e.ld_sectors_per_request > 1.25 * e.ideal_sectors_per_request
     if ld_bad:
         out.append(
             f"uncoalesced loads: {e.ld_sectors_per_request:.1f} sectors per request (ideal "
@@ -247,7 +245,7 @@ def findings(e: Explanation) -> list[str]:
         )
     # Spill misses reach DRAM as well: while spills are the bound, DRAM bytes per load sector are not over-fetch.
     if (
-        _ok(e.dram_read_per_ld_sector)
+        known(e.dram_read_per_ld_sector)
         and e.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES
         and e.bound != "local memory (spills)"
     ):
@@ -255,7 +253,7 @@ def findings(e: Explanation) -> list[str]:
             f"DRAM over-fetch: {e.dram_read_per_ld_sector:.0f} bytes read from DRAM per 32-byte sector the loads "
             "asked for (the L2 fetches more than the sector when each one sits alone)"
         )
-    if _ok(e.st_efficiency_pct) and e.st_efficiency_pct < 100 * COALESCED_EFFICIENCY:
+    if known(e.st_efficiency_pct) and e.st_efficiency_pct < 100 * COALESCED_EFFICIENCY:
         out.append(
             f"uncoalesced stores: {e.st_sectors_per_request:.1f} sectors per request, "
             f"{_pct(e.st_efficiency_pct)} of each sector used"
@@ -264,7 +262,7 @@ def findings(e: Explanation) -> list[str]:
         ("load", e.smem_ld_ways, e.smem_ld_conflicts),
         ("store", e.smem_st_ways, e.smem_st_conflicts),
     ):
-        if _ok(ways) and ways > CONFLICT_WAYS:
+        if known(ways) and ways > CONFLICT_WAYS:
             advice = (
                 "harmless while HBM-bound"
                 if e.bound == "HBM bandwidth"
@@ -279,16 +277,16 @@ def findings(e: Explanation) -> list[str]:
             f"spills: {_gb(e.local_bytes)} of local-memory traffic at {e.registers:.0f} registers/thread "
             "(local memory is DRAM, cached in L1/L2)"
         )
-    if _ok(e.achieved_occupancy_pct) and _ok(e.theoretical_occupancy_pct):
+    if known(e.achieved_occupancy_pct) and known(e.theoretical_occupancy_pct):
         line = f"occupancy: {e.achieved_occupancy_pct:.0f}% achieved of {e.theoretical_occupancy_pct:.0f}% theoretical"
-        if _ok(e.registers):
+        if known(e.registers):
             line += f", {e.registers:.0f} registers/thread"
-        if e.theoretical_occupancy_pct < 50 and _ok(e.registers) and e.registers > 64:
+        if e.theoretical_occupancy_pct < 50 and known(e.registers) and e.registers > 64:
             line += " (registers cap the warps per SM)"
         out.append(line)
-    if _ok(e.l2_hit_pct):
+    if known(e.l2_hit_pct):
         out.append(f"L2 hit rate {e.l2_hit_pct:.1f}%")
-    if e.flops > 0 and _ok(e.arithmetic_intensity):
+    if e.flops > 0 and known(e.arithmetic_intensity):
         line = f"arithmetic intensity {e.arithmetic_intensity:.3g} FLOP/byte, {e.tflops:.3g} TFLOP/s FP32"
         if e.peak_tflops:
             line += f" ({e.tflops / e.peak_tflops:.0%} of {e.peak_tflops:.1f} peak)"
@@ -299,7 +297,7 @@ def findings(e: Explanation) -> list[str]:
 
 
 def _pct(value: float) -> str:
-    return f"{value:.0f}%" if _ok(value) else "?"
+    return f"{value:.0f}%" if known(value) else "?"
 
 
 def compare(a: Explanation, b: Explanation) -> list[str]:
@@ -311,15 +309,15 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
         f"({slow.time_s * 1e3:.3g} ms vs {fast.time_s * 1e3:.3g} ms)"
     ]
     bytes_ratio = _div(slow.dram_bytes, fast.dram_bytes)
-    if _ok(bytes_ratio) and bytes_ratio >= 1.3:
+    if known(bytes_ratio) and bytes_ratio >= 1.3:
         cause = ""
-        if _ok(slow.ld_sectors_per_request) and slow.ld_sectors_per_request > 1.3 * _nz(fast.ld_sectors_per_request):
+        if known(slow.ld_sectors_per_request) and slow.ld_sectors_per_request > 1.3 * _nz(fast.ld_sectors_per_request):
             cause = (
                 f": {slow.ld_sectors_per_request:.1f} sectors per request on the loads vs "
                 f"{fast.ld_sectors_per_request:.1f}"
             )
         elif (
-            _ok(slow.dram_read_per_ld_sector)
+            known(slow.dram_read_per_ld_sector)
             and slow.dram_read_per_ld_sector > 1.3 * _nz(fast.dram_read_per_ld_sector)
             and slow.dram_read_per_ld_sector > OVERFETCH * SECTOR_BYTES
         ):
@@ -332,12 +330,12 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
         elif slow.kernels > fast.kernels:
             cause = f": {slow.kernels} kernels, each a DRAM round trip, vs {fast.kernels}"
         lines.append(f"{slow.label} moves {bytes_ratio:.2f}× the DRAM bytes{cause}")
-    elif _ok(slow.smem_ld_ways) and slow.smem_ld_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_ld_ways)):
+    elif known(slow.smem_ld_ways) and slow.smem_ld_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_ld_ways)):
         lines.append(
             f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared loads are "
             f"{slow.smem_ld_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_ld_ways):.1f}-way"
         )
-    elif _ok(slow.smem_st_ways) and slow.smem_st_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_st_ways)):
+    elif known(slow.smem_st_ways) and slow.smem_st_ways > max(CONFLICT_WAYS, 1.5 * _nz(fast.smem_st_ways)):
         lines.append(
             f"the same DRAM bytes ({bytes_ratio:.2f}×), but {slow.label}'s shared stores are "
             f"{slow.smem_st_ways:.1f}-way bank-conflicted vs {_nz(fast.smem_st_ways):.1f}-way"
@@ -348,15 +346,15 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
             f"{slow.registers:.0f} registers/thread vs {_gb(fast.local_bytes)} at {fast.registers:.0f}"
         )
     elif (
-        _ok(slow.achieved_occupancy_pct)
-        and _ok(fast.achieved_occupancy_pct)
+        known(slow.achieved_occupancy_pct)
+        and known(fast.achieved_occupancy_pct)
         and slow.achieved_occupancy_pct < 0.75 * fast.achieved_occupancy_pct
     ):
         lines.append(
             f"{slow.label} keeps {slow.achieved_occupancy_pct:.0f}% of warp slots active vs "
             f"{fast.achieved_occupancy_pct:.0f}%: fewer loads in flight to cover DRAM latency"
         )
-    elif _ok(slow.dram_tbps) and _ok(fast.dram_tbps):
+    elif known(slow.dram_tbps) and known(fast.dram_tbps):
         lines.append(
             f"similar bytes ({bytes_ratio:.2f}×); {slow.label} draws {slow.dram_tbps:.2f} TB/s from DRAM "
             f"vs {fast.dram_tbps:.2f}"
@@ -366,169 +364,6 @@ def compare(a: Explanation, b: Explanation) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Roofline
-
-
-def roofline_png(
-    points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
-) -> bytes:
-    """`roofline_figure` as PNG bytes."""
-    from tuner.results.plots import png_bytes
-
-    return png_bytes(roofline_figure(points, ceiling_tbps, peak_tflops, title))
-
-
-def roofline_figure(
-    points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str = "roofline"
-):
-    """What bounds each explained config, drawn (a matplotlib Figure, no pyplot). Configs with FP32 work get the
-    log-log roofline: the measured copy ceiling as the memory roof, the FP32 peak as the compute roof, one point
-    per config at (FLOP per DRAM byte, achieved TFLOP/s). Configs without (a copy, a transpose: most memory-bound
-    kernels) have no place on it, so they get what bounds them instead: their bytes against the memory roof
-    (the TB/s the tuner measured and the DRAM TB/s under ncu, against the copy ceiling) and the memory units'
-    throughput from the profile (DRAM as a share of the ceiling, L2 and L1/shared memory of their peaks, with
-    the shares at which `bound` calls a unit the bound). A panel is drawn only for configs it fits."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    placed = [p for p in points if p.flops > 0 and _ok(p.arithmetic_intensity) and p.arithmetic_intensity > 0]
-    unplaced = [p for p in points if p not in placed]
-    panels = (1 if placed else 0) + (2 if unplaced else 0)
-    fig = Figure(figsize=(8, 1.2 + 4.3 * panels), dpi=110)
-    FigureCanvasAgg(fig)
-    axes = list(fig.subplots(panels, 1, squeeze=False)[:, 0])
-    if placed:
-        _draw_roofline(axes.pop(0), placed, unplaced, ceiling_tbps, peak_tflops)
-    if unplaced:
-        _draw_memory_roof(axes.pop(0), unplaced, ceiling_tbps)
-        _draw_units(axes.pop(0), unplaced)
-    fig.suptitle(title, fontsize=11)
-    return fig
-
-
-def _draw_roofline(ax, placed: Sequence[Explanation], unplaced: Sequence[Explanation], ceiling_tbps, peak_tflops):
-    xs = [p.arithmetic_intensity for p in placed]
-    peak = peak_tflops or 0.0
-    lo = min([0.01] + [x / 4 for x in xs])
-    ridge = peak / ceiling_tbps if peak else 100.0
-    hi = max([ridge * 20, 100.0] + [x * 4 for x in xs])
-    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    roof = [min(ceiling_tbps * x, peak) if peak else ceiling_tbps * x for x in grid]
-    ax.plot(
-        grid,
-        roof,
-        color="black",
-        lw=1.5,
-        label=f"roof: copy ceiling {ceiling_tbps:.2f} TB/s" + (f", FP32 peak {peak:.1f} TFLOP/s" if peak else ""),
-    )
-    for p in placed:
-        ax.scatter(
-            [p.arithmetic_intensity],
-            [p.tflops],
-            s=45,
-            zorder=3,
-            label=f"{p.label}: {p.arithmetic_intensity:.3g} FLOP/B, {p.tflops:.3g} TFLOP/s ({p.bound})",
-        )
-    for p in unplaced:
-        ax.plot([], [], " ", label=f"{p.label}: no FP32 work (below: its bytes and memory units)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FP32 FLOP per DRAM byte)")
-    ax.set_ylabel("TFLOP/s (FP32)")
-    ax.set_title("roofline", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-
-
-def _bar_groups(ax, points: Sequence[Explanation], series: Sequence[tuple[str, Any]]) -> float:
-    """Horizontal bars, one group per config (top to bottom in the given order), one bar per named series whose
-    value (`series`: label, Explanation -> value) is known, each labelled with its value; y ticks name the config
-    and its bound. Returns the largest value drawn (0 for none)."""
-    height = 0.8 / len(series)
-    largest = 0.0
-    for k, (label, value_of) in enumerate(series):
-        ys, widths = [], []
-        for i, p in enumerate(points):
-            value = value_of(p)
-            if _ok(value):
-                ys.append(len(points) - 1 - i + 0.4 - (k + 0.5) * height)
-                widths.append(value)
-        if ys:
-            bars = ax.barh(ys, widths, height=height * 0.9, label=label)
-            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
-            largest = max(largest, *widths)
-    ax.set_yticks(
-        [len(points) - 1 - i for i in range(len(points))], [f"{p.label}\n({p.bound})" for p in points], fontsize=7
-    )
-    return largest
-
-
-def _draw_memory_roof(ax, points: Sequence[Explanation], ceiling_tbps: float) -> None:
-    largest = _bar_groups(
-        ax,
-        points,
-        [
-            ("measured: useful bytes / median time", lambda p: p.measured_tbps),
-            ("DRAM under ncu: bytes moved / kernel time", lambda p: p.dram_tbps),
-        ],
-    )
-    ax.axvline(ceiling_tbps, color="black", lw=1.5, label=f"memory roof: copy ceiling {ceiling_tbps:.2f} TB/s")
-    ax.set_xlim(0, max(ceiling_tbps, largest) * 1.25)  # an L2-resident problem may beat the DRAM copy
-    ax.set_xlabel("TB/s")
-    ax.set_title("bytes against the memory roof (no FP32 work: not on the roofline)", fontsize=10)
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: bars fill the panel
-
-
-def _draw_units(ax, points: Sequence[Explanation]) -> None:
-    largest = _bar_groups(
-        ax,
-        points,
-        [
-            ("DRAM: % of the copy ceiling", lambda p: 100 * p.of_ceiling),
-            ("L2: % of peak (ncu)", lambda p: p.lts_pct),
-            ("L1 / shared memory: % of peak (ncu)", lambda p: p.l1tex_pct),
-        ],
-    )
-    ax.axvline(100 * HBM_BOUND, color="tab:blue", ls="--", lw=1, label=f"HBM-bound from {HBM_BOUND:.0%}")
-    ax.axvline(100 * UNIT_BOUND, color="gray", ls=":", lw=1, label=f"a unit bounds from {UNIT_BOUND:.0%}")
-    ax.set_xlim(0, max(100.0, largest) * 1.25)
-    ax.set_xlabel("% of the unit's peak")
-    ax.set_title("memory units' throughput (Nsight Compute)", fontsize=10)
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: bars fill the panel
-
-
-def roofline_html(png: bytes, points: Sequence[Explanation], title: str) -> str:
-    """The roofline PNG inline, and a table of the points with their bound and findings."""
-    rows = "\n".join(
-        f"<tr><td>{html.escape(p.label)}</td><td>{p.time_s * 1e3:.4g}</td><td>{p.dram_bytes / 1e9:.4g}</td>"
-        f"<td>{_fmt(p.useful_fraction, '.2f')}</td><td>{_fmt(p.dram_tbps, '.3f')}</td>"
-        f"<td>{_fmt(p.arithmetic_intensity, '.3g')}</td><td>{html.escape(p.bound)}</td>"
-        f"<td>{'<br>'.join(html.escape(f) for f in p.findings[1:])}</td></tr>"
-        for p in points
-    )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
-        f"<h1>{html.escape(title)}</h1><img src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-        "<table border='1' cellpadding='4'><tr><th>config</th><th>ms</th><th>DRAM GB</th><th>useful</th>"
-        f"<th>DRAM TB/s</th><th>FLOP/B</th><th>bound</th><th>findings</th></tr>{rows}</table></body></html>\n"
-    )
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return format(value, spec) if _ok(value) else ""
-
-
-def write_roofline(
-    path: str | Path, points: Sequence[Explanation], ceiling_tbps: float, peak_tflops: float | None, title: str
-) -> list[Path]:
-    """Write the roofline as `path` (.png) and the same name with .html; atomically. Returns both paths."""
-    from tuner.results.export import atomic_write
-
-    path = Path(path)
-    png = roofline_png(points, ceiling_tbps, peak_tflops, title)
-    html_path = path.with_suffix(".html")
-    return [atomic_write(path, png), atomic_write(html_path, roofline_html(png, points, title))]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -578,7 +413,7 @@ def _pick(
 
 def _current(record: Any) -> bool:
     """A stored profile this version reads: one of an older format (ns taken for seconds) is profiled again."""
-    from tuner.ncu import PROFILE_FORMAT
+    from tuner.insight.ncu import PROFILE_FORMAT
 
     return isinstance(record, dict) and (record.get("profile") or {}).get("format") == PROFILE_FORMAT
 
@@ -596,7 +431,7 @@ def explain_study(
     attr ``ncu:<n>``, in the current `PROFILE_FORMAT`) are not profiled again unless `reprofile`. Every profile
     runs before anything is written: an InputError (unknown or unmeasured trial, a config that no longer
     renders, ncu absent, not permitted or timing out) leaves the study as it was."""
-    from tuner import ncu as ncu_mod
+    from tuner.insight import ncu as ncu_mod
     from tuner.results import export
 
     measured = export.measured_trials(study)
