@@ -15,7 +15,7 @@ from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.elementwise import SCALE, kernel_stages
 from tuner.space import space
-from tuner.space.space import Problem
+from tuner.space.problem import Problem
 
 
 @pytest.fixture(scope="module")

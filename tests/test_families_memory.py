@@ -14,7 +14,7 @@ from tuner import kernels
 from tuner.build import render
 from tuner.build.compile import compile_source
 from tuner.space import space
-from tuner.space.space import Problem
+from tuner.space.problem import Problem
 
 
 def _load(name: str) -> tuple[space.SearchSpace, kernels.Family]:

@@ -18,7 +18,7 @@ from tuner.build.compile import compile_source
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.space import space
-from tuner.space.space import Problem
+from tuner.space.problem import Problem
 
 NAMES = ["softmax", "rmsnorm", "layernorm"]
 

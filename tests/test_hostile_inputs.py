@@ -19,6 +19,7 @@ from tuner.build.render import render
 from tuner.cli import main as cli
 from tuner.errors import InputError, SpaceError, TemplateError
 from tuner.space import space as space_mod
+from tuner.space.reading import IDENTIFIER
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -374,7 +375,7 @@ def test_shipped_string_values_are_identifiers():
     for path in space_mod.shipped_spaces():
         for values in space_mod.load(path).params.values():
             for v in values:
-                assert not isinstance(v, str) or space_mod.IDENTIFIER.fullmatch(v)
+                assert not isinstance(v, str) or IDENTIFIER.fullmatch(v)
 
 
 def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, monkeypatch, capsys):

@@ -33,7 +33,8 @@ from typing import Any
 from tuner.errors import InputError, TemplateError
 from tuner.expr import parse_tree
 from tuner.result import Result
-from tuner.space.space import Problem, SearchSpace
+from tuner.space.problem import Problem
+from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
 
 __all__ = [

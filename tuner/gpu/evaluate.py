@@ -16,7 +16,8 @@ from tuner.build.render import render
 from tuner.gpu.protocol import Evaluator
 from tuner.kernels.base import Family
 from tuner.result import Invalid, Result
-from tuner.space.space import Problem, SearchSpace, load
+from tuner.space.problem import Problem
+from tuner.space.space import SearchSpace, load
 
 __all__ = ["evaluate_config"]
 

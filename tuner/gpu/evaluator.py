@@ -38,7 +38,7 @@ from cupy_backends.cuda.api import driver as _driver
 from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import families
-from tuner.expr import ceil_div
+from tuner.exprops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB
 from tuner.gpu.checks import Verification

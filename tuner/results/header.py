@@ -27,7 +27,7 @@ from tuner.build.files import atomic_write, check_writable
 from tuner.build.render import environment
 from tuner.build.render import uri as kernel_uri
 from tuner.errors import InputError
-from tuner.expr import ceil_div
+from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT_ARCH
 from tuner.results.studies import (
     StudyContext,

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.build.files import atomic_write, check_writable
-from tuner.expr import ceil_div
+from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT, GpuFacts
 from tuner.results.studies import gpu_facts, measured_trials, pareto_trials, threads, throughput, throughput_unit
 from tuner.results.tables import pareto_frame

@@ -33,19 +33,20 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tuner.errors import SpaceError
-from tuner.expr import Expr, ExprError
-from tuner.gpufacts import DEFAULT, GpuFacts
+from tuner.expr import Expr
 from tuner.kernels import base as kbase
+from tuner.space.problem import Objective, Problem
+from tuner.space.reading import _LineFinder, _load_exprs, _load_objectives, _load_params, _load_problems, _Loader
+from tuner.space.walk import _plan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,27 +64,7 @@ TOP_LEVEL_KEYS = (
     "default",
     "compile_options",
 )
-METRICS = (
-    "throughput",
-    "tbps",
-    "tflops",
-    "time_ms",
-    "fraction_of_ceiling",
-    "registers",
-    "smem_bytes",
-    "spill_bytes",
-)
-Direction = Literal["maximize", "minimize"]
-DEFAULT_OBJECTIVES: tuple[tuple[str, Direction], ...] = (
-    ("throughput", "maximize"),
-    ("registers", "minimize"),
-    ("smem_bytes", "minimize"),
-)
-#: what a string value must look like: it selects a variant in a template, it is never pasted into CUDA as text
-IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-MAX_RANGE = 10**6
 MAX_FILE_BYTES = 1 << 20
-MAX_PROBLEM_SIZE = 2**63 - 1
 #: partial configs a bounded walk visits before it gives up (≈ 1 s on one core)
 WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
@@ -97,8 +78,9 @@ def code_files() -> list[Path]:
     """The modules that read spaces and evaluate their expressions: what is cached of a space (its listing row,
     its valid set) is keyed on their bytes, so a changed reader counts again."""
     from tuner import expr, gpufacts
+    from tuner.space import problem, reading, walk
 
-    return [Path(__file__), Path(expr.__file__), Path(gpufacts.__file__)]
+    return [Path(__file__), *(Path(m.__file__ or "") for m in (problem, reading, walk, expr, gpufacts))]
 
 
 class WalkBudgetExceeded(Exception):
@@ -108,36 +90,6 @@ class WalkBudgetExceeded(Exception):
 def params_key(params: dict[str, Any]) -> str:
     """A canonical key for a config: the same params give the same key however they were typed or ordered."""
     return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A named problem: integer sizes and a dtype, on a GPU. `env` is what templates and kernel families see:
-    the sizes, ``dtype`` and ``elem_bytes``; `expression_env`, what space expressions see, adds the GPU's facts
-    (`tuner.gpufacts.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is `tuner.gpufacts.DEFAULT`
-    (H100/H200) until the study driver learns the facts of the GPU its workers own."""
-
-    name: str
-    dtype: str
-    sizes: dict[str, int]
-    gpu: GpuFacts = field(default=DEFAULT, compare=False)
-
-    @property
-    def env(self) -> dict[str, Any]:
-        return {**self.sizes, "dtype": self.dtype, "elem_bytes": kbase.DTYPES[self.dtype][1]}
-
-    @property
-    def expression_env(self) -> dict[str, Any]:
-        return {**self.gpu.expression_env(), **self.env}
-
-    def label(self) -> str:
-        return f"{self.name}_{self.dtype}"
-
-
-@dataclass(frozen=True)
-class Objective:
-    name: str
-    direction: Direction
 
 
 @dataclass
@@ -282,7 +234,7 @@ class SearchSpace:
 
     def _listed_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray | None:
         """`_positions_over_arrays`, or None where the arrays cannot list this space (see `valid_positions`)."""
-        from tuner.expr import NotVectorizable
+        from tuner.exprarrays import NotVectorizable
 
         if type(self) is not SearchSpace:
             return None
@@ -294,7 +246,7 @@ class SearchSpace:
     def _positions_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray:
         import numpy as np
 
-        from tuner.expr import NotVectorizable, truth
+        from tuner.exprarrays import NotVectorizable, truth
 
         env: dict[str, Any] = dict(problem.expression_env)
         rows = np.zeros((1, 0), dtype=np.int16)  # the one empty prefix
@@ -575,256 +527,3 @@ def load(space: str | Path) -> SearchSpace:
     if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
         family.validate_space(loaded, fail)
     return loaded
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader that refuses a mapping key given twice (PyYAML keeps the last one silently). It parses with
-    libyaml where PyYAML was built with it (the wheels are): `tuner spaces` reads every shipped space."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
-                except TypeError:  # an unhashable key: the base class reports it
-                    continue
-                if first != key_node.start_mark.line + 1:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {key!r} appears twice (lines {first} and {key_node.start_mark.line + 1})",
-                        key_node.start_mark,
-                    )
-        return super().construct_mapping(node, deep)
-
-
-class _LineFinder:
-    """Maps key paths to 1-based line numbers using the YAML node tree."""
-
-    def __init__(self, root: yaml.Node | None):
-        self.root = root
-
-    def line(self, *keys: Any) -> int | None:
-        node, best = self.root, None
-        for key in keys:
-            if isinstance(node, yaml.MappingNode):
-                for k, v in node.value:
-                    if k.value == str(key):
-                        best, node = k.start_mark.line + 1, v
-                        break
-                else:
-                    return best
-            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-                node = node.value[key]
-                best = node.start_mark.line + 1
-            else:
-                return best
-        return best
-
-
-def _load_problems(spec: Any, family, fail) -> list[Problem]:
-    items = spec if isinstance(spec, list) else [spec]
-    if not items:
-        raise fail("'problem' must name at least one problem", "problem")
-    problems = []
-    for i, item in enumerate(items):
-        keys = ("problem", i) if isinstance(spec, list) else ("problem",)
-        if not isinstance(item, dict):
-            raise fail("a problem is a mapping of name, dtype and integer sizes", *keys)
-        item = dict(item)
-        name = str(item.pop("name", f"problem{i}"))
-        dtype = item.pop("dtype", "float32")
-        if dtype not in family.dtypes:
-            raise fail(
-                f"dtype {dtype!r} is not supported by {family.name} (supported: {', '.join(family.dtypes)})",
-                *keys,
-                "dtype",
-            )
-        for key, value in item.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PROBLEM_SIZE:
-                raise fail(f"problem size {key!r} must be a positive 64-bit integer, got {value!r}", *keys, key)
-        missing = [s for s in family.problem_sizes if s not in item]
-        if missing:
-            raise fail(f"problem {name!r} lacks sizes {missing} that {family.name} needs", *keys)
-        fault = family.problem_fault({**item, "dtype": dtype})
-        if fault is not None:
-            raise fail(f"problem {name!r}: {fault}", *keys)
-        problems.append(Problem(name=name, dtype=dtype, sizes=item))
-    return problems
-
-
-def _load_params(spec: Any, fail) -> dict[str, tuple[Any, ...]]:
-    if not isinstance(spec, dict) or not spec:
-        raise fail("'params' must be a non-empty mapping of name: values", "params")
-    params: dict[str, tuple[Any, ...]] = {}
-    for name, values in spec.items():
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
-            raise fail(f"parameter name {name!r} is not an identifier", "params", name)
-        if isinstance(values, dict):
-            values = _expand_range(name, values, fail)
-        if not isinstance(values, list):
-            raise fail(f"parameter {name!r}: expected a list of values or {{pow2: [lo, hi]}}", "params", name)
-        if not values:
-            raise fail(f"parameter {name!r} has no values", "params", name)
-        for v in values:
-            if isinstance(v, dict | list) or v is None:
-                raise fail(f"parameter {name!r}: value {v!r} is not a scalar", "params", name)
-            if isinstance(v, str) and not IDENTIFIER.fullmatch(v):
-                raise fail(
-                    f"parameter {name!r}: string value {v!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*); "
-                    f"string values name a variant and are never pasted into CUDA",
-                    "params",
-                    name,
-                )
-        if len(set(values)) != len(values):
-            raise fail(f"parameter {name!r} lists a value twice", "params", name)
-        params[name] = tuple(values)
-    return params
-
-
-def _expand_range(name: str, spec: dict, fail) -> list[Any]:
-    if "values" in spec and len(spec) == 1:
-        return spec["values"]
-    if "pow2" in spec and len(spec) == 1:
-        lo_hi = spec["pow2"]
-        if (
-            not isinstance(lo_hi, list)
-            or len(lo_hi) != 2
-            or not all(isinstance(x, int) and x > 0 for x in lo_hi)
-            or any(x & (x - 1) for x in lo_hi)
-            or lo_hi[0] > lo_hi[1]
-        ):
-            raise fail(f"parameter {name!r}: pow2 expects [lo, hi], powers of two with lo <= hi", "params", name)
-        lo, hi = lo_hi
-        if hi.bit_length() > 64:
-            raise fail(f"parameter {name!r}: pow2 values above 2**63 are not allowed", "params", name)
-        return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
-    if "range" in spec and len(spec) == 1:
-        r = spec["range"]
-        if not isinstance(r, list) or len(r) not in (2, 3) or not all(isinstance(x, int) for x in r):
-            raise fail(f"parameter {name!r}: range expects [lo, hi] or [lo, hi, step] (inclusive)", "params", name)
-        lo, hi, step = (r + [1])[:3]
-        if step <= 0:
-            raise fail(f"parameter {name!r}: range step must be positive", "params", name)
-        if len(range(lo, hi + 1, step)) > MAX_RANGE:
-            raise fail(
-                f"parameter {name!r}: range of {len(range(lo, hi + 1, step)):,} values is above the limit "
-                f"of {MAX_RANGE:,}",
-                "params",
-                name,
-            )
-        return list(range(lo, hi + 1, step))
-    raise fail(
-        f"parameter {name!r}: expected one of {{values: [...]}}, {{pow2: [lo, hi]}}, {{range: [lo, hi]}}",
-        "params",
-        name,
-    )
-
-
-def _load_exprs(spec: Any, key: str, fail) -> dict[str, Expr] | list[Expr] | Any:
-    """A mapping of name: expression, or a list of expressions, parsed; anything else is returned as given for
-    the caller to refuse in its own words."""
-    if isinstance(spec, dict):
-        named: dict[str, Expr] = {}
-        for name, text in spec.items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise fail(f"{key}: name {name!r} is not an identifier", key, name)
-            try:
-                named[name] = Expr.parse(text)
-            except ExprError as exc:
-                raise fail(f"{key} {name!r}: {exc}", key, name) from None
-        return named
-    if isinstance(spec, list):
-        listed: list[Expr] = []
-        for i, text in enumerate(spec):
-            try:
-                listed.append(Expr.parse(text))
-            except ExprError as exc:
-                raise fail(f"{key}: {exc}", key, i) from None
-        return listed
-    return spec
-
-
-def _load_objectives(spec: Any, fail) -> list[Objective]:
-    if spec is None:
-        return [Objective(n, d) for n, d in DEFAULT_OBJECTIVES]
-    if not isinstance(spec, list) or not spec:
-        raise fail("'objectives' must be a non-empty list of {metric: maximize|minimize}", "objectives")
-    out = []
-    for i, item in enumerate(spec):
-        if not isinstance(item, dict) or len(item) != 1:
-            raise fail("each objective is {metric: maximize|minimize}", "objectives", i)
-        ((name, direction),) = item.items()
-        if name not in METRICS:
-            raise fail(f"unknown objective metric {name!r} (known: {', '.join(METRICS)})", "objectives", i)
-        if direction not in ("maximize", "minimize"):
-            raise fail(f"objective {name!r}: direction must be maximize or minimize", "objectives", i)
-        out.append(Objective(name, direction))
-    return out
-
-
-def _plan(space: SearchSpace, fail) -> dict[str, Any]:
-    """Order derived values by dependency and attach each derived value and constraint to the first param
-    level at which everything it reads is bound (level -1: problem symbols only)."""
-    param_index = {name: i for i, name in enumerate(space.params)}
-    problem_symbols = set.intersection(*(set(p.expression_env) for p in space.problems))
-    known = set(param_index) | set(space.derived) | problem_symbols
-
-    def check_names(expr: Expr, *keys) -> None:
-        unknown = sorted(expr.names - known)
-        if unknown:
-            raise fail(f"{expr.text!r} names unknown symbol(s) {', '.join(unknown)}", *keys)
-
-    for name, expr in space.derived.items():
-        check_names(expr, "derived", name)
-    for i, expr in enumerate(space.constraints):
-        check_names(expr, "constraints", i)
-
-    level: dict[str, int] = {name: i for name, i in param_index.items()}
-    level.update({s: -1 for s in problem_symbols})
-    order: list[str] = []
-    visiting: list[str] = []
-
-    def visit(name: str) -> int:
-        if name in level:
-            return level[name]
-        if name in visiting:
-            cycle = visiting[visiting.index(name) :] + [name]
-            if len(cycle) == 2:
-                raise fail(f"derived value {name!r} depends on itself", "derived", name)
-            raise fail(f"derived values form a cycle: {' → '.join(cycle)}", "derived", cycle[0])
-        visiting.append(name)
-        expr = space.derived[name]
-        level[name] = max((visit(n) for n in sorted(expr.names)), default=-1)
-        visiting.pop()
-        order.append(name)
-        return level[name]
-
-    for name in space.derived:
-        visit(name)
-
-    # steps per level: (the derived value's name, or None for a constraint, Expr), derived values first, in
-    # dependency order; `SearchSpace.valid_positions` evaluates them over arrays
-    steps: dict[int, list[tuple[str | None, Expr]]] = {i: [] for i in range(-1, len(space.params))}
-    for name in order:
-        steps[level[name]].append((name, space.derived[name]))
-    for expr in space.constraints:
-        steps[max((level[n] for n in expr.names), default=-1)].append((None, expr))
-    # ... and `SearchSpace.enumerate` calls them config by config: (text for error messages, callable -> truth)
-    levels = {lvl: [_walk_step(name, expr) for name, expr in level_steps] for lvl, level_steps in steps.items()}
-    return {"derived_order": order, "levels": levels, "steps": steps}
-
-
-def _walk_step(name: str | None, expr: Expr) -> tuple[str, Any]:
-    if name is None:
-        return expr.text, expr
-
-    def set_derived(env):
-        env[name] = expr(env)
-        return True
-
-    return f"{name}: {expr.text}", set_derived

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from tuner.kernels.base import Family
     from tuner.space import space as space_mod
-    from tuner.space.space import Objective
+    from tuner.space.problem import Objective
     from tuner.study.lease import Lease
 
 

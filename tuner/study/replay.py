@@ -21,7 +21,8 @@ from tuner.gpu.protocol import Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
-from tuner.space.space import Problem, SearchSpace, params_key
+from tuner.space.problem import Problem
+from tuner.space.space import SearchSpace, params_key
 
 _MEASUREMENT_FIELDS = set(Measurement.__dataclass_fields__)
 

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     import numpy as np
     from optuna.samplers import BaseSampler
 
-    from tuner.space.space import Problem, SearchSpace
+    from tuner.space.problem import Problem
+    from tuner.space.space import SearchSpace
 
 CONSTRAINT_KEY = "space"
 #: user attr of a proposal answered without evaluation; its value says why (invalid, duplicate, known_failure)
