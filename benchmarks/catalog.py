@@ -139,7 +139,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     for kernel, problem_name, target in TARGETS:
         if (args.only and kernel not in args.only) or (args.problems and problem_name not in args.problems):
             continue
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         url = f"sqlite:///{studies}/catalog-{date}.db"

@@ -113,7 +113,7 @@ def space_paths(args) -> dict[str, Path]:
     from tuner.space import space as space_mod
 
     chosen = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
-    return {kernel: chosen.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
+    return {kernel: chosen.get(kernel, ROOT / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
 
 
 def dry_run(args) -> int:

@@ -187,7 +187,7 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 
     failed = 0
     for kernel, problem_name, _ in targets:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         valid = list(space.enumerate(problem))
@@ -301,7 +301,7 @@ def main() -> int:
     started = time.time()
     ev = None  # the peers' evaluator: its stream, L2 flush and copy timing (created after the first study)
     for kernel, problem_name, target in targets:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         trials = args.trials_attention if kernel == "decode_attention" else args.trials_adamw

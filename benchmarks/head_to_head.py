@@ -110,7 +110,7 @@ def main() -> int:
     summaries: list[dict] = []
     for target in chosen:
         kernel, problem_name, params = target["kernel"], target["problem"], target["config"]
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         config = space.resolve(params, problem)

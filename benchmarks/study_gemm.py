@@ -143,7 +143,7 @@ def main() -> int:
     from tuner.space import space as space_mod
 
     study = optuna.load_study(study_name=summary["study"], storage=url)
-    space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")
+    space = space_mod.load(ROOT / "search_spaces" / "gemm.yaml")
     problem = space.problem()
     best = summary["best"]
     params = best["params"]

@@ -296,7 +296,7 @@ def test_fp8_launch_covers_every_row(fp8):
 
 
 def _space_with(tmp_path, name: str, old: str, new: str) -> Path:
-    text = (ROOT / "tuner" / "search_spaces" / f"{name}.yaml").read_text()
+    text = (ROOT / "search_spaces" / f"{name}.yaml").read_text()
     assert old in text
     path = tmp_path / f"{name}_bad.yaml"
     path.write_text(text.replace(old, new))

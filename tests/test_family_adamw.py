@@ -25,7 +25,7 @@ def fam():
 
 @pytest.fixture(scope="module")
 def spc():
-    return space.load(ROOT / "tuner" / "search_spaces" / "adamw.yaml")
+    return space.load(ROOT / "search_spaces" / "adamw.yaml")
 
 
 def test_family_contract_and_space(fam, spc):

@@ -52,7 +52,7 @@ def fam():
 
 @pytest.fixture(scope="module")
 def spc():
-    return space.load(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+    return space.load(ROOT / "search_spaces" / "decode_attention.yaml")
 
 
 def config_for(spc, params, problem):
@@ -393,7 +393,7 @@ def test_accounting(fam, spc):
 
 def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
     text = (
-        open(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
         .read()
         .replace("{name: b8_s4096, B: 8, S: 4096, heads_q: 32,", "{name: b8_s4096, B: 8, S: 4096, heads_q: 30,")
     )
@@ -406,7 +406,7 @@ def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
 
 def test_unsupported_dtype_is_a_one_line_error(tmp_path):
     text = (
-        open(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
         .read()
         .replace("head_dim: 128, dtype: bfloat16}", "head_dim: 128, dtype: float32}", 1)
     )

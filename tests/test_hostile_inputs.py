@@ -308,7 +308,7 @@ def test_hostile_input(case, tmp_path, monkeypatch, capsys):
         else:
             path.write_text(content)
     monkeypatch.chdir(tmp_path)  # the default storage (studies/KERNEL.db) would land here
-    monkeypatch.setattr(space_mod, "SPACES_DIR", ROOT / "tuner" / "search_spaces")
+    monkeypatch.setattr(space_mod, "SPACES_DIR", ROOT / "search_spaces")
     before = snapshot(tmp_path, DATA)
     capsys.readouterr()
     started = time.perf_counter()
@@ -382,7 +382,7 @@ def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, mon
     folder = tmp_path / "spaces"
     folder.mkdir()
     (folder / "huge.yaml").write_text(HUGE + "constraints:\n  - f > 500\n")
-    (folder / "copy.yaml").write_text((ROOT / "tuner" / "search_spaces" / "copy.yaml").read_text())
+    (folder / "copy.yaml").write_text((ROOT / "search_spaces" / "copy.yaml").read_text())
     monkeypatch.setattr(space_mod, "SPACES_DIR", folder)
     started = time.perf_counter()
     assert cli.main(["spaces", "--json"]) == 0
@@ -402,7 +402,7 @@ def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, mon
 
 
 def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
-    path = ROOT / "tuner" / "search_spaces" / "copy.yaml"
+    path = ROOT / "search_spaces" / "copy.yaml"
     space = space_mod.load(path)
     assert space.sample(5, seed=1) == space.sample(5, seed=1)  # seeded
     huge_text = HUGE + "constraints:\n  - f > 990\n"

@@ -29,7 +29,7 @@ from tuner.study.search import Codec, index_key, valid_index
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
 STUDY = "transpose-n16384_float32-NVIDIA_H200"
 
 

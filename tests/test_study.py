@@ -21,7 +21,7 @@ from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
 
 
 def tuner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -191,7 +191,7 @@ def test_the_writer_process_mirrors_a_replay_study_exactly(tmp_path):
     url = f"sqlite:///{tmp_path}/w.db"
     opts = StudyOptions(
         kernel="transpose",
-        space=str(ROOT / "tuner" / "search_spaces" / "transpose.yaml"),
+        space=str(ROOT / "search_spaces" / "transpose.yaml"),
         trials=40,
         storage=url,
         replay=str(RECORDING),

@@ -1,7 +1,7 @@
 """Render a kernel template for one config: (kernel, config, problem) → `Source`.
 
-One strict Jinja2 environment over the shipped templates (package data, ``tuner/templates``, read through
-`importlib.resources`), plus the directory of a family's own template when it has one (``Family.template_dir``: a
+One strict Jinja2 environment over the shipped templates (``templates/``, package data in a wheel: see
+`tuner.shipped`), plus the directory of a family's own template when it has one (``Family.template_dir``: a
 space's directory, or an installed package's): an undefined variable is an error naming the template and line,
 never an empty string that turns into a baffling compile error later.
 
@@ -21,7 +21,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,10 @@ import jinja2
 
 from tuner.errors import TemplateError
 from tuner.kernels import base as kbase
+from tuner.shipped import shipped_dir
 
-#: The shipped templates: package data, so an installed wheel finds them from any directory.
-TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES") or str(resources.files("tuner") / "templates"))
+#: The shipped templates (`tuner.shipped`): an installed wheel finds them from any directory.
+TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES") or shipped_dir("templates"))
 
 
 @dataclass(frozen=True)

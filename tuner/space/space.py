@@ -35,7 +35,6 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ import yaml
 from tuner.errors import SpaceError
 from tuner.expr import Expr
 from tuner.kernels import base as kbase
+from tuner.shipped import shipped_dir
 from tuner.space.problem import Objective, Problem
 from tuner.space.reading import _LineFinder, _load_exprs, _load_objectives, _load_params, _load_problems, _Loader
 from tuner.space.walk import _plan
@@ -70,8 +70,8 @@ WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
 SAMPLE_DRAWS = 100_000
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-#: The shipped spaces: package data, so an installed wheel finds them from any directory.
-SPACES_DIR = Path(str(resources.files("tuner") / "search_spaces"))
+#: The shipped spaces (`tuner.shipped`): an installed wheel finds them from any directory.
+SPACES_DIR = shipped_dir("search_spaces")
 
 
 def code_files() -> list[Path]:
