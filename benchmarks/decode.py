@@ -119,8 +119,7 @@ def space_paths(args) -> dict[str, Path]:
 def dry_run(args) -> int:
     """Render and compile the default plus a seeded sample of valid configs of every target (NVRTC, no GPU)."""
     from tuner import kernels
-    from tuner.build import compile as tcompile
-    from tuner.build import render
+    from tuner.build import compilers, render
     from tuner.space import space as space_mod
 
     failures = 0
@@ -137,7 +136,7 @@ def dry_run(args) -> int:
         sources = [render.render(family, c, space.resolve(c, problem), problem.env) for c in configs]
         for config in configs:
             family.launches("e", space.resolve(config, problem), problem.env)
-        results = list(tcompile.compile_many(sources, jobs=args.jobs))
+        results = list(compilers.compile_many(sources, jobs=args.jobs))
         bad = [(s.uri, r.reason) for s, r in results if not r.ok]
         spills = [s.uri for s, r in results if r.ok and r.spill_bytes]
         regs = [r.registers for _, r in results if r.ok]

@@ -182,7 +182,7 @@ def adamw_peers(problem, torch):
 def dry_run(targets, sample: int, probe: bool = False) -> int:
     """Render and compile each target's default and a seeded sample of valid configs (with `probe`, the
     decode-attention probes too) for sm_90; print the resources. Exit 1 if any fails."""
-    from tuner.build.compile import compile_many
+    from tuner.build.compilers import compile_many
     from tuner.build.render import render
 
     failed = 0

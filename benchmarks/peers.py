@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner.build.compile import compile_many  # noqa: E402
+from tuner.build.compilers import compile_many  # noqa: E402
 from tuner.build.render import render  # noqa: E402
 from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
 from tuner.gpu.timing import benchmark  # noqa: E402

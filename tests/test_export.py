@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 
 from tuner import kernels
 from tuner.build import compile as compile_mod
+from tuner.build import compilers
 from tuner.build.render import TEMPLATES_DIR, render
 from tuner.cli import main as cli_mod
 from tuner.errors import InputError
@@ -100,7 +101,7 @@ def build_study(
 
     configs = space.sample(n_valid, seed, problem)
     sources = [render(family, c, space.resolve(c, problem), problem.env) for c in configs]
-    compiled = [r for _, r in compile_mod.compile_many(sources, arch=ARCH)]
+    compiled = [r for _, r in compilers.compile_many(sources, arch=ARCH)]
 
     trials: list[optuna.trial.FrozenTrial] = []  # added in one go: SQLite commits cost ~15 ms each here
 

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from tuner import kernels
-from tuner.build import compile as tcompile
-from tuner.build import render
+from tuner.build import compilers, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.fp8_quant import decode_e4m3, encode_e4m3, ordinal
@@ -262,7 +261,7 @@ def test_sampled_configs_compile_without_spills(name):
             source = render.render(family, config, resolved, problem.env)
             sources.append(source)
             launches[source.uri] = family.launches(source.entry, resolved, problem.env)
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 255 and result.spill_bytes == 0, source.uri

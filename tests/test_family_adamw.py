@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from tuner import kernels
-from tuner.build import compile as tcompile
-from tuner.build import render
+from tuner.build import compilers, render
 from tuner.kernels import adamw, bf16
 from tuner.space import space
 
@@ -150,7 +149,7 @@ def test_default_and_every_vec_compile_without_spills(fam, spc):
     ]
     sources = [render.render(fam, c, spc.resolve(c, problem), problem.env) for c in configs]
     assert "constexpr int NT = 9;" in sources[0].text
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 128 and result.spill_bytes == 0

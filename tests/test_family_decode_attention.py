@@ -20,7 +20,7 @@ import pytest
 
 from tuner import kernels
 from tuner.build import compile as tcompile
-from tuner.build import render
+from tuner.build import compilers, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.space import space
@@ -181,7 +181,7 @@ def test_sampled_configs_compile(fam, spc):
         for c in rng.sample(configs, 2)
     ]
     spilled = 0
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert source.entry in result.functions and result.main.registers > 0
         spilled += result.spill_bytes > 0

@@ -19,7 +19,7 @@ import pytest
 
 from tuner import kernels
 from tuner.build import compile as tcompile
-from tuner.build import render
+from tuner.build import compilers, render
 from tuner.kernels import bf16
 from tuner.results import header
 from tuner.space import space
@@ -711,7 +711,7 @@ def test_sampled_configs_compile(family, gemv_space):
         for configs in groups.values():
             config = rng.choice(configs)
             sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
-    for source, result in tcompile.compile_many(sources, jobs=4):
+    for source, result in compilers.compile_many(sources, jobs=4):
         assert result.ok, (source.uri, result.reason)
         assert result.main.registers > 0 and source.entry in result.functions
         assert result.spill_bytes == 0, source.uri

@@ -534,6 +534,6 @@ def _pickle_reference(reference: Callable[..., Any], bad) -> bytes:
 
 def _forget_reference(directory: Path) -> None:
     """Drop this process's import of the reference module in `directory`, so it is read again when loaded."""
-    from tuner.kernels.custom import user_module_name
+    from tuner.kernels.usercode import user_module_name
 
     sys.modules.pop(user_module_name((directory / REFERENCE_MODULE).resolve()), None)

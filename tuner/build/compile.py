@@ -30,8 +30,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -381,43 +380,6 @@ def _compile(
     return Compiled(
         uri=source.uri, entry=source.entry, arch=arch, cubin=cubin, log=log, functions=functions, key=key, ptx=ptx
     )
-
-
-def compile_many(
-    sources: Iterable[Source],
-    arch: str = DEFAULT_ARCH,
-    jobs: int | None = None,
-    use_cache: bool = True,
-    on_done: Callable[[Source, Compiled | CompileFailed], None] | None = None,
-) -> Iterator[tuple[Source, Compiled | CompileFailed]]:
-    """Compile many sources in parallel, yielding (source, result) in input order.
-
-    In `jobs` processes (`tuner.build.compilers`: NVRTC compiles one at a time per process, so threads of one process
-    do not scale) where there are more sources than jobs; a few sources compile in threads here, which costs less
-    than starting processes for them.
-    """
-    from tuner.build.compilers import CompileProcesses
-
-    jobs = jobs or os.cpu_count() or 1
-    items = list(sources)
-    processes = CompileProcesses(jobs) if len(items) > jobs > 1 else None
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-
-            def one(source: Source) -> Compiled | CompileFailed:
-                if processes is not None:
-                    return processes.compile(source, arch, use_cache)
-                return compile_source(source, arch, (), use_cache)
-
-            futures = [pool.submit(one, s) for s in items]
-            for src, fut in zip(items, futures, strict=True):
-                result = fut.result()
-                if on_done:
-                    on_done(src, result)
-                yield src, result
-    finally:
-        if processes is not None:
-            processes.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

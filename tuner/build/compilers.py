@@ -25,10 +25,16 @@ import contextlib
 import os
 import queue
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tuner.build.child import Child, start_child
+from tuner.gpufacts import DEFAULT_ARCH
 from tuner.result import CompileFailed
+
+if TYPE_CHECKING:
+    from tuner.build.compile import Compiled
+    from tuner.build.render import Source
 
 __all__ = ["COMPILE_NICENESS", "CompileProcesses"]
 
@@ -151,3 +157,42 @@ class CompileProcesses:
             if child.join(2.0) is None:
                 child.kill()
         self._all = []
+
+
+def compile_many(
+    sources: Iterable[Source],
+    arch: str = DEFAULT_ARCH,
+    jobs: int | None = None,
+    use_cache: bool = True,
+    on_done: Callable[[Source, Compiled | CompileFailed], None] | None = None,
+) -> Iterator[tuple[Source, Compiled | CompileFailed]]:
+    """Compile many sources in parallel, yielding (source, result) in input order.
+
+    In `jobs` processes (`CompileProcesses`: NVRTC compiles one at a time per process, so threads of one process
+    do not scale) where there are more sources than jobs; a few sources compile in threads here, which costs less
+    than starting processes for them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.build.compile import compile_source
+
+    jobs = jobs or os.cpu_count() or 1
+    items = list(sources)
+    processes = CompileProcesses(jobs) if len(items) > jobs > 1 else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+
+            def one(source: Source) -> Compiled | CompileFailed:
+                if processes is not None:
+                    return processes.compile(source, arch, use_cache)
+                return compile_source(source, arch, (), use_cache)
+
+            futures = [pool.submit(one, s) for s in items]
+            for src, fut in zip(items, futures, strict=True):
+                result = fut.result()
+                if on_done:
+                    on_done(src, result)
+                yield src, result
+    finally:
+        if processes is not None:
+            processes.close()

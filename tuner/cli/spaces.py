@@ -115,6 +115,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from tuner.build import compile as compile_mod
+    from tuner.build import compilers
     from tuner.build.render import render
     from tuner.results.console import Column, human_seconds, print_table
     from tuner.space import limits
@@ -134,7 +135,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     with Progress(console=console, disable=args.json or not console.is_terminal, transient=True) as progress:
         task = progress.add_task(f"compiling {len(sources)} configs for {arch}", total=len(sources))
         for config, (source, result) in zip(
-            configs, compile_mod.compile_many(sources, arch=arch, jobs=args.jobs), strict=True
+            configs, compilers.compile_many(sources, arch=arch, jobs=args.jobs), strict=True
         ):
             progress.advance(task)
             if result.ok:

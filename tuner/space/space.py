@@ -46,7 +46,7 @@ from tuner.kernels import base as kbase
 from tuner.shipped import shipped_dir
 from tuner.space.problem import Objective, Problem
 from tuner.space.reading import _LineFinder, _load_exprs, _load_objectives, _load_params, _load_problems, _Loader
-from tuner.space.walk import _plan
+from tuner.space.walk import plan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -490,7 +490,7 @@ def load(space: str | Path) -> SearchSpace:
         text=text,
         family_ref=family.ref or family.name,
     )
-    loaded._plan = _plan(loaded, fail)  # noqa: SLF001 - the loader builds the space it owns
+    loaded._plan = plan(params, derived, constraints, problems, fail)  # noqa: SLF001 - the loader builds its space
 
     default = data.get("default")
     if default is not None:
