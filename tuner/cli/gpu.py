@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import Any
 
+from tuner.cli.args import positive_float
 from tuner.cli.spaces import load_space_and_problem
 from tuner.errors import InputError
 
@@ -73,3 +74,21 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
         else f"{record['gpu']}: {record['ceiling_tbps']:.3f} TB/s ({record['method']})"
     )
     return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """bench, ceiling."""
+    p = sub.add_parser("bench", help="verify and time one config on a GPU")
+    p.add_argument("space")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE")
+    p.add_argument("--problem")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds before the kernel is a hang")
+    p.add_argument("--budget-ms", type=positive_float, default=100.0, help="timed work per config")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("ceiling", help="measure the device-to-device copy bandwidth")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ceiling)

@@ -249,7 +249,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_results_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register studies, pareto, export, dashboard, trials and best on `sub`; each sets ``func`` to its
     handler."""
     p = sub.add_parser("studies", help="list the studies in studies/*.db (or --storage): trials, best, last change")
@@ -311,3 +311,11 @@ def add_results_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_best)
+
+
+def add_import_command(sub: argparse._SubParsersAction) -> None:
+    """import-kt."""
+    p = sub.add_parser("import-kt", help="write a space YAML for a Kernel Tuner cache file (replay only)")
+    p.add_argument("cache", help="a Kernel Tuner cache, .json or .json.gz")
+    p.add_argument("-o", "--out", required=True, metavar="SPACE.yaml")
+    p.set_defaults(func=cmd_import_kt)

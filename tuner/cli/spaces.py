@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from tuner.cli.args import positive_int
 from tuner.errors import InputError
 
 
@@ -227,3 +228,33 @@ def cmd_new(args: argparse.Namespace) -> int:
         "--trials 100)"
     )
     return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """spaces, render, check."""
+    p = sub.add_parser("spaces", help="list the shipped search spaces with their sizes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_spaces)
+
+    p = sub.add_parser("render", help="print the CUDA source of one config")
+    p.add_argument("space", help="a space file or the name of a shipped space")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a param of the default config")
+    p.add_argument("--problem", help="problem name (default: the space's first)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("check", help="render and compile all valid configs (or a sample); report resources")
+    p.add_argument("space")
+    p.add_argument("--sample", type=positive_int, help="compile a seeded sample of N valid configs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: all cores)")
+    p.add_argument("--arch", help="e.g. sm_90 (default: GPU 0's, else sm_90)")
+    p.add_argument("--problem")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+
+def add_new_command(sub: argparse._SubParsersAction) -> None:
+    """new."""
+    p = sub.add_parser("new", help="write a starter kernel (template, space, reference) into this directory")
+    p.add_argument("name", help="the kernel's name (an identifier)")
+    p.set_defaults(func=cmd_new)
