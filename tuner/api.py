@@ -327,10 +327,6 @@ def tune_space(
     Bad input is an InputError (one line) and leaves the directory as it was."""
     import yaml
 
-    from tuner.build.files import atomic_write
-    from tuner.build.render import render
-    from tuner.kernels.base import DTYPES
-
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"tune: kernel name {name!r} is not an identifier")
 
@@ -338,22 +334,8 @@ def tune_space(
         return InputError(f"tune {name!r}: {message}")
 
     template_text = _template_text(template, bad)
-    if not isinstance(params, dict) or not params:
-        raise bad("params must be a non-empty dict of name → list of values")
-    plain_params: dict[str, list[Any]] = {}
-    for key, values in params.items():
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
-            raise bad(f"param {key!r}: expected a list of values, got {type(values).__name__}")
-        if not values:
-            raise bad(f"param {key!r} has no values")
-        plain_params[key] = [v.item() if hasattr(v, "item") else v for v in values]  # NumPy scalars → YAML
-    if not isinstance(problem, dict) or not problem:
-        raise bad("problem must be a dict of sizes (and dtype, name)")
-    problem = dict(problem)
-    if problem.get("dtype", "float32") not in DTYPES:
-        raise bad(f"problem dtype {problem['dtype']!r}: choose from {', '.join(DTYPES)}")
-    sizes = {k: v for k, v in problem.items() if k not in ("name", "dtype")}
-    problem.setdefault("name", "_".join(f"{k}{v}" for k, v in sizes.items()) or "problem")
+    plain_params = _plain_params(params, bad)
+    problem = _plain_problem(problem, bad)
     if isinstance(constraints, str):
         constraints = [constraints]
     block_data: dict[str, Any] = {
@@ -392,7 +374,45 @@ def tune_space(
         files[REFERENCE_PICKLE] = _pickle_reference(reference, bad)
 
     # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
+    _check_in_scratch(name, files, bad)
     target = Path(directory) if directory is not None else Path("studies") / name
+    _write(target, files, bad)
+    return load_space((target / f"{name}.yaml").resolve())
+
+
+def _plain_params(params: dict[str, Sequence[Any]], bad) -> dict[str, list[Any]]:
+    """`tune_space`'s params as a space file holds them: a list of plain values per name."""
+    if not isinstance(params, dict) or not params:
+        raise bad("params must be a non-empty dict of name → list of values")
+    plain: dict[str, list[Any]] = {}
+    for key, values in params.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+            raise bad(f"param {key!r}: expected a list of values, got {type(values).__name__}")
+        if not values:
+            raise bad(f"param {key!r} has no values")
+        plain[key] = [v.item() if hasattr(v, "item") else v for v in values]  # NumPy scalars → YAML
+    return plain
+
+
+def _plain_problem(problem: dict[str, Any], bad) -> dict[str, Any]:
+    """`tune_space`'s problem with its dtype checked and a name (from its sizes unless given)."""
+    from tuner.kernels.base import DTYPES
+
+    if not isinstance(problem, dict) or not problem:
+        raise bad("problem must be a dict of sizes (and dtype, name)")
+    problem = dict(problem)
+    if problem.get("dtype", "float32") not in DTYPES:
+        raise bad(f"problem dtype {problem['dtype']!r}: choose from {', '.join(DTYPES)}")
+    sizes = {k: v for k, v in problem.items() if k not in ("name", "dtype")}
+    problem.setdefault("name", "_".join(f"{k}{v}" for k, v in sizes.items()) or "problem")
+    return problem
+
+
+def _check_in_scratch(name: str, files: dict[str, str | bytes], bad) -> None:
+    """Write `files` into a scratch directory, load the space and render its default config: bad input is an
+    InputError in the caller's terms before anything is written where the caller asked."""
+    from tuner.build.render import render
+
     with tempfile.TemporaryDirectory(prefix=f"tuner-tune-{name}-") as scratch:
         for file, content in files.items():
             (Path(scratch) / file).write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -406,16 +426,21 @@ def tune_space(
             raise bad(exc.message) from None
         finally:
             _forget_reference(Path(scratch))
+
+
+def _write(target: Path, files: dict[str, str | bytes], bad) -> None:
+    """Put the checked `files` into `target`, each atomically; a reference an earlier call left there goes."""
+    from tuner.build.files import atomic_write
+
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise bad(f"cannot create {target}: {exc.strerror}") from None
-    if reference is None and (target / REFERENCE_PICKLE).exists():
+    if REFERENCE_PICKLE not in files and (target / REFERENCE_PICKLE).exists():
         (target / REFERENCE_PICKLE).unlink()  # a reference of an earlier call must not outlive it
     for file, content in files.items():
         atomic_write(target / file, content)
     _forget_reference(target)  # this process loads the reference written now, not one an earlier call imported
-    return load_space((target / f"{name}.yaml").resolve())
 
 
 def tune(

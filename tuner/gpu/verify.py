@@ -31,7 +31,7 @@ Such a set is `pending` until its reference is ready and is not drawn before (`d
 turn); the threads run only host code, so no GPU work of theirs overlaps a timed launch.
 
 This module holds the bookkeeping and the reference's normalization (shape and dtype checks, torch tensors and
-NumPy arrays turned into CuPy arrays); `tuner.bench` draws and checks.
+NumPy arrays turned into CuPy arrays); `tuner.gpu.evaluator` draws and checks.
 """
 
 from __future__ import annotations

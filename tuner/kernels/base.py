@@ -2,7 +2,8 @@
 
 A family is the Python half of a template: it knows the shapes of the arguments, how to launch the rendered
 kernels, the reference the output must match, and the minimal bytes and FLOPs that turn a time into a throughput.
-Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `bench.py` passes CuPy as `xp`.
+Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `tuner.gpu.evaluator` passes CuPy as
+`xp`.
 
 Most memory-bound kernels need no class at all: a declarative ``kernel:`` block in the space file describes the
 same things as data (`tuner.kernels.declarative`). Write a `Family` subclass when the launches, inputs or
@@ -23,7 +24,7 @@ Config = dict[str, Any]
 Problem = dict[str, Any]
 #: What `Family.outputs` returns: output name → (shape, dtype name).
 Outputs = dict[str, tuple[tuple[int, ...], str]]
-#: The array module a family computes with: numpy on the host (CPU tests), cupy on the GPU (`bench.py`).
+#: The array module a family computes with: numpy on the host (CPU tests), cupy on the GPU (`tuner.gpu.evaluator`).
 ArrayModule = ModuleType
 #: An array of that module. CuPy ships no type information, so no narrower type covers both.
 Array = Any

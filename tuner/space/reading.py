@@ -7,10 +7,12 @@ Every fault is a `SpaceError` naming the file and the line of the key at fault (
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ DEFAULT_OBJECTIVES: tuple[tuple[str, Direction], ...] = (
 #: what a string value must look like: it selects a variant in a template, it is never pasted into CUDA as text
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_RANGE = 10**6
+MAX_FILE_BYTES = 1 << 20
 MAX_PROBLEM_SIZE = 2**63 - 1
 
 
@@ -226,3 +229,38 @@ def _load_objectives(spec: Any, fail) -> list[Objective]:
             raise fail(f"objective {name!r}: direction must be maximize or minimize", "objectives", i)
         out.append(Objective(name, direction))
     return out
+
+
+def read_document(path: Path) -> tuple[str, Any, _LineFinder]:
+    """The text of the space file at `path`, its YAML data and the line finder of its keys: one parse, so the node
+    tree gives the line numbers and the data is constructed from the same tree. SpaceError for a file that cannot
+    be read, is larger than `MAX_FILE_BYTES`, is not UTF-8 or is not YAML."""
+    where = str(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpaceError("no such space file", where) from None
+    except OSError as exc:
+        raise SpaceError(f"cannot read: {exc.strerror}", where) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpaceError(f"larger than {MAX_FILE_BYTES >> 20} MiB: not a space file", where)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpaceError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): not a space file", where, line) from None
+    try:
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"malformed YAML: {problem}", where, mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise SpaceError("malformed YAML: nested too deeply", where) from None
+    return text, data, _LineFinder(root)

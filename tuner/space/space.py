@@ -45,7 +45,7 @@ from tuner.expr import Expr
 from tuner.kernels import base as kbase
 from tuner.shipped import shipped_dir
 from tuner.space.problem import Objective, Problem
-from tuner.space.reading import _LineFinder, _load_exprs, _load_objectives, _load_params, _load_problems, _Loader
+from tuner.space.reading import _load_exprs, _load_objectives, _load_params, _load_problems, read_document
 from tuner.space.walk import plan
 
 if TYPE_CHECKING:
@@ -64,7 +64,6 @@ TOP_LEVEL_KEYS = (
     "default",
     "compile_options",
 )
-MAX_FILE_BYTES = 1 << 20
 #: partial configs a bounded walk visits before it gives up (≈ 1 s on one core)
 WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
@@ -414,35 +413,7 @@ def load(space: str | Path) -> SearchSpace:
     """Load and check a space file. Raises SpaceError (file:line: fault) on anything wrong."""
     path = resolve_path(space)
     where = str(path)
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise SpaceError("no such space file", where) from None
-    except OSError as exc:
-        raise SpaceError(f"cannot read: {exc.strerror}", where) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpaceError(f"larger than {MAX_FILE_BYTES >> 20} MiB: not a space file", where)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise SpaceError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): not a space file", where, line) from None
-    try:
-        # one parse: the node tree gives the line numbers, and the data is constructed from the same tree
-        loader = _Loader(text)
-        try:
-            root = loader.get_single_node()
-            data = loader.construct_document(root) if root is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpaceError(f"malformed YAML: {problem}", where, mark.line + 1 if mark else None) from None
-    except RecursionError:
-        raise SpaceError("malformed YAML: nested too deeply", where) from None
-    lines = _LineFinder(root)
+    text, data, lines = read_document(path)
     if not isinstance(data, dict):
         raise SpaceError("expected a mapping at the top level", where, 1)
 
@@ -492,15 +463,23 @@ def load(space: str | Path) -> SearchSpace:
     )
     loaded._plan = plan(params, derived, constraints, problems, fail)  # noqa: SLF001 - the loader builds its space
 
-    default = data.get("default")
+    _set_default(loaded, data.get("default"), fail)
+    if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
+        family.validate_space(loaded, fail)
+    return loaded
+
+
+def _set_default(loaded: SearchSpace, default: Any, fail) -> None:
+    """The space's default config: the file's ``default:`` (checked), else the first valid config of its first
+    problem. Every problem must have a valid config, found within `WALK_BUDGET` partial configs."""
     if default is not None:
         if not isinstance(default, dict):
             raise fail("'default' must be a mapping of param: value", "default")
-        reason = loaded.validate({**{n: v[0] for n, v in params.items()}, **default})
-        if any(name not in params for name in default) or reason is not None:
+        reason = loaded.validate({**{n: v[0] for n, v in loaded.params.items()}, **default})
+        if any(name not in loaded.params for name in default) or reason is not None:
             raise fail(f"default config is not valid: {reason}", "default")
-        loaded.default = {**{n: v[0] for n, v in params.items()}, **default}
-    for problem in problems:
+        loaded.default = {**{n: v[0] for n, v in loaded.params.items()}, **default}
+    for problem in loaded.problems:
         if loaded.default and loaded.validate(loaded.default, problem) is None:
             continue
         errors: list[str] = []
@@ -512,18 +491,15 @@ def load(space: str | Path) -> SearchSpace:
                 f"no valid config for problem {problem.name!r} found among the first {WALK_BUDGET:,} "
                 f"partial configs of {loaded.cartesian:,} Cartesian ones{hint} (if valid configs "
                 f"exist, name one under 'default:')",
-                where,
+                str(loaded.path),
             ) from None
         if first is None:
             if errors:
-                raise SpaceError(f"no valid configs for problem {problem.name!r}: {errors[0]}", where)
+                raise SpaceError(f"no valid configs for problem {problem.name!r}: {errors[0]}", str(loaded.path))
             raise SpaceError(
                 f"no valid configs for problem {problem.name!r}: the constraints rule out all "
                 f"{loaded.cartesian:,} Cartesian configs",
-                where,
+                str(loaded.path),
             )
         if default is None and not loaded.default:
             loaded.default = first
-    if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names
-        family.validate_space(loaded, fail)
-    return loaded

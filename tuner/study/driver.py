@@ -1,4 +1,4 @@
-"""The study driver: ask → evaluate → tell, with Optuna, over a `cluster.Pool`.
+"""The study driver: ask → evaluate → tell, with Optuna, over an engine's pool (`tuner.study.engines`).
 
 One process owns the study. Optuna samples from an in-memory copy of it (ask + tell ≈ 8 ms with TPE, against
 ≈ 75 ms on SQLite, which would starve the GPUs); a writer process mirrors every trial into the durable storage

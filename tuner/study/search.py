@@ -1,6 +1,6 @@
 """What the sampler sees of a space, and what it is told about failures.
 
-Two things the study driver (`tuner.study`) needs from here:
+Two things the study driver (`tuner.study.driver`) needs from here:
 
 - `Codec`: the Optuna distributions of a space's params. A param whose values are all numbers (tile sizes,
   vector widths, thread counts) is *ordered*: the sampler sees an ``IntDistribution`` over the index of the value
