@@ -5,7 +5,7 @@
 
 For each target (family, problem) it runs a real `tuner study` (TPE, in one process, one Ray session, one SQLite
 database), whose fastest configs are re-timed with a longer budget at the end; then it times the peers a user
-would otherwise pick with the same protocol (`tuner.bench.benchmark`: L2 flushed, CUDA events, median) on the
+would otherwise pick with the same protocol (`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median) on the
 same GPU: torch eager, torch.compile, cuBLAS (torch's F.linear) for GEMV, and for the decode-time families the
 peers of benchmarks/decode.py and decode_b.py (imported from there: SDPA per backend and flash_attn for decode
 attention, torch's fused/foreach/compiled AdamW). The study database and its per-trial dashboard artifacts
@@ -126,9 +126,11 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark
-    from tuner.study import StudyOptions, run_study
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.space import space as space_mod
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     records: list[dict] = []
@@ -137,7 +139,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
     for kernel, problem_name, target in TARGETS:
         if (args.only and kernel not in args.only) or (args.problems and problem_name not in args.problems):
             continue
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         url = f"sqlite:///{studies}/catalog-{date}.db"

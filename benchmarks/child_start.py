@@ -6,7 +6,7 @@
 Three figures per start, each its median over `--repeat` fresh children (one more first, to warm the page cache):
 
 * ``launch_ms``: the parent's own time in `launch` (it returns before the child is up);
-* ``entry_s``: launch → the child's entry into `tuner.worker._child_main` (interpreter, imports, the pipe), from
+* ``entry_s``: launch → the child's entry into `tuner.gpu.worker._child_main` (interpreter, imports, the pipe), from
   the child's own ``perf_counter`` stamp (system-wide on Linux); its evaluator is a stand-in that starts at once;
 * ``child_cpu_s``: the child's CPU time (user + system, /proc) once it has replied: what a busy host has to find;
 * ``gpu_fail_s`` (``--gpu-repeat`` times): launch → the WorkerError of the default GpuEvaluator on a host without
@@ -26,7 +26,7 @@ import time
 import types
 from pathlib import Path
 
-from tuner.worker import IsolatedEvaluator, WorkerError
+from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 
 #: An evaluator that starts at once, made of picklable built-ins so that any checkout's child can build it.
 QUICK = functools.partial(types.SimpleNamespace, start=functools.partial(dict, startup={}, arch="sm_90"))
@@ -78,9 +78,9 @@ def main() -> int:
     if fails:
         out["gpu_fail_s"] = round(statistics.median(fails), 3)
     out["load_1min"] = round(os.getloadavg()[0], 2)
-    import tuner.worker
+    import tuner.gpu.worker
 
-    out["tuner"] = str(Path(tuner.worker.__file__).parent)
+    out["tuner"] = str(Path(tuner.gpu.worker.__file__).parent)
     print(json.dumps(out))
     return 0
 

@@ -6,7 +6,7 @@ embedding with `tuner study`, and time the peers a user would otherwise pick bes
 
 For each target (family, problem) it runs a short real study (TPE, one process, one Ray session, a fresh SQLite
 database under --out; the fastest configs re-timed with a longer budget at the end), then times with the same
-protocol (`tuner.bench.benchmark`: L2 flushed, CUDA events, median) on the same GPU:
+protocol (`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median) on the same GPU:
 
 * the peers: torch eager and torch.compile for every family; cuBLAS (torch.matmul) for GEMV;
 * two ceilings: cudaMemcpy device-to-device of the problem's own byte count (read + write = the family's
@@ -110,17 +110,17 @@ def selected(args) -> list[tuple[str, str, float, float]]:
 
 def space_paths(args) -> dict[str, Path]:
     """The space file each selected family is tuned with: a --space file naming it, else the shipped one."""
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     chosen = {space_mod.load(path).kernel: Path(path).resolve() for path in args.space}
-    return {kernel: chosen.get(kernel, ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
+    return {kernel: chosen.get(kernel, ROOT / "search_spaces" / f"{kernel}.yaml") for kernel, *_ in TARGETS}
 
 
 def dry_run(args) -> int:
     """Render and compile the default plus a seeded sample of valid configs of every target (NVRTC, no GPU)."""
-    from tuner import compile as tcompile
-    from tuner import kernels, render
-    from tuner import space as space_mod
+    from tuner import kernels
+    from tuner.build import compilers, render
+    from tuner.space import space as space_mod
 
     failures = 0
     t0 = time.time()
@@ -136,7 +136,7 @@ def dry_run(args) -> int:
         sources = [render.render(family, c, space.resolve(c, problem), problem.env) for c in configs]
         for config in configs:
             family.launches("e", space.resolve(config, problem), problem.env)
-        results = list(tcompile.compile_many(sources, jobs=args.jobs))
+        results = list(compilers.compile_many(sources, jobs=args.jobs))
         bad = [(s.uri, r.reason) for s, r in results if not r.ok]
         spills = [s.uri for s, r in results if r.ok and r.spill_bytes]
         regs = [r.registers for _, r in results if r.ok]
@@ -181,10 +181,13 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark, measure_ceiling
-    from tuner.studies import artifact_dir_for
-    from tuner.study import StudyOptions, run_study
+    from tuner.gpu.ceiling import measure_ceiling
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.results.studies import artifact_dir_for
+    from tuner.space import space as space_mod
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     url = f"sqlite:///{out}/decode-{date}.db"

@@ -6,7 +6,7 @@
 
 For each target (family, problem) it runs a real study (TPE, seed 0, one Ray session, SQLite under --out) whose
 fastest configs are re-timed with a longer budget; then, on the same GPU with the same protocol
-(`tuner.bench.benchmark`: L2 flushed, CUDA events, median):
+(`tuner.gpu.timing.benchmark`: L2 flushed, CUDA events, median):
 
 - decode_attention: torch.nn.functional.scaled_dot_product_attention under each backend that accepts the shape
   (flash, memory-efficient, cuDNN, math; GQA through ``enable_gqa``, K/V in torch's [B, H, S, D] layout,
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 # (family, problem, target fraction of the copy ceiling)
 TARGETS = [
@@ -182,12 +182,12 @@ def adamw_peers(problem, torch):
 def dry_run(targets, sample: int, probe: bool = False) -> int:
     """Render and compile each target's default and a seeded sample of valid configs (with `probe`, the
     decode-attention probes too) for sm_90; print the resources. Exit 1 if any fails."""
-    from tuner.compile import compile_many
-    from tuner.render import render
+    from tuner.build.compilers import compile_many
+    from tuner.build.render import render
 
     failed = 0
     for kernel, problem_name, _ in targets:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         valid = list(space.enumerate(problem))
@@ -217,8 +217,8 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 
 def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
     """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
-    from tuner.evaluate import evaluate_config
-    from tuner.render import render
+    from tuner.build.render import render
+    from tuner.gpu.evaluate import evaluate_config
     from tuner.result import Measurement
 
     family = kernels.get("decode_attention")
@@ -288,9 +288,12 @@ def main() -> int:
 
     import torch
 
-    from tuner.bench import GpuEvaluator, _time_copy, benchmark
-    from tuner.studies import artifact_dir_for
-    from tuner.study import StudyOptions, run_study
+    from tuner.gpu.ceiling import _time_copy
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.results.studies import artifact_dir_for
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     date = dt.date.today().isoformat()
     stem = f"decode_b-{date}"
@@ -298,7 +301,7 @@ def main() -> int:
     started = time.time()
     ev = None  # the peers' evaluator: its stream, L2 flush and copy timing (created after the first study)
     for kernel, problem_name, target in targets:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         trials = args.trials_attention if kernel == "decode_attention" else args.trials_adamw

@@ -3,7 +3,7 @@
     python benchmarks/eval_profile.py > profile.txt
 
 Draws 24 valid configs of search_spaces/gemm.yaml uniformly (seed 0), compiles them, and evaluates each twice with
-`tuner.bench.GpuEvaluator` (after one warm-up evaluation of the default): cut short (``cutoff_ms=0``: check + 3
+`tuner.gpu.evaluator.GpuEvaluator` (after one warm-up evaluation of the default): cut short (``cutoff_ms=0``: check + 3
 timed runs) and with the full screening budget. Prints, for each, the median wall per evaluation, the median
 kernel time and the overhead = wall - runs × kernel median (inputs, reference, check, module load, host work),
 then cProfile's top entries.
@@ -20,11 +20,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tuner.bench import GpuEvaluator  # noqa: E402
-from tuner.compile import compile_source  # noqa: E402
-from tuner.render import render  # noqa: E402
-from tuner.search import valid_index  # noqa: E402
-from tuner.space import load  # noqa: E402
+from tuner.build.compile import compile_source  # noqa: E402
+from tuner.build.render import render  # noqa: E402
+from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
+from tuner.space.space import load  # noqa: E402
+from tuner.study.search import valid_index  # noqa: E402
 
 
 def main() -> None:

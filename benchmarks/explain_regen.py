@@ -4,8 +4,8 @@
 
 CAPTURE_DIR is the extracted explain_capture.tgz. For each lesson with a ``lessons/<name>.json``, the lesson
 runs again with a replaying bench: the times are the ones the GPU recorded in that JSON, the ncu profiles are
-the raw CSVs of the bundle, parsed and explained by the current `tuner.ncu` / `tuner.explain` (the GPU facts for
-the FP32 peak come from the CSVs' device columns). It prints each table and writes ``OUT_DIR/<name>.png`` and
+the raw CSVs of the bundle, parsed and explained by the current `tuner.insight.ncu` / `tuner.insight.explain` (the GPU
+facts for the FP32 peak come from the CSVs' device columns). It prints each table and writes ``OUT_DIR/<name>.png`` and
 ``<name>.json``.
 
 The explain step: with ``explain-profiles.json`` (the study's stored profiles, written by the capture since the
@@ -27,10 +27,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuner import lesson
 from tuner.errors import InputError
-from tuner.explain import Explanation, bound, compare, explain_study, findings, write_roofline
-from tuner.ncu import NcuConfigError, device_facts_from_csv, fp32_peak_tflops
+from tuner.insight import lesson
+from tuner.insight.explain import Explanation, bound, compare, explain_study, findings
+from tuner.insight.ncu import NcuConfigError, device_facts_from_csv, fp32_peak_tflops
+from tuner.insight.roofline import write_roofline
 
 REPO = Path(__file__).resolve().parent.parent
 STUDY_DB = REPO / "tests" / "data" / "transpose_h200.db"

@@ -4,7 +4,7 @@
         [--config tm=128,tn=256,tk=16,rm=16,rn=8,pad=4,vec=4,lb=1,fuse=2,st=2 ...] [--out DIR]
 
 Each config (uri short names, or the space's own param names) is verified against the float64 reference and timed
-by the same protocol as a study's finalists (`tuner.evaluate.evaluate_config`, L2 flushed between launches, the
+by the same protocol as a study's finalists (`tuner.gpu.evaluate.evaluate_config`, L2 flushed between launches, the
 median of `--budget-ms` of launches); cuBLAS SGEMM (torch.mm, TF32 off) is timed by that protocol before and after
 the configs. Writes ``gemm_probe-<date>.json`` under --out (default $OUT, else benchmarks/results) and prints a
 table of TFLOP/s and × cuBLAS (against the mean of the two cuBLAS timings).
@@ -39,10 +39,11 @@ def main() -> int:
 
     import torch
 
-    from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark
     from tuner.errors import SpaceError
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.space import space as space_mod
 
     space = space_mod.load(args.space)
     problem = space.problem()

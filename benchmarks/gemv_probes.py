@@ -3,8 +3,8 @@
     python benchmarks/gemv_probes.py [--out $OUT] [--budget-ms 200] [--only m64 ...]
     python benchmarks/gemv_probes.py --dry-run      # no GPU: validate every probe against the space
 
-Each probe is a config of tuner/search_spaces/gemv.yaml (the space default plus the listed changes), verified and
-timed with the study's protocol (`tuner.evaluate.evaluate_config`: L2 flushed, CUDA events, median) in one
+Each probe is a config of search_spaces/gemv.yaml (the space default plus the listed changes), verified and
+timed with the study's protocol (`tuner.gpu.evaluate.evaluate_config`: L2 flushed, CUDA events, median) in one
 isolated GPU worker. Writes ``gemv_probes-<date>.json`` under --out and prints a table: TB/s, × the 2 GiB copy
 ceiling, registers, SMEM and the failure reason of a config that did not verify.
 
@@ -182,9 +182,9 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="validate the probes only (no GPU)")
     args = parser.parse_args()
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
-    space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemv.yaml")
+    space = space_mod.load(ROOT / "search_spaces" / "gemv.yaml")
     probes = [(name, p, {**space.default, **c}) for name, p, c in PROBES if not args.only or p in args.only]
     for name, problem_name, params in probes:
         why = space.validate(params, space.problem(problem_name))
@@ -195,8 +195,8 @@ def main() -> int:
         print(f"{len(probes)} probes valid")
         return 0
 
-    from tuner.evaluate import evaluate_config
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.worker import IsolatedEvaluator
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

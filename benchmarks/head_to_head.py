@@ -95,10 +95,11 @@ def main() -> int:
     import torch
 
     from tuner import kernels
-    from tuner import space as space_mod
-    from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import LAUNCH_HOLD, benchmark
+    from tuner.space import space as space_mod
 
     date = dt.date.today().isoformat()
     ev = GpuEvaluator()
@@ -109,7 +110,7 @@ def main() -> int:
     summaries: list[dict] = []
     for target in chosen:
         kernel, problem_name, params = target["kernel"], target["problem"], target["config"]
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{kernel}.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / f"{kernel}.yaml")
         problem = space.problem(problem_name)
         family = kernels.get(kernel)
         config = space.resolve(params, problem)
@@ -142,7 +143,7 @@ def main() -> int:
                 else:
                     ms = time_peer(impls[name])
                 tbps[name].append(nbytes / ms / 1e9)
-                # a hold that gave up may have let host time into that timing (tuner.bench.LAUNCH_HOLD)
+                # a hold that gave up may have let host time into that timing (tuner.gpu.timing.LAUNCH_HOLD)
                 records.append(
                     {
                         "kernel": kernel,

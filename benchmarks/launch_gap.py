@@ -2,8 +2,8 @@
 
     python benchmarks/launch_gap.py [--problem m64] [--config mma=4,sk=2,t=128,...] [--budget-ms 100] [--out DIR]
 
-The study protocol (`tuner.bench.benchmark`) times one launch between CUDA events after an L2 flush
-(`tuner.bench.L2_FLUSH`). This script times each config four ways with that same function, on one GPU, in one
+The study protocol (`tuner.gpu.timing.benchmark`) times one launch between CUDA events after an L2 flush
+(`tuner.gpu.timing.L2_FLUSH`). This script times each config four ways with that same function, on one GPU, in one
 process:
 
 * `flushed`: the protocol (flush, then one call of the config's launches between the events);
@@ -54,10 +54,12 @@ def main() -> int:
     from cupy.cuda import runtime
     from cupy_backends.cuda.api import driver
 
-    from tuner import compile as compile_mod
-    from tuner import kernels, render
-    from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark
+    from tuner import kernels
+    from tuner.build import compile as compile_mod
+    from tuner.build import render
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.space import space as space_mod
 
     space = space_mod.load("gemv")
     problem = space.problem(args.problem)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _compile_in_process(job) -> int:
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     text, options = job
     return nvrtc_compile(text, "swiglu.cu", options)[0]
@@ -38,8 +38,8 @@ def main() -> int:
     parser.add_argument("--configs", type=int, default=32)
     args = parser.parse_args()
 
-    from tuner.compile import nvrtc_compile
-    from tuner.includes import system_include_dirs
+    from tuner.build.compile import nvrtc_compile
+    from tuner.build.includes import system_include_dirs
 
     text = (ROOT / "benchmarks" / "own_kernel" / "swiglu.cu").read_text()
     include = [f"-I{d}" for d in system_include_dirs()]

@@ -25,7 +25,7 @@ and XDG_CACHE_HOME:
    run cut short by the time budget still reports the configs it finished.
 3. Triton: the same op under ``@triton.autotune`` over 16 configs (BLOCK_SIZE x num_warps); the first call's wall.
 4. Side by side in one process with tuner's timing protocol, as benchmarks/head_to_head.py times peers
-   (`tuner.bench.benchmark`: a read of 2x L2 before every launch, CUDA events, the stream hold): our best config
+   (`tuner.gpu.timing.benchmark`: a read of 2x L2 before every launch, CUDA events, the stream hold): our best config
    (verified against ref.py first), torch.compile's fused kernel, torch eager, Triton's chosen config and the
    same-bytes cudaMemcpy (the fair ceiling), once per round in a shuffled order; medians over the rounds, and a
    sign test for ours against torch.compile.
@@ -662,8 +662,8 @@ def child_triton(problem: str) -> dict[str, Any]:
 def compile_ours(space, params: dict[str, Any], problem, arch: str):
     """Our config's cubin, rendered and compiled as the study did. Depends on tuner compiling cuda_bf16.h by itself
     (PENDING_FEATURES["cuda_bf16_include"]); should it not, NVRTC gets the CUDA headers' directory here."""
-    from tuner.compile import compile_source
-    from tuner.render import render
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
 
     config = space.resolve(params, problem)
     source = render(space.family, params, config, problem.env)
@@ -681,8 +681,10 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from head_to_head import verdict
 
-    from tuner import space as space_mod
-    from tuner.bench import LAUNCH_HOLD, GpuEvaluator, benchmark, measure_ceiling
+    from tuner.gpu.ceiling import measure_ceiling
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import LAUNCH_HOLD, benchmark
+    from tuner.space import space as space_mod
 
     ev = GpuEvaluator()
     ev.start()
@@ -722,7 +724,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
         "gpu": ev.gpu_name,
         "rounds": rounds,
         "budget_ms": budget_ms,
-        "protocol": f"tuner.bench.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
+        "protocol": f"tuner.gpu.timing.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
         "holds_given_up": ev.hold.timeouts,
         "uri": compiled.uri,
         "config": params,
@@ -1189,8 +1191,8 @@ def merge(paths: list[str], out: Path) -> int:
 
 def dry_space() -> list[tuple[str, bool, str]]:
     """The space: 144 valid configs and 6·M·H bytes per problem; both problems render the same CUDA."""
-    from tuner import space as space_mod
-    from tuner.render import render
+    from tuner.build.render import render
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     out = []
@@ -1233,9 +1235,9 @@ def dry_compiles(arch: str, includes: list[str]) -> list[tuple[str, bool, str]]:
     from kernel_tuner.core import KernelSource
     from vs_kernel_tuner import _norm_ptx
 
-    from tuner import space as space_mod
-    from tuner.compile import BASE_OPTIONS, nvrtc_compile, parse_ptxas
-    from tuner.render import render
+    from tuner.build.compile import BASE_OPTIONS, nvrtc_compile, parse_ptxas
+    from tuner.build.render import render
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     problem = space.problem("m16384")
@@ -1300,7 +1302,7 @@ def dry_kernel_tuner() -> list[tuple[str, bool, str]]:
     from kernel_tuner import util as kt_util
     from kernel_tuner.searchspace import Searchspace
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     ss = Searchspace(kt_tune_params(), None, 1024)
@@ -1357,8 +1359,8 @@ def dry_reference() -> list[tuple[str, bool, str]]:
     GPU check applies."""
     import numpy as np
 
-    from tuner import space as space_mod
     from tuner.kernels import bf16
+    from tuner.space import space as space_mod
 
     sys.path.insert(0, str(HERE))
     import ref
@@ -1398,8 +1400,8 @@ def dry_tune_form(tmp: Path) -> list[tuple[str, bool, str]]:
     import numpy as np
 
     import tuner
-    from tuner import space as space_mod
-    from tuner.render import render
+    from tuner.build.render import render
+    from tuner.space import space as space_mod
 
     script = tune_script(TUNE_PROBLEM, KERNEL_SOURCE)
     compile(script, "tune_swiglu.py", "exec")

@@ -30,9 +30,9 @@ def main() -> int:
     import catalog
     import torch
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
-    problem = space_mod.load(ROOT / "tuner" / "search_spaces" / f"{args.kernel}.yaml").problem(args.problem)
+    problem = space_mod.load(ROOT / "search_spaces" / f"{args.kernel}.yaml").problem(args.problem)
     found = dict(catalog.peers(args.kernel, problem, torch))
     if args.impl not in found:
         print(f"peer_kernels.py: {args.kernel} has no peer {args.impl!r} (it has {', '.join(found)})", file=sys.stderr)

@@ -2,17 +2,17 @@
 
     python benchmarks/peers.py [--out benchmarks/results] [--gemm-sample 48]
 
-- transpose FP32 16384²: every valid config of tuner/search_spaces/transpose.yaml (brute force) against torch eager
+- transpose FP32 16384²: every valid config of search_spaces/transpose.yaml (brute force) against torch eager
   (``x.t().contiguous()``), torch.compile of the same, and CuPy (``cupy.ascontiguousarray(x.T)``);
 - the copy exercise over stride 1..32: the best config per stride (and the best with vec=1, the lesson's plain
   kernel) against ``x[::stride]`` made contiguous by torch and CuPy; stride 1 against cudaMemcpy;
-- FP32 GEMM 4096³: a seeded sample of tuner/search_spaces/gemm.yaml plus hand-picked configs, fusion depth 3 (bias →
+- FP32 GEMM 4096³: a seeded sample of search_spaces/gemm.yaml plus hand-picked configs, fusion depth 3 (bias →
   GELU → residual fused), against cuBLAS SGEMM through torch with TF32 off (GEMM alone, the fairest peer: it does
   less work than we do) and torch eager / torch.compile of the full chain;
 - repeatability: the best transpose config timed twice in the same run.
 
-Everything is verified by `tuner.bench.GpuEvaluator` (ours) and timed with `tuner.bench.benchmark` (peers too:
-same flush, same events, same budget). Useful bytes only: each input read once, each output written once.
+Everything is verified by `tuner.gpu.evaluator.GpuEvaluator` (ours) and timed with `tuner.gpu.timing.benchmark`
+(peers too: same flush, same events, same budget). Useful bytes only: each input read once, each output written once.
 Writes ``peers-<date>.json`` (a list of records: kernel, shape, impl, TBps, TFLOPs, ceiling_TBps, gpu, date,
 command, ...) and ``peers-<date>.md`` under --out.
 """
@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
-from tuner.bench import GpuEvaluator, benchmark  # noqa: E402
-from tuner.compile import compile_many  # noqa: E402
-from tuner.render import render  # noqa: E402
+from tuner.build.compilers import compile_many  # noqa: E402
+from tuner.build.render import render  # noqa: E402
+from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
+from tuner.gpu.timing import benchmark  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 
 def sweep(ev: GpuEvaluator, space, configs, problem=None, budget_ms: float = 25.0):
@@ -118,7 +119,7 @@ def main() -> int:
 
     # -- transpose ------------------------------------------------------------------------------------------
     if "transpose" not in args.skip:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / "transpose.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / "transpose.yaml")
         problem = space.problem()
         n_rows, n_cols = problem.sizes["rows"], problem.sizes["cols"]
         shape = f"{n_rows}x{n_cols} fp32"
@@ -176,7 +177,7 @@ def main() -> int:
 
     # -- copy exercise --------------------------------------------------------------------------------------
     if "copy" not in args.skip:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / "copy.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / "copy.yaml")
         problem = space.problem("n64M")
         n = problem.sizes["n"]
         useful = 2 * n * 4
@@ -226,7 +227,7 @@ def main() -> int:
 
     # -- GEMM ---------------------------------------------------------------------------------------------------
     if "gemm" not in args.skip:
-        space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")
+        space = space_mod.load(ROOT / "search_spaces" / "gemm.yaml")
         problem = space.problem()
         m, n_, k = problem.sizes["M"], problem.sizes["N"], problem.sizes["K"]
         shape = f"{m}x{n_}x{k} fp32"

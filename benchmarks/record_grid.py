@@ -43,7 +43,7 @@ SPACES = {
 
 def valid_count(space: str) -> int:
     sys.path.insert(0, str(ROOT))
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     return space_mod.load(ROOT / space).count_valid()
 

@@ -5,7 +5,7 @@
     python benchmarks/screen_fidelity.py --dry-run      # no GPU: draw and compile the configs
 
 A study stops timing a config after its 3-repetition estimate when that is over `StudyOptions.screen_cutoff` × the
-best median so far (`tuner.bench.benchmark`). This draws `--configs` valid configs of the space uniformly (seeded)
+best median so far (`tuner.gpu.timing.benchmark`). This draws `--configs` valid configs of the space uniformly (seeded)
 and evaluates each twice in one isolated GPU worker, with the study's protocol: once cut short (``cutoff_ms=0``:
 the 3-repetition estimate is the result) and once with the full screening budget (25 ms, ≥ 10 repetitions).
 Writes ``screen_fidelity-<space>-<date>.json`` under --out and prints the ratio of the two medians (estimate /
@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from tuner.compile import compile_source
-    from tuner.evaluate import evaluate_config
-    from tuner.render import render
-    from tuner.search import valid_index
-    from tuner.space import load
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.space.space import load
+    from tuner.study.search import valid_index
 
     space = load(args.space)
     problem = space.problem()
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             print(("ok " if compiled.ok else "FAILED ") + str(c))
         return 0
 
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     rows = []
     with IsolatedEvaluator(gpu=0, timeout_s=60.0) as evaluator:

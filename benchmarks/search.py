@@ -1,8 +1,8 @@
 """How fast each sampler finds the best config of a recorded space: the study driver itself, replayed.
 
 For every recorded space (a brute-force study database, ``.db`` or ``.db.gz``, or a Kernel Tuner cache) and
-every sampler × seed × configs in flight, runs `tuner.study.Driver` in this process with an in-process replay pool
-(`tuner.replay.ReplayPool`: no Ray, no GPU; the same ask → evaluate → tell code as a GPU study) and reads the
+every sampler × seed × configs in flight, runs `tuner.study.driver.Driver` in this process with an in-process replay
+pool (`tuner.study.replay.ReplayPool`: no Ray, no GPU; the same ask → evaluate → tell code as a GPU study) and reads the
 trial sequence back from its storage. Reports per space and setting:
 
 - fraction of optimum (t_opt / t_best so far; failures count as never best) at each budget, mean and 10th
@@ -20,13 +20,13 @@ Writes ``search.json`` and one convergence plot per space under --out (default $
     python benchmarks/search.py benchmarks/data/*.db.gz --seeds 20 --jobs 16      # spaces from the manifest
     python benchmarks/search.py cache.json.gz --seeds 20                          # a Kernel Tuner cache
 
-The searched space is the recorded subset of the space (`tuner.replay.recorded_subspace`): for a recording that
+The searched space is the recorded subset of the space (`tuner.study.replay.recorded_subspace`): for a recording that
 covers part of its space, a config it lacks is invalid to the search and never counted, and the optimum and the
 uniform baseline are the subset's; the report says per space whether the recording was complete.
 
 A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
 names, or a
-Kernel Tuner cache (its space is made with `tuner.kt.space_text`).
+Kernel Tuner cache (its space is made with `tuner.results.kt.space_text`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ MANIFEST = ROOT / "benchmarks" / "data" / "manifest.json"
 
 def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
     """(name, recording path, space path) of one command-line item."""
-    from tuner import kt
+    from tuner.results import kt
 
     path, sep, space = item.partition("=")
     name = Path(path).name.split(".")[0]
@@ -78,11 +78,11 @@ def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
 
 def ground_truth(record_path: str, space_path: str) -> dict[str, Any]:
     """Times of the configs searched (inf for failures), sorted. The searched space is the recorded subset of the
-    space (`tuner.replay.recorded_subspace`): for a partial recording, the configs it lacks are neither proposed
+    space (`tuner.study.replay.recorded_subspace`): for a partial recording, the configs it lacks are neither proposed
     as valid nor counted, and the optimum and the uniform baseline are those of the recorded configs."""
-    from tuner import space as space_mod
-    from tuner.replay import load_records, recorded_subspace
-    from tuner.space import params_key
+    from tuner.space import space as space_mod
+    from tuner.space.space import params_key
+    from tuner.study.replay import load_records, recorded_subspace
 
     space = space_mod.load(space_path)
     records = load_records(record_path)
@@ -130,7 +130,8 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     """One replayed study; returns its trial sequence as (kind, time) pairs and the sampler's cost."""
     import optuna
 
-    from tuner.study import Driver, StudyOptions
+    from tuner.study.driver import Driver
+    from tuner.study.options import StudyOptions
 
     opts = StudyOptions(
         kernel=job["kernel"],
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     usable = []
     for sampler in samplers:  # a sampler whose packages are missing here is reported and skipped
         try:
-            from tuner.study import make_sampler
+            from tuner.study.search import make_sampler
 
             make_sampler(sampler, 0, 1)
             usable.append(sampler)

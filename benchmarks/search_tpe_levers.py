@@ -1,7 +1,7 @@
 """TPE settings tried against the default on recorded spaces (the levers of the search defaults).
 
 Same harness as benchmarks/search.py (the driver in process over a replay, the recorded subset searched, 200
-evaluated configs at most), with the study's TPE sampler replaced per variant (`tuner.study.make_sampler`
+evaluated configs at most), with the study's TPE sampler replaced per variant (`tuner.study.search.make_sampler`
 patched in each worker). Prints mean/10th percentile at 25, 50, 100, 200 evaluated configs and writes JSON.
 
     PYTHONPATH=. python benchmarks/search_tpe_levers.py gemv_m64,gemm tpe-default,tpe-startup20 20 1,8 nearest OUT.json
@@ -33,7 +33,7 @@ VARIANTS = {
 
 def job(args):
     variant, space_name, rec, sp, kernel, seed, k, trials, repair = args
-    import tuner.study as st
+    from tuner.study import driver as st
 
     kw = VARIANTS[variant]
     orig = st.make_sampler
@@ -44,7 +44,8 @@ def job(args):
         return orig(name, s, n)
 
     st.make_sampler = make
-    from tuner.study import Driver, StudyOptions
+    from tuner.study.driver import Driver
+    from tuner.study.options import StudyOptions
 
     d = Driver(
         StudyOptions(

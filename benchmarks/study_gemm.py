@@ -9,7 +9,7 @@
    same study twice over the same caches (into two databases) and reports the second;
 2. re-times the study's fastest config with a longer budget (finalists are re-timed before they are reported),
    verified again on fresh inputs;
-3. times cuBLAS SGEMM (torch.mm, TF32 off) with the same protocol (`tuner.bench.benchmark`) on the same GPU.
+3. times cuBLAS SGEMM (torch.mm, TF32 off) with the same protocol (`tuner.gpu.timing.benchmark`) on the same GPU.
 
 Writes ``study_gemm-<date>.json`` (records: kernel, shape, impl, TBps, TFLOPs, ceiling_TBps, gpu, date, command)
 and a markdown table under --out.
@@ -137,12 +137,13 @@ def main() -> int:
     import optuna
     import torch
 
-    from tuner import space as space_mod
-    from tuner.bench import GpuEvaluator, benchmark
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.timing import benchmark
+    from tuner.space import space as space_mod
 
     study = optuna.load_study(study_name=summary["study"], storage=url)
-    space = space_mod.load(ROOT / "tuner" / "search_spaces" / "gemm.yaml")
+    space = space_mod.load(ROOT / "search_spaces" / "gemm.yaml")
     problem = space.problem()
     best = summary["best"]
     params = best["params"]

@@ -22,7 +22,7 @@ CUPY_CACHE_DIR), so no cache, CUDA context or import is shared:
 
 Kernel Tuner gets the kernel the way a Kernel Tuner user writes one: a single source whose tunable parameters
 (TILE, RPT, PAD, VEC, block_size_x, block_size_y) arrive as the ``#define``s Kernel Tuner inserts. It is a
-line-by-line translation of tuner/templates/transpose.cu.j2 (the Jinja conditionals become ``#if``s), compiled with
+line-by-line translation of templates/transpose.cu.j2 (the Jinja conditionals become ``#if``s), compiled with
 the same ``-std=c++17``. ``--check`` shows that for all 45 configs it compiles to the same registers, SMEM and
 spills as our rendered kernels, from the same PTX. block_size_x/y are tunable parameters tied to the knobs
 by restrictions (Kernel Tuner reads thread-block sizes from tunable parameters only); grid_div_x/y = ["TILE"]
@@ -65,24 +65,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from kt_cupy import pad_device_uuid  # noqa: E402
 
 from tuner import kernels  # noqa: E402
-from tuner import space as space_mod  # noqa: E402
+from tuner.space import space as space_mod  # noqa: E402
 
 SPACE = ROOT / "benchmarks" / "spaces" / "transpose_8192_45.yaml"
 EXPECTED_CONFIGS = 45
 KERNEL_NAME = "transpose_kt"
 KT_ITERATIONS = 7  # Kernel Tuner's default, passed explicitly so the record says what was used
-#: what tuner/compile.py uses; without it Kernel Tuner's CuPy backend would pass --std=c++11
+#: what tuner/build/compile.py uses; without it Kernel Tuner's CuPy backend would pass --std=c++11
 KT_COMPILER_OPTIONS = ["-std=c++17"]
 MARKER = "@@vs_kernel_tuner@@ "  # prefixes the one JSON line a child prints
 IMPLS = {"tuner": "tuner", "answer": "kernel_tuner answer", "none": "kernel_tuner unverified"}
 #: our parameter name → Kernel Tuner's (macro) name
 KT_NAMES = {"tile": "TILE", "rows_per_thread": "RPT", "pad": "PAD", "vec": "VEC"}
 
-# The Kernel Tuner twin of tuner/templates/transpose.cu.j2. Per config Kernel Tuner prepends "#define TILE 32",
+# The Kernel Tuner twin of templates/transpose.cu.j2. Per config Kernel Tuner prepends "#define TILE 32",
 # "#define RPT 4", "#define PAD 1", "#define VEC 4", "#define block_size_x 8", "#define block_size_y 8", the
 # grid sizes and "#define kernel_tuner 1". Every line maps to one of the template's; @ROWS@ and @COLS@ are
 # filled in once, from the space's problem.
-KT_KERNEL = r"""// transpose_kt: tuner/templates/transpose.cu.j2 with its Jinja knobs as Kernel Tuner #defines
+KT_KERNEL = r"""// transpose_kt: templates/transpose.cu.j2 with its Jinja knobs as Kernel Tuner #defines
 constexpr long long ROWS = @ROWS@;
 constexpr long long COLS = @COLS@;
 constexpr int BX = TILE / VEC;     // threads across a tile row
@@ -192,7 +192,7 @@ def kt_tune_params(space) -> dict[str, list[int]]:
 
 
 def kt_restrictions(problem) -> list[str]:
-    """The space file's constraints (those of tuner/search_spaces/transpose.yaml) as Kernel Tuner restrictions."""
+    """The space file's constraints (those of search_spaces/transpose.yaml) as Kernel Tuner restrictions."""
     rows, cols, elem = problem.sizes["rows"], problem.sizes["cols"], problem.env["elem_bytes"]
     return [
         *dict.fromkeys([f"{rows} % TILE == 0", f"{cols} % TILE == 0"]),
@@ -883,7 +883,7 @@ def _markdown(table, gpu, date, command, ceiling, nbytes) -> str:
 
 def _nvrtc(text: str, name: str, options: list[str]) -> tuple[int, str, bytes, str]:
     """NVRTC status, log, cubin and PTX (as text) of one source, through the package's NVRTC wrapper."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, cubin, ptx = nvrtc_compile(text, f"{name}.cu", options)
     return status, log, cubin, ptx.decode(errors="replace")
@@ -907,8 +907,8 @@ def check(arch: str) -> int:
     """The no-GPU checks: space size, Kernel Tuner's search space, its kernel against ours."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.compile import BASE_OPTIONS, parse_ptxas
-    from tuner.render import render
+    from tuner.build.compile import BASE_OPTIONS, parse_ptxas
+    from tuner.build.render import render
 
     ok = True
     space, problem = load_space()

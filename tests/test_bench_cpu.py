@@ -15,14 +15,18 @@ import numpy as np
 import pytest
 from cupy_backends.cuda.api import driver, runtime
 
-from tuner import bench, kernels
-from tuner.compile import compile_source
-from tuner.evaluate import evaluate_config
+from tuner import kernels
+from tuner.build.compile import compile_source
+from tuner.build.render import environment
+from tuner.gpu import checks
+from tuner.gpu import evaluator as gpu_evaluator
+from tuner.gpu import status as cuda_status
+from tuner.gpu import timing as gpu_timing
+from tuner.gpu.evaluate import evaluate_config
+from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 from tuner.kernels.base import Family, Launch
-from tuner.render import environment
 from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut
-from tuner.space import load
-from tuner.worker import IsolatedEvaluator, WorkerError
+from tuner.space.space import load
 
 # ------------------------------------------------------------------------------------------------------------
 # status codes
@@ -30,17 +34,17 @@ from tuner.worker import IsolatedEvaluator, WorkerError
 
 @pytest.mark.parametrize("status", [700, 714, 715, 716, 718, 719])
 def test_context_poisoning_statuses_are_sticky(status):
-    assert bench.classify_status(status) == "sticky"
+    assert cuda_status.classify_status(status) == "sticky"
 
 
 @pytest.mark.parametrize("status", [1, 200, 209, 218, 500, 701])
 def test_refused_launch_statuses_are_not_sticky(status):
-    assert bench.classify_status(status) == "launch"
+    assert cuda_status.classify_status(status) == "launch"
 
 
 @pytest.mark.parametrize("status", [None, 0, 3, 600, 801])
 def test_other_statuses_are_not_ours(status):
-    assert bench.classify_status(status) is None
+    assert cuda_status.classify_status(status) is None
 
 
 def test_status_numbers_match_the_cuda_runtime_names():
@@ -63,7 +67,7 @@ def test_status_numbers_match_the_cuda_runtime_names():
 
 
 def test_runtime_error_becomes_a_sticky_launch_failure():
-    failure = bench.cuda_failure(runtime.CUDARuntimeError(700), "launch")
+    failure = cuda_status.cuda_failure(runtime.CUDARuntimeError(700), "launch")
     assert isinstance(failure, LaunchFailed)
     assert failure.details["status"] == 700 and failure.details["sticky"] is True
     assert failure.reason.startswith("launch: CUDA error 700 (illegal address)")
@@ -73,13 +77,13 @@ def test_driver_error_becomes_a_non_sticky_launch_failure():
     # CUDADriverError's constructor asks libcuda for the name; without a driver, build it around its status.
     exc = driver.CUDADriverError.__new__(driver.CUDADriverError)
     exc.status = 701
-    failure = bench.cuda_failure(exc, "launch")
+    failure = cuda_status.cuda_failure(exc, "launch")
     assert failure.details == {**failure.details, "status": 701, "sticky": False}
     assert "too many resources" in failure.reason
 
 
 def test_unexpected_status_is_left_to_propagate():
-    assert bench.cuda_failure(runtime.CUDARuntimeError(3), "launch") is None
+    assert cuda_status.cuda_failure(runtime.CUDARuntimeError(3), "launch") is None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -99,12 +103,12 @@ def test_unexpected_status_is_left_to_propagate():
     ],
 )
 def test_repetitions_fill_the_budget_within_bounds(estimate_ms, budget_ms, expected):
-    assert bench.repetitions(estimate_ms, budget_ms, min_reps=10, max_reps=10_000) == expected
+    assert gpu_timing.repetitions(estimate_ms, budget_ms, min_reps=10, max_reps=10_000) == expected
 
 
 def test_summarize_reports_median_and_p20_p80():
     times = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 6.0, 8.0, 7.0, 9.0]
-    timing = bench.summarize(times)
+    timing = gpu_timing.summarize(times)
     assert timing.median_ms == pytest.approx(5.5)
     assert timing.p20_ms == pytest.approx(np.percentile(times, 20))
     assert timing.p80_ms == pytest.approx(np.percentile(times, 80))
@@ -112,7 +116,7 @@ def test_summarize_reports_median_and_p20_p80():
 
 
 class ScriptedHold:
-    """Stands in for `tuner.devicekernels.Hold`: logs hold/release and gives up on the batches it is told to."""
+    """Stands in for `tuner.gpu.devicekernels.Hold`: logs hold/release and gives up on the batches it is told to."""
 
     def __init__(self, gives_up_after: set[int]):
         self.log: list[str] = []
@@ -133,7 +137,7 @@ class ScriptedHold:
 def test_launches_are_enqueued_in_order_in_held_batches_that_halve_after_a_give_up():
     hold = ScriptedHold(gives_up_after={1, 2})
     enqueued: list[int] = []
-    sizes = bench.enqueue_behind(hold, 50, lambda i: (enqueued.append(i), hold.log.append("launch")))
+    sizes = gpu_timing.enqueue_behind(hold, 50, lambda i: (enqueued.append(i), hold.log.append("launch")))
     assert enqueued == list(range(50))
     assert sizes == [16, 16, 8, 4, 4, 2] and sum(sizes) == 50
     # each batch: hold, its launches, release
@@ -143,9 +147,9 @@ def test_launches_are_enqueued_in_order_in_held_batches_that_halve_after_a_give_
 
 def test_without_a_hold_every_launch_goes_in_one_batch():
     enqueued: list[int] = []
-    assert bench.enqueue_behind(None, 40, enqueued.append) == [40]
+    assert gpu_timing.enqueue_behind(None, 40, enqueued.append) == [40]
     assert enqueued == list(range(40))
-    assert bench.enqueue_behind(None, 0, enqueued.append) == []
+    assert gpu_timing.enqueue_behind(None, 0, enqueued.append) == []
 
 
 def test_a_launch_that_raises_still_releases_the_stream():
@@ -156,7 +160,7 @@ def test_a_launch_that_raises_still_releases_the_stream():
             raise RuntimeError("launch refused")
 
     with pytest.raises(RuntimeError, match="launch refused"):
-        bench.enqueue_behind(hold, 40, enqueue)
+        gpu_timing.enqueue_behind(hold, 40, enqueue)
     assert hold.log == ["hold", "release", "hold", "release"]
 
 
@@ -166,7 +170,7 @@ def test_a_launch_that_raises_still_releases_the_stream():
 
 def test_check_output_accepts_an_exact_match():
     ref = np.linspace(-3, 3, 101)
-    check = bench.check_output(np, "y", ref.astype(np.float32), ref, 1e-6)
+    check = checks.check_output(np, "y", ref.astype(np.float32), ref, 1e-6)
     assert check.ok and check.max_abs_error < 1e-6
 
 
@@ -175,7 +179,7 @@ def test_check_output_counts_mismatches_and_nans():
     out = ref.astype(np.float32)
     out[3] = 100.0
     out[7] = np.nan
-    check = bench.check_output(np, "y", out, ref, 1e-4)
+    check = checks.check_output(np, "y", out, ref, 1e-4)
     assert not check.ok
     assert (check.mismatches, check.nan_count) == (2, 1)
     assert check.max_abs_error == pytest.approx(97.0)
@@ -187,27 +191,27 @@ def test_check_output_counts_mismatches_and_nans():
 def test_check_output_tolerance_is_relative_to_large_values():
     ref = np.array([1e6, 1.0])
     out = np.array([1e6 + 50.0, 1.0])  # 5e-5 relative
-    assert bench.check_output(np, "y", out, ref, 1e-4).ok
-    assert not bench.check_output(np, "y", out, ref, 1e-5).ok
+    assert checks.check_output(np, "y", out, ref, 1e-4).ok
+    assert not checks.check_output(np, "y", out, ref, 1e-5).ok
 
 
 def test_check_output_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="shape"):
-        bench.check_output(np, "y", np.zeros((4, 4)), np.zeros(16), 0.0)
+        checks.check_output(np, "y", np.zeros((4, 4)), np.zeros(16), 0.0)
 
 
 def test_scalar_arguments_are_packed_for_any_int_width():
-    assert bench._scalar(7).dtype == np.int64
-    assert bench._scalar(0.5).dtype == np.float32
-    assert bench._scalar(np.int32(3)).dtype == np.int32
+    assert gpu_evaluator._scalar(7).dtype == np.int64
+    assert gpu_evaluator._scalar(0.5).dtype == np.float32
+    assert gpu_evaluator._scalar(np.int32(3)).dtype == np.int32
     with pytest.raises(TypeError):
-        bench._scalar("float32")
+        gpu_evaluator._scalar("float32")
 
 
 def test_a_poisoned_evaluator_refuses_work_without_touching_cuda():
-    evaluator = bench.GpuEvaluator()
+    evaluator = gpu_evaluator.GpuEvaluator()
     evaluator.poisoned = True
-    with pytest.raises(bench.EvaluatorPoisoned):
+    with pytest.raises(cuda_status.EvaluatorPoisoned):
         evaluator.evaluate(None, "copy", {}, {})
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tuner import kernels
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.build.render import environment, render
 from tuner.kernels.base import Family, Launch
-from tuner.render import environment, render
 from tuner.result import LaunchFailed, Measurement, TimedOut, WrongResult
 
 
@@ -118,7 +118,7 @@ def probe_source(mode: str, env):
 
 @pytest.fixture(scope="module")
 def isolated():
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     with IsolatedEvaluator(gpu=0, timeout_s=120.0) as evaluator:
         evaluator.start()
@@ -146,8 +146,8 @@ def _evaluate(evaluator, probes, mode, **kwargs):
 
 @pytest.mark.parametrize("name", ["copy", "transpose", "gemm"])
 def test_default_config_of_each_shipped_family_verifies_and_times(name, isolated):
-    from tuner.evaluate import evaluate_config
-    from tuner.space import SPACES_DIR, load
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.space.space import SPACES_DIR, load
 
     path = SPACES_DIR / f"{name}.yaml"
     if not path.exists():
@@ -180,7 +180,7 @@ def test_out_of_bounds_store_is_sticky_and_the_next_evaluation_succeeds(isolated
 
 
 def test_endless_loop_times_out_at_its_deadline_within_the_limit(tmp_path, probes):
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     with IsolatedEvaluator(gpu=0, timeout_s=5.0) as evaluator:
         evaluator.start()  # CUDA start-up is not part of the limit
@@ -188,13 +188,13 @@ def test_endless_loop_times_out_at_its_deadline_within_the_limit(tmp_path, probe
         result = _evaluate(evaluator, probes, "hang")
         elapsed = time.monotonic() - started
         assert isinstance(result, TimedOut), result
-        assert result.details["phase"] == "launch" and result.details["deadline_s"] < 5.0  # tuner.deadline
+        assert result.details["phase"] == "launch" and result.details["deadline_s"] < 5.0  # tuner.gpu.deadline
         assert elapsed < 15.0
         assert isinstance(_evaluate(evaluator, probes, "good"), Measurement)
 
 
 def test_in_process_hang_guard_times_out_and_poisons(probes):
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     with IsolatedEvaluator(gpu=0, timeout_s=60.0, evaluator_kwargs={"hang_timeout_s": 2.0}) as evaluator:
         evaluator.start()

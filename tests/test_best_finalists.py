@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner import export
+from tuner.results import export
 
 DB = Path(__file__).resolve().parent / "data" / "transpose_h200_tpe40.db"
 

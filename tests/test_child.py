@@ -1,4 +1,4 @@
-"""The driver's children (`tuner.child`: the GPU workers, the study's writer) start from wherever a user calls
+"""The driver's children (`tuner.build.child`: the GPU workers, the study's writer) start from wherever a user calls
 tuner — a plain script without a main guard, ``python -`` on standard input, IPython, pytest — and never run the
 caller's ``__main__``; one that dies says why with its last lines on stderr, which also reach the caller's
 stderr as they are written. Real child processes on CPU: a replay study (its writer process) and a GPU worker
@@ -19,10 +19,10 @@ import optuna
 import pytest
 from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_dies
 
-from tuner import child as child_mod
+from tuner.build import child as child_mod
 from tuner.errors import InputError
-from tuner.worker import IsolatedEvaluator, WorkerError
-from tuner.writer import _Mirror
+from tuner.gpu.worker import IsolatedEvaluator, WorkerError
+from tuner.study.writer import Mirror
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -35,7 +35,7 @@ TRIALS = 8
 SCRIPT = f"""\
 import functools, os, types
 import tuner
-from tuner.worker import IsolatedEvaluator
+from tuner.gpu.worker import IsolatedEvaluator
 
 print("the script ran", flush=True)
 stand_in = functools.partial(types.SimpleNamespace, start=functools.partial(dict, gpu="stand-in"), ceiling_tbps=4.0)
@@ -164,7 +164,7 @@ def test_a_factory_on_a_path_added_at_run_time_reaches_the_child(tmp_path, monke
 
 
 def test_a_writer_that_dies_says_why(tmp_path):
-    mirror = _Mirror(f"sqlite:///{tmp_path}/w.db", target=writer_that_dies)
+    mirror = Mirror(f"sqlite:///{tmp_path}/w.db", target=writer_that_dies)
     assert mirror.proc.join(60) == 4
     with pytest.raises(RuntimeError, match="exited with code 4; nothing more can be recorded") as info:
         mirror.check()
@@ -234,14 +234,14 @@ def test_children_end_with_the_parent(tmp_path):
     """A GPU worker and a writer left running when their parent exits are ended with it."""
     code = textwrap.dedent(
         f"""
-        from tuner.replay import ReplayEvaluator
-        from tuner.worker import IsolatedEvaluator
-        from tuner.writer import launch_writer, _LAUNCHED
-        import tuner.writer
+        from tuner.study.replay import ReplayEvaluator
+        from tuner.gpu.worker import IsolatedEvaluator
+        from tuner.study import writer
+        from tuner.study.writer import launch_writer
         w = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})
         w.launch()
         launch_writer()
-        print(w.pid, tuner.writer._LAUNCHED.proc.pid, flush=True)
+        print(w.pid, writer._LAUNCHED.proc.pid, flush=True)
         """
     )
     proc = _run([sys.executable, "-c", code], tmp_path)

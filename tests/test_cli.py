@@ -75,7 +75,7 @@ def test_check_json_sample(tmp_path):
 def test_check_exits_1_when_a_valid_config_fails_to_compile(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
-    text = (ROOT / "tuner" / "templates" / "copy.cu.j2").read_text()
+    text = (ROOT / "templates" / "copy.cu.j2").read_text()
     (templates / "copy.cu.j2").write_text(text + "\n{% if vec == 2 %}this is not C++;{% endif %}\n")
     proc = tuner(
         "check",
@@ -93,7 +93,7 @@ def test_check_exits_1_when_a_valid_config_fails_to_compile(tmp_path):
 def test_check_says_each_distinct_error_once_with_its_count(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
-    text = (ROOT / "tuner" / "templates" / "copy.cu.j2").read_text()
+    text = (ROOT / "templates" / "copy.cu.j2").read_text()
     (templates / "copy.cu.j2").write_text(
         text + "\n{% if vec == 2 %}this is not C++;{% elif vec == 4 %}__device__ int k = no_such_name;{% endif %}\n"
     )
@@ -156,7 +156,7 @@ def test_template_syntax_error_is_one_line(tmp_path):
 
 def test_a_space_file_in_place_of_the_kernel_names_its_family(tmp_path):
     space = tmp_path / "my_transpose.yaml"
-    space.write_text((ROOT / "tuner" / "search_spaces" / "transpose.yaml").read_text())
+    space.write_text((ROOT / "search_spaces" / "transpose.yaml").read_text())
     recording = ROOT / "tests" / "data" / "transpose_h200.db"
     url = f"sqlite:///{tmp_path}/s.db"
     proc = tuner("study", str(space), "--trials", "4", "--replay", str(recording), "--storage", url, "--json")

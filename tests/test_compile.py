@@ -7,10 +7,11 @@ import os
 
 import pytest
 
-from tuner import compile as compile_mod
 from tuner import kernels
-from tuner import space as space_mod
-from tuner.render import Source, render
+from tuner.build import compile as compile_mod
+from tuner.build import compilers
+from tuner.build.render import Source, render
+from tuner.space import space as space_mod
 
 PTXAS = """\
 ptxas info    : 0 bytes gmem
@@ -133,7 +134,7 @@ def test_tight_launch_bounds_spill():
 
 def test_compile_many_runs_in_parallel_and_keeps_order():
     srcs = [_source(f'extern "C" __global__ void k{i}(float* x) {{ x[0] = {i}.0f; }}', f"k{i}") for i in range(6)]
-    results = list(compile_mod.compile_many(srcs, jobs=2))
+    results = list(compilers.compile_many(srcs, jobs=2))
     assert [s.entry for s, _ in results] == [f"k{i}" for i in range(6)]
     assert all(r.ok and f"k{i}" in r.functions for i, (_, r) in enumerate(results))
 
@@ -148,7 +149,7 @@ def test_seeded_sample_of_each_shipped_space_compiles(path):
     assert len(configs) >= min(100, s.count_valid())
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
     failures = []
-    for src, result in compile_mod.compile_many(sources, jobs=os.cpu_count()):
+    for src, result in compilers.compile_many(sources, jobs=os.cpu_count()):
         if not result.ok:
             failures.append((src.uri, result.reason))
         else:

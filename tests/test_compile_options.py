@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import compile as compile_mod
-from tuner import compile_options
-from tuner import space as space_mod
+from tuner.build import compile as compile_mod
+from tuner.build.render import render
 from tuner.errors import SpaceError
-from tuner.render import render
+from tuner.kernels import compile_options
+from tuner.space import space as space_mod
 
 SIZED = """\
 #include "sizes.cuh"

@@ -1,4 +1,4 @@
-"""Compile processes (`tuner.compilers.CompileProcesses`): real NVRTC compiles in child processes, a child that
+"""Compile processes (`tuner.build.compilers.CompileProcesses`): real NVRTC compiles in child processes, a child that
 dies fails only its config's compile, and the results are those of an in-process compile."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import signal
 
-from tuner import compile as compile_mod
-from tuner.compilers import CompileProcesses
-from tuner.render import Source
+from tuner.build import compile as compile_mod
+from tuner.build import compilers
+from tuner.build.compilers import CompileProcesses
+from tuner.build.render import Source
 
 
 def _source(text: str, entry: str) -> Source:
@@ -49,6 +50,6 @@ def test_compiles_in_children_match_an_in_process_compile_and_a_dead_child_fails
 
 def test_compile_many_in_processes_keeps_the_order_and_the_results():
     sources = [_source(GOOD.format(i=i), f"k{i}") for i in range(5)]
-    results = list(compile_mod.compile_many(sources, jobs=2, use_cache=False))  # 5 sources > 2 jobs: processes
+    results = list(compilers.compile_many(sources, jobs=2, use_cache=False))  # 5 sources > 2 jobs: processes
     assert [s.entry for s, _ in results] == [f"k{i}" for i in range(5)]
     assert all(r.ok and f"k{i}" in r.functions for i, (_, r) in enumerate(results))

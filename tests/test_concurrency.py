@@ -13,9 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import lease
 from tuner.errors import InputError
-from tuner.space import params_key
+from tuner.space.space import params_key
+from tuner.study import lease
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

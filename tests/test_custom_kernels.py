@@ -18,10 +18,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import kernels
-from tuner import space as space_mod
+from tuner import families, kernels
 from tuner.errors import InputError
 from tuner.kernels.base import ReferenceFailed
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "scale_add"
@@ -419,7 +419,10 @@ def test_check_says_a_template_fault_before_it_asks_cupy_anything(tmp_path):
     """The sources are rendered before the GPU's arch is looked up (CuPy's import alone takes about a second), so
     a typo in the template is one line as quickly as `tuner render` says it."""
     _write_bad(tmp_path, {"k.cu.j2": K_TEMPLATE.replace("{{ block }}", "{{ blok }}")})
-    code = "import sys\nfrom tuner.cli import main\nrc = main(['check', 'k.yaml'])\nprint(rc, 'cupy' in sys.modules)\n"
+    code = (
+        "import sys\nfrom tuner.cli.main import main\nrc = main(['check', 'k.yaml'])\n"
+        "print(rc, 'cupy' in sys.modules)\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
@@ -442,8 +445,8 @@ def test_without_a_reference_check_works_and_a_gpu_study_refuses(tmp_path):
 
 
 def test_a_reference_that_raises_in_a_study_is_a_reference_failure(tmp_path):
-    """The evaluator turns ReferenceFailed into a WrongResult trial (tuner/bench.py); here: the family raises it,
-    never anything else, whatever the user's function does."""
+    """The evaluator turns ReferenceFailed into a WrongResult trial (tuner/gpu/evaluator.py); here: the family raises
+    it, never anything else, whatever the user's function does."""
     _write_bad(tmp_path, {"ref.py": "def ref(x, n):\n    raise ValueError('no')\n"})
     # load without running the reference: a space file alone never runs it
     family = space_mod.load(tmp_path / "k.yaml").family
@@ -480,7 +483,7 @@ def _have_gpu() -> bool:
 def test_a_reference_that_raises_is_a_failed_trial_on_the_gpu(tmp_path):
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
 
     _write_bad(tmp_path, {"ref.py": "def ref(x, n):\n    raise ValueError('no')\n"})
     result = evaluate_config(tmp_path / "k.yaml", {"block": 128})
@@ -492,7 +495,7 @@ def test_a_reference_that_raises_is_a_failed_trial_on_the_gpu(tmp_path):
 def test_the_example_verifies_on_the_gpu():
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
-    from tuner.evaluate import evaluate_config
+    from tuner.gpu.evaluate import evaluate_config
 
     result = evaluate_config(EXAMPLE / "scale_add.yaml", {"vec": 4, "block": 256, "items": 2})
     assert result.ok, result
@@ -547,12 +550,12 @@ class ResolvingEvaluator:
     def evaluate(self, compiled, family, config, problem, *args):
         from tuner.result import Invalid
 
-        resolved = kernels.get(family) if isinstance(family, str) else family
+        resolved = families.get(family) if isinstance(family, str) else family
         return Invalid(reason=f"{type(family).__name__}:{resolved.name}:{resolved.template_dir}")
 
 
 def test_the_worker_process_loads_a_user_family_by_reference():
-    from tuner.worker import IsolatedEvaluator
+    from tuner.gpu.worker import IsolatedEvaluator
 
     space = space_mod.load(EXAMPLE / "scale_add.yaml")
     with IsolatedEvaluator(evaluator_factory=ResolvingEvaluator, start_timeout_s=60.0) as evaluator:

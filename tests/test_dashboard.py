@@ -1,4 +1,4 @@
-"""optuna-dashboard over a tuner study (tuner/dashboard.py): the real optuna-dashboard app on a free localhost
+"""optuna-dashboard over a tuner study (tuner/results/dashboard.py): the real optuna-dashboard app on a free localhost
 port, its JSON API and artifact routes, `tuner dashboard` as a subprocess, and a headless Chromium screenshot.
 
 The study is the synthetic fixture of test_export.py (resources from real NVRTC compiles; timings invented).
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from test_export import MAIN_STUDY, ROOT, attached  # a sibling test module: its study fixture
 
-from tuner import dashboard, export
 from tuner.errors import InputError
+from tuner.results import dashboard, export
 
 CHROMIUM = "/usr/bin/chromium"
 

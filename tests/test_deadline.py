@@ -1,8 +1,8 @@
-"""The hang deadline on CPUs: the policy (`tuner.deadline`), how the GPU evaluator applies it to its waits, and
+"""The hang deadline on CPUs: the policy (`tuner.gpu.deadline`), how the GPU evaluator applies it to its waits, and
 what the isolated worker and the local pool do with a config that hangs: it fails at its deadline, not at the
 ceiling, its worker is replaced, the configs queued behind it run, and the replacement's start-up is charged to
 no config. The children here run a stand-in evaluator that waits for a "GPU" that never finishes, under the
-deadline it was told, as `tuner.bench.GpuEvaluator` does on a real one (`tests/test_faults_gpu.py`)."""
+deadline it was told, as `tuner.gpu.evaluator.GpuEvaluator` does on a real one (`tests/test_faults_gpu.py`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import space as space_mod
-from tuner.bench import GpuEvaluator
-from tuner.deadline import (
+from tuner.gpu.deadline import (
     EXPECTED_SLACK,
     FLOOR_S,
     POLL_MAX_S,
@@ -27,10 +25,12 @@ from tuner.deadline import (
     hang_deadline_s,
     wait_until_done,
 )
-from tuner.local import LocalPool
-from tuner.replay import ReplayEvaluator
+from tuner.gpu.evaluator import GpuEvaluator
+from tuner.gpu.worker import IsolatedEvaluator
 from tuner.result import Measurement, TimedOut
-from tuner.worker import IsolatedEvaluator
+from tuner.space import space as space_mod
+from tuner.study.local import LocalPool
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

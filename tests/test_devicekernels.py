@@ -1,14 +1,14 @@
-"""The GPU worker's own kernels (`tuner.devicekernels`): they compile with NVRTC here; on a GPU, the random draws
+"""The GPU worker's own kernels (`tuner.gpu.devicekernels`): they compile with NVRTC here; on a GPU, the random draws
 have the right moments and ranges, a seed reproduces them, and the one-pass check agrees with CuPy's element-wise
-comparison (`tuner.bench.check_output`) on exact, noisy, NaN and far-off outputs."""
+comparison (`tuner.gpu.checks.check_output`) on exact, noisy, NaN and far-off outputs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tuner import devicekernels
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.gpu import devicekernels
 
 try:
     import cupy
@@ -56,7 +56,7 @@ def test_the_shipped_flush_ptx_does_what_its_source_does():
     """FLUSH_PTX (loaded by the driver, no NVRTC) is NVRTC's PTX of FLUSH_SOURCE: the same global loads and
     stores as NVRTC gives for the source today, a grid-stride loop around the one 16-byte load, and the one store
     behind a predicate (so no load is dead), under a conservative PTX version and target."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, _, ptx = nvrtc_compile(devicekernels.FLUSH_SOURCE, "flush.cu", ["--gpu-architecture=compute_75"])
     assert status == 0, log
@@ -73,7 +73,7 @@ def test_the_shipped_hold_ptx_is_nvrtcs_for_its_source():
     """HOLD_PTX (loaded by the driver) is NVRTC's PTX of HOLD_SOURCE instruction for instruction, under the
     flush's conservative PTX version and target; its loop polls the host's word with a volatile load and reads
     the global timer, and the one store (the give-up) is outside the loop."""
-    from tuner.compile import nvrtc_compile
+    from tuner.build.compile import nvrtc_compile
 
     status, log, _, ptx = nvrtc_compile(devicekernels.HOLD_SOURCE, "hold.cu", ["--gpu-architecture=compute_75"])
     assert status == 0, log
@@ -139,7 +139,7 @@ def test_draws_have_their_moments_and_ranges_and_a_seed_repeats_them(device_kern
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["exact", "noise", "nan", "far", "int"])
 def test_one_pass_check_agrees_with_cupy(device_kernels, case):
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     ref = device_kernels.rng(3).standard_normal((512, 777), dtype=np.float32).astype(cupy.float64) * 10
     out = ref.astype(cupy.float32)
@@ -171,7 +171,7 @@ def test_the_hold_keeps_the_hosts_time_out_of_the_timings(device_kernels):
     the GPU idling for the sleep; behind the hold, only the memset."""
     import time
 
-    from tuner.bench import time_launches
+    from tuner.gpu.timing import time_launches
 
     stream = device_kernels.stream
     hold = devicekernels.Hold(stream)
@@ -192,7 +192,7 @@ def test_a_hold_the_host_does_not_release_in_time_gives_up(device_kernels):
     """The hold lets the stream go after its timeout (no hang), says so, and the next batch is smaller."""
     import time
 
-    from tuner.bench import time_launches
+    from tuner.gpu.timing import time_launches
 
     stream = device_kernels.stream
     hold = devicekernels.Hold(stream, timeout_s=0.005)

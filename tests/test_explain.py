@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import lesson
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.errors import InputError
-from tuner.explain import Explanation, compare, explain, roofline_figure, roofline_html, roofline_png
-from tuner.ncu import (
+from tuner.insight import lesson
+from tuner.insight.explain import Explanation, compare, explain
+from tuner.insight.ncu import (
     METRICS,
     PROFILE_FORMAT,
     NcuConfigError,
@@ -29,6 +29,7 @@ from tuner.ncu import (
     parse_raw_csv,
     target_command,
 )
+from tuner.insight.roofline import roofline_figure, roofline_html, roofline_png
 
 DATA = Path(__file__).parent / "data" / "ncu"
 CEILING = 4.26  # the copy ceiling the H200 lessons measured beside these captures
@@ -129,7 +130,7 @@ def test_device_facts_from_a_capture():
 
 def test_ncu_command_profiles_the_second_call_only():
     target = target_command("copy", "n64M", {"stride": 8, "vec": 1})
-    assert target[1:] == ["-m", "tuner.ncu", "copy", "--problem", "n64M", "--set", "stride=8", "--set", "vec=1"]
+    assert target[1:] == ["-m", "tuner.insight.ncu", "copy", "--problem", "n64M", "--set", "stride=8", "--set", "vec=1"]
     assert "--outside-space" in target_command("gemm", "mnk4096", {"min_blocks": 8}, outside_space=True)
     argv = ncu_command(target, "elementwise_fuse1_vec8", 3, "/tmp/x.csv")
     joined = " ".join(argv)
@@ -145,8 +146,8 @@ def test_ncu_command_profiles_the_second_call_only():
 
 
 def test_profile_target_takes_a_lessons_value_outside_the_space(capsys):
-    from tuner import space as space_mod
-    from tuner.ncu import _target_main, widen
+    from tuner.insight.ncu import _target_main, widen
+    from tuner.space import space as space_mod
 
     # Without --outside-space the shipped GEMM space refuses min_blocks=8: the target exits 2 before the GPU.
     assert _target_main(["gemm", "--set", "min_blocks=8"]) == 2
@@ -409,8 +410,9 @@ def test_the_plot_of_a_trial_without_flops_draws_what_bounds_it(study_db, tmp_pa
     throughput from the profile stored on the study, and `tuner explain --plot` writes it without ncu."""
     import optuna
 
-    from tuner import export
-    from tuner.explain import explain_study, roofline_figure
+    from tuner.insight.explain import explain_study
+    from tuner.insight.roofline import roofline_figure
+    from tuner.results import export
 
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_db}")
     device = {"gpu": "NVIDIA H200", "sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"}
@@ -480,7 +482,7 @@ def test_lesson_goes_on_when_one_configs_profile_fails(capsys):
 
         def capture(self, space, params, problem, uri, launches, label, result):
             if params["fusion"] == 2:
-                raise NcuConfigError(f"ncu on {uri}: ncu profiled no kernel (tuner.ncu: error: boom)")
+                raise NcuConfigError(f"ncu on {uri}: ncu profiled no kernel (tuner.insight.ncu: error: boom)")
             return (DATA / f"fusion-fusion{params['fusion']}.csv").read_text(), {}
 
     bench = FailingBench()
@@ -491,7 +493,7 @@ def test_lesson_goes_on_when_one_configs_profile_fails(capsys):
     assert by_depth[2]["ncu"] == "failed" and "dram_bytes" not in by_depth[2]
     assert by_depth[1]["bound"] == by_depth[3]["bound"] == "HBM bandwidth"
     assert set(result.csvs) == {"fusion1", "fusion3"}
-    assert len(result.ncu_failures) == 1 and "tuner.ncu: error: boom" in result.ncu_failures[0]
+    assert len(result.ncu_failures) == 1 and "tuner.insight.ncu: error: boom" in result.ncu_failures[0]
     lesson.print_table(result)  # to a pipe: the rows on stdout, the title and notes on stderr
     printed = capsys.readouterr()
     assert "no ncu profile: fusion 2 (2 kernels): ncu on elementwise_fuse2" in printed.err
@@ -541,7 +543,7 @@ def test_a_lesson_table_fits_a_terminal_100_columns_wide(tmp_path):
     result = coalescing_lesson()
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_explain import coalescing_lesson\nfrom tuner import lesson\n"
+        "from test_explain import coalescing_lesson\nfrom tuner.insight import lesson\n"
         "lesson.print_table(coalescing_lesson())\n"
     )
     root = Path(__file__).resolve().parent.parent
@@ -581,7 +583,7 @@ def test_lesson_bad_input(capsys, tmp_path, monkeypatch):
 
 
 def test_fp32_peak_from_device_facts():
-    from tuner.ncu import fp32_peak_tflops
+    from tuner.insight.ncu import fp32_peak_tflops
 
     assert fp32_peak_tflops({"sm_count": 132, "sm_clock_mhz": 1980, "cc": "9.0"}) == pytest.approx(66.9, abs=0.1)
     assert fp32_peak_tflops({"cc": "9.0"}) is None

@@ -1,4 +1,4 @@
-"""Results out of a study (tuner/export.py, tuner/cli.py): Pareto front, plots, trials table, best
+"""Results out of a study (tuner/results/export.py, tuner/cli/main.py): Pareto front, plots, trials table, best
 config, C++ header, artifacts. Real SQLite, real Optuna, real NVRTC, real g++/nvcc; no GPU.
 
 The study fixture is recorded in the layout `tuner study` writes (SQLite, the user attrs of its schema), from
@@ -26,12 +26,14 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tuner import cli as cli_mod
-from tuner import compile as compile_mod
-from tuner import export, kernels
-from tuner import space as space_mod
+from tuner import kernels
+from tuner.build import compile as compile_mod
+from tuner.build import compilers
+from tuner.build.render import TEMPLATES_DIR, render
+from tuner.cli import main as cli_mod
 from tuner.errors import InputError
-from tuner.render import TEMPLATES_DIR, render
+from tuner.results import export
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE_FILE = "search_spaces/transpose.yaml"  # as `tuner study` records it: relative to the repository
@@ -71,7 +73,7 @@ def build_study(
     duplicate: bool = True,
     failures: bool = True,
 ) -> optuna.Study:
-    """Record a study in the layout `tuner study` (tuner/study.py) writes: n_valid measured configs, plus
+    """Record a study in the layout `tuner study` (tuner/study/driver.py) writes: n_valid measured configs, plus
     (optionally) two FAIL trials (compile_failed, wrong_result), two PRUNED constraint violations and one
     duplicate of the fastest config. Optuna constraints under the key "space" as study.py sets them; the
     "constraint" user-attr mirror is left out so that `attach_artifacts` has to write it."""
@@ -99,7 +101,7 @@ def build_study(
 
     configs = space.sample(n_valid, seed, problem)
     sources = [render(family, c, space.resolve(c, problem), problem.env) for c in configs]
-    compiled = [r for _, r in compile_mod.compile_many(sources, arch=ARCH)]
+    compiled = [r for _, r in compilers.compile_many(sources, arch=ARCH)]
 
     trials: list[optuna.trial.FrozenTrial] = []  # added in one go: SQLite commits cost ~15 ms each here
 
@@ -720,7 +722,7 @@ def test_header_with_source_pareto_compiles_and_sources_build(in_tmp, db, tmp_pa
     lines = out.splitlines()
     assert lines[0] == expected[MAIN_STUDY]["front"][0] == expected[MAIN_STUDY]["uri"]
     source = "\n".join(lines[5:])  # the embedded CUDA of the selected config: NVRTC must build it as is
-    from tuner.render import Source
+    from tuner.build.render import Source
 
     result = compile_mod.compile_source(
         Source("transpose", source, lines[0], lines[0], "transpose.cu.j2"), arch=ARCH, use_cache=False

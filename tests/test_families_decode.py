@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels
+from tuner.build import compilers, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.fp8_quant import decode_e4m3, encode_e4m3, ordinal
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,7 +124,7 @@ def test_quant_reference_and_the_kernels_arithmetic_agree_within_one_ulp(fp8):
 
 
 def test_quant_check_fails_two_ulps_a_wrong_scale_and_an_unwritten_code(fp8):
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     problem = {"T": 32, "H": 512, "op": 1, "dtype": "bfloat16"}
     inputs = fp8.inputs(np, problem, np.random.default_rng(1))
@@ -199,7 +200,7 @@ def test_rope_reference_is_neox_rotate_half(rope):
 
 
 def test_rope_tolerance_passes_bf16_rounding_and_fails_mistakes(rope):
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     problem = {"T": 64, "Hq": 8, "Hkv": 2, "D": 128, "dtype": "bfloat16"}
     inputs = rope.inputs(np, problem, np.random.default_rng(3))
@@ -260,7 +261,7 @@ def test_sampled_configs_compile_without_spills(name):
             source = render.render(family, config, resolved, problem.env)
             sources.append(source)
             launches[source.uri] = family.launches(source.entry, resolved, problem.env)
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 255 and result.spill_bytes == 0, source.uri
@@ -294,7 +295,7 @@ def test_fp8_launch_covers_every_row(fp8):
 
 
 def _space_with(tmp_path, name: str, old: str, new: str) -> Path:
-    text = (ROOT / "tuner" / "search_spaces" / f"{name}.yaml").read_text()
+    text = (ROOT / "search_spaces" / f"{name}.yaml").read_text()
     assert old in text
     path = tmp_path / f"{name}_bad.yaml"
     path.write_text(text.replace(old, new))

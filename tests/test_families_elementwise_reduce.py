@@ -8,12 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
-from tuner.compile import compile_source
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.elementwise import SCALE, kernel_stages
-from tuner.space import Problem
+from tuner.space import space
+from tuner.space.problem import Problem
 
 
 @pytest.fixture(scope="module")

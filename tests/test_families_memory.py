@@ -10,9 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
-from tuner.compile import compile_source
-from tuner.space import Problem
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
+from tuner.space import space
+from tuner.space.problem import Problem
 
 
 def _load(name: str) -> tuple[space.SearchSpace, kernels.Family]:

@@ -12,11 +12,13 @@ import math
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
-from tuner.compile import compile_source
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
-from tuner.space import Problem
+from tuner.space import space
+from tuner.space.problem import Problem
 
 NAMES = ["softmax", "rmsnorm", "layernorm"]
 
@@ -69,7 +71,7 @@ def test_defaults_compile_without_spills(name):
 def test_rmsnorm_l2_rows_read_twice_with_eviction_priorities(vec, monkeypatch, tmp_path):
     """cache l2: two reads of each chunk (evict_last, then evict_first), never merged into one, at every width,
     the weight's evict_last. Real NVRTC: PTX for the access count, a cubin for spills."""
-    from tuner.artifacts import compile_ptx
+    from tuner.results.artifacts import compile_ptx
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     spc, family = _load("rmsnorm")
@@ -319,7 +321,7 @@ def test_norm_inputs_exercise_eps_and_cancellation():
 def test_a_skipped_sum_term_fails_the_check(name):
     """A kernel that leaves one warp's 32 x 16 elements (of 8192) out of the row reduction must fail the
     evaluator's check; here emulated on the reference side."""
-    from tuner.bench import check_output
+    from tuner.gpu.checks import check_output
 
     family = kernels.get(name)
     problem = {"rows": 256, "cols": 8192, "dtype": "bfloat16"}

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels
+from tuner.build import compilers, render
 from tuner.kernels import adamw, bf16
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"hidden": 36, "intermediate": 100, "kv_dim": 12, "layers": 2, "dtype": "float32"}
@@ -23,7 +24,7 @@ def fam():
 
 @pytest.fixture(scope="module")
 def spc():
-    return space.load(ROOT / "tuner" / "search_spaces" / "adamw.yaml")
+    return space.load(ROOT / "search_spaces" / "adamw.yaml")
 
 
 def test_family_contract_and_space(fam, spc):
@@ -148,7 +149,7 @@ def test_default_and_every_vec_compile_without_spills(fam, spc):
     ]
     sources = [render.render(fam, c, spc.resolve(c, problem), problem.env) for c in configs]
     assert "constexpr int NT = 9;" in sources[0].text
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 128 and result.spill_bytes == 0

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import kernels, render, space
+from tuner import kernels
+from tuner.build import compile as tcompile
+from tuner.build import compilers, render
 from tuner.errors import SpaceError
 from tuner.kernels import bf16
+from tuner.space import space
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +52,7 @@ def fam():
 
 @pytest.fixture(scope="module")
 def spc():
-    return space.load(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+    return space.load(ROOT / "search_spaces" / "decode_attention.yaml")
 
 
 def config_for(spc, params, problem):
@@ -179,7 +181,7 @@ def test_sampled_configs_compile(fam, spc):
         for c in rng.sample(configs, 2)
     ]
     spilled = 0
-    for source, result in tcompile.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=2):
         assert result.ok, (source.uri, result.reason)
         assert source.entry in result.functions and result.main.registers > 0
         spilled += result.spill_bytes > 0
@@ -391,7 +393,7 @@ def test_accounting(fam, spc):
 
 def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
     text = (
-        open(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
         .read()
         .replace("{name: b8_s4096, B: 8, S: 4096, heads_q: 32,", "{name: b8_s4096, B: 8, S: 4096, heads_q: 30,")
     )
@@ -404,7 +406,7 @@ def test_heads_that_do_not_split_into_groups_are_a_one_line_error(tmp_path):
 
 def test_unsupported_dtype_is_a_one_line_error(tmp_path):
     text = (
-        open(ROOT / "tuner" / "search_spaces" / "decode_attention.yaml")
+        open(ROOT / "search_spaces" / "decode_attention.yaml")
         .read()
         .replace("head_dim: 128, dtype: bfloat16}", "head_dim: 128, dtype: float32}", 1)
     )

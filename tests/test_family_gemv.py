@@ -17,9 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compile as tcompile
-from tuner import header, kernels, render, space
+from tuner import kernels
+from tuner.build import compile as tcompile
+from tuner.build import compilers, render
 from tuner.kernels import bf16
+from tuner.results import header
+from tuner.space import space
 
 MNK = {"N": 8192, "K": 8192, "dtype": "bfloat16"}
 
@@ -708,7 +711,7 @@ def test_sampled_configs_compile(family, gemv_space):
         for configs in groups.values():
             config = rng.choice(configs)
             sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
-    for source, result in tcompile.compile_many(sources, jobs=4):
+    for source, result in compilers.compile_many(sources, jobs=4):
         assert result.ok, (source.uri, result.reason)
         assert result.main.registers > 0 and source.entry in result.functions
         assert result.spill_bytes == 0, source.uri

@@ -10,9 +10,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner import space as space_mod
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
+from tuner.space import space as space_mod
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 NAMES = ["tile", "vec", "pad", "n", "rows", "block", "x"]

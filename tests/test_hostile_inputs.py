@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli, kernels
-from tuner import space as space_mod
+from tuner import kernels
+from tuner.build.render import render
+from tuner.cli import main as cli
 from tuner.errors import InputError, SpaceError, TemplateError
-from tuner.render import render
+from tuner.space import space as space_mod
+from tuner.space.reading import IDENTIFIER
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -306,7 +308,7 @@ def test_hostile_input(case, tmp_path, monkeypatch, capsys):
         else:
             path.write_text(content)
     monkeypatch.chdir(tmp_path)  # the default storage (studies/KERNEL.db) would land here
-    monkeypatch.setattr(space_mod, "SPACES_DIR", ROOT / "tuner" / "search_spaces")
+    monkeypatch.setattr(space_mod, "SPACES_DIR", ROOT / "search_spaces")
     before = snapshot(tmp_path, DATA)
     capsys.readouterr()
     started = time.perf_counter()
@@ -373,14 +375,14 @@ def test_shipped_string_values_are_identifiers():
     for path in space_mod.shipped_spaces():
         for values in space_mod.load(path).params.values():
             for v in values:
-                assert not isinstance(v, str) or space_mod.IDENTIFIER.fullmatch(v)
+                assert not isinstance(v, str) or IDENTIFIER.fullmatch(v)
 
 
 def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "spaces"
     folder.mkdir()
     (folder / "huge.yaml").write_text(HUGE + "constraints:\n  - f > 500\n")
-    (folder / "copy.yaml").write_text((ROOT / "tuner" / "search_spaces" / "copy.yaml").read_text())
+    (folder / "copy.yaml").write_text((ROOT / "search_spaces" / "copy.yaml").read_text())
     monkeypatch.setattr(space_mod, "SPACES_DIR", folder)
     started = time.perf_counter()
     assert cli.main(["spaces", "--json"]) == 0
@@ -400,7 +402,7 @@ def test_spaces_listing_stays_fast_with_a_huge_space_in_the_folder(tmp_path, mon
 
 
 def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
-    path = ROOT / "tuner" / "search_spaces" / "copy.yaml"
+    path = ROOT / "search_spaces" / "copy.yaml"
     space = space_mod.load(path)
     assert space.sample(5, seed=1) == space.sample(5, seed=1)  # seeded
     huge_text = HUGE + "constraints:\n  - f > 990\n"
@@ -419,7 +421,7 @@ def test_sample_of_a_huge_space_draws_valid_configs_without_listing():
 
 def test_broken_pipe_exits_quietly():
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tuner import cli; sys.exit(cli.main(['spaces', '--json']))"],
+        [sys.executable, "-c", "import sys; from tuner.cli.main import main; sys.exit(main(['spaces', '--json']))"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -432,7 +434,7 @@ def test_broken_pipe_exits_quietly():
 
 
 def test_replay_delay_is_checked_before_anything_starts():
-    from tuner import limits
+    from tuner.space import limits
 
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InputError, match="--replay-delay"):

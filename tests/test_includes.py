@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import compile as compile_mod
-from tuner import includes
-from tuner import space as space_mod
+from tuner.build import compile as compile_mod
+from tuner.build import includes
+from tuner.build.render import Source, render
 from tuner.errors import InputError
-from tuner.render import Source, render
+from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,4 +228,4 @@ def test_the_kernels_import_nothing_from_the_compile_stage():
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            assert "tuner.compile" not in names, f"{path.name}:{node.lineno} imports tuner.compile"
+            assert "tuner.build.compile" not in names, f"{path.name}:{node.lineno} imports tuner.build.compile"

@@ -27,7 +27,8 @@ def installed(tmp_path_factory) -> Path:
     """bin/ of a fresh venv holding the wheel built from this tree."""
     base = tmp_path_factory.mktemp("install")
     src = base / "src"  # build from a copy: the build leaves build/ and *.egg-info behind
-    shutil.copytree(ROOT / "tuner", src / "tuner", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("tuner", "templates", "search_spaces"):  # the wheel maps the last two into the package
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     wheels = base / "wheels"
@@ -87,7 +88,7 @@ def test_the_wheel_works_from_an_empty_directory(installed, tmp_path):
 
     proc = run(installed, tmp_path, "spaces", "--json")
     assert proc.returncode == 0, proc.stderr
-    shipped = sorted(p.stem for p in (ROOT / "tuner" / "search_spaces").glob("*.yaml"))
+    shipped = sorted(p.stem for p in (ROOT / "search_spaces").glob("*.yaml"))
     assert sorted(row["name"] for row in json.loads(proc.stdout)) == shipped
 
     proc = run(installed, tmp_path, "render", "transpose", "--set", "tile=64")

@@ -1,5 +1,5 @@
-"""The local engine (`tuner.local.LocalPool`) on CPUs: real NVRTC compiles in compile processes, real GPU-worker child
-processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
+"""The local engine (`tuner.study.local.LocalPool`) on CPUs: real NVRTC compiles in compile processes, real GPU-worker
+child processes (`IsolatedEvaluator`) whose evaluator answers from the H200 recording, and the faults a GPU worker can
 suffer (killed, hung), handled as the Ray pool handles them."""
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tuner import cli, limits, local
-from tuner import space as space_mod
-from tuner import worker as worker_mod
-from tuner.local import LocalPool, host_cores
-from tuner.replay import ReplayEvaluator
-from tuner.worker import IsolatedEvaluator
+from tuner.cli import main as cli
+from tuner.gpu import worker as worker_mod
+from tuner.gpu.worker import IsolatedEvaluator
+from tuner.space import limits
+from tuner.space import space as space_mod
+from tuner.study import local
+from tuner.study.local import LocalPool, host_cores
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -100,7 +102,7 @@ def test_compiles_run_in_processes_below_the_rest_of_the_study(space, tmp_path, 
     """A measuring pool compiles in child processes, one per compile slot, niced by `COMPILE_NICENESS`, so the
     driver, the writer and the GPU workers keep their share of the cores; the driver itself is left as it was."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    from tuner.compilers import COMPILE_NICENESS
+    from tuner.build.compilers import COMPILE_NICENESS
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     with _pool(space, _child_factory(0.0), gpus=1) as pool:
@@ -279,11 +281,13 @@ def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeyp
 
 
 def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():
-    # ``tuner study`` imports tuner.worker to launch its GPU workers, and each child imports it again before it can
+    # ``tuner study`` imports tuner.gpu.worker to launch its GPU workers, and each child imports it again before it can
     # start its CUDA context: NumPy and the families there would delay every GPU worker by ~0.3 s.
     import subprocess
     import sys
 
-    probe = "import sys, tuner.worker; print(sorted(m for m in ('numpy', 'tuner.kernels', 'cupy') if m in sys.modules))"
+    probe = (
+        "import sys, tuner.gpu.worker; print(sorted(m for m in ('numpy', 'tuner.kernels', 'cupy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -9,9 +9,11 @@ import random
 import numpy as np
 import pytest
 
-from tuner import kernels, render, space
-from tuner.compile import compile_source
-from tuner.gpu import DEFAULT
+from tuner import kernels
+from tuner.build import render
+from tuner.build.compile import compile_source
+from tuner.gpufacts import DEFAULT
+from tuner.space import space
 
 
 def _sample(spc: space.SearchSpace, prob, count: int) -> list[dict]:

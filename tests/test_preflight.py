@@ -1,4 +1,4 @@
-"""What a study must pass before its first config (tuner/preflight.py), run as a user runs it: a storage that
+"""What a study must pass before its first config (tuner/study/preflight.py), run as a user runs it: a storage that
 cannot be written, a name that could not open the study again, a study that holds its trials already, a home
 that cannot be written, a machine without a GPU. Each refusal is one line naming the storage (or the name) and
 the fault, exit code 2, and leaves no file behind; the names `tuner studies` prints open with every command."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import preflight
 from tuner.errors import InputError
+from tuner.study import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -169,7 +169,7 @@ def test_a_server_url_is_connected_to(tmp_path):
 
 @pytest.mark.parametrize("content", ["optuna", "empty"])
 def test_lease_on_a_read_only_database_says_read_only(tmp_path, content):
-    from tuner.lease import acquire
+    from tuner.study.lease import acquire
 
     db = tmp_path / "ro.db"
     if content == "optuna":
@@ -214,7 +214,7 @@ def test_every_listed_name_opens_with_every_command(tmp_path):
 
 
 def test_dashboard_opens_a_listed_name(tmp_path, monkeypatch):
-    from tuner import dashboard
+    from tuner.results import dashboard
 
     assert replay_study(tmp_path, "--in-process").returncode == 0
     monkeypatch.chdir(tmp_path)
@@ -273,7 +273,7 @@ def test_a_complete_study_found_once_the_study_is_open(tmp_path, monkeypatch):
     """Where the name waits for a worker's GPU (no GPU model before start, a cluster's), the driver stops right
     after opening the study: the pool and the writer are stopped, nothing is measured or written."""
     import tuner
-    from tuner.study import Driver
+    from tuner.study.driver import Driver
 
     monkeypatch.chdir(tmp_path)
     tuner.study("transpose", 3, replay=RECORDING, storage="s.db", in_process=True)
@@ -295,12 +295,14 @@ def test_a_resume_that_would_be_refused_is_refused_before_start(tmp_path):
 
 
 def test_counted_trials_follow_the_drivers_rule(tmp_path):
-    """The SQL count (read before anything starts) agrees with the driver's `_counts` over a study with
+    """The SQL count (read before anything starts) agrees with the driver's `counts` over a study with
     screened proposals, an interrupted trial and failures."""
     import optuna
     from optuna.distributions import IntDistribution
 
-    from tuner.study import SCREENED, StudyOptions, _counts, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
+    from tuner.study.search import SCREENED, counts
 
     url = f"sqlite:///{tmp_path}/s.db"
     opts = StudyOptions(
@@ -336,7 +338,7 @@ def test_counted_trials_follow_the_drivers_rule(tmp_path):
     trials = study.get_trials(deepcopy=False)
     assert any(SCREENED in t.user_attrs for t in trials)
     counted, attrs = preflight.counted_trials(tmp_path / "s.db", summary["study"])
-    assert counted == sum(1 for t in trials if _counts(t)) == 13
+    assert counted == sum(1 for t in trials if counts(t)) == 13
     assert attrs["kernel"] == "transpose"
     assert preflight.counted_trials(tmp_path / "s.db", "absent") is None
 
@@ -388,7 +390,7 @@ def test_an_unwritable_cupy_cache_dir_is_replaced_too(tmp_path):
 
 
 def test_the_temporary_cache_folder_is_this_users_alone(tmp_path, monkeypatch):
-    from tuner import cachedirs
+    from tuner.build import cachedirs
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     shared = tmp_path / f"tuner-{os.getuid()}"
@@ -416,7 +418,7 @@ def test_hidden_gpus_are_named_for_the_engine_in_use(tmp_path):
 
 
 def test_bench_without_a_driver_says_so_in_words(tmp_path):
-    from tuner import limits
+    from tuner.space import limits
 
     if limits.local_gpus() != 0:
         pytest.skip("this machine has a GPU")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tuner import kernels
-from tuner import space as space_mod
+from tuner.build.render import environment, render, uri
 from tuner.errors import TemplateError
 from tuner.kernels.base import Family
-from tuner.render import environment, render, uri
+from tuner.space import space as space_mod
 
 
 class Toy(Family):

@@ -2,7 +2,7 @@
 
 The real driver and local engine (real NVRTC compiles in threads) run over an evaluator that answers from the H200
 transpose recording (tests/data/README.md) but, like a GPU evaluator, `measures` (so configs are compiled, the
-cut-off applies and the finalists are re-timed) and honours `cutoff_ms` as `tuner.bench.benchmark` does: a config
+cut-off applies and the finalists are re-timed) and honours `cutoff_ms` as `tuner.gpu.timing.benchmark` does: a config
 whose recorded time is over the cut-off comes back with the 3 repetitions of the estimate.
 """
 
@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner import limits, local
-from tuner.replay import ReplayEvaluator
-from tuner.study import Driver, StudyOptions
+from tuner.space import limits
+from tuner.study import local
+from tuner.study.driver import Driver
+from tuner.study.options import StudyOptions
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
 
 
 class CutoffProbe(ReplayEvaluator):
@@ -107,7 +109,7 @@ def _median(probe, uri: str) -> float:
 
 def test_the_command_sets_the_cutoff(probe, tmp_path):
     """`tuner study --screen-cutoff X` reaches the driver; `off` times every config in full."""
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
@@ -123,7 +125,7 @@ def test_the_command_sets_the_cutoff(probe, tmp_path):
 
 def test_the_command_sets_the_screening_budget(probe, tmp_path):
     """`tuner study --screen-ms X` is the timed work of every screening evaluation; the finalists keep theirs."""
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     args = ["study", "transpose", "--space", str(SPACE), "--trials", "12", "--seed", "0", "--json", "--gpus", "1"]
     assert main([*args, "--storage", f"sqlite:///{tmp_path / 'ms.db'}", "--screen-ms", "7"]) == 0

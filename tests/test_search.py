@@ -18,17 +18,18 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner import compile as compile_mod
-from tuner import kt
-from tuner import space as space_mod
-from tuner.cli import main as cli_main
-from tuner.replay import load_records, params_key
-from tuner.search import Codec, index_key, valid_index
-from tuner.study import Driver, StudyOptions
+from tuner.build import compile as compile_mod
+from tuner.cli.main import main as cli_main
+from tuner.results import kt
+from tuner.space import space as space_mod
+from tuner.study.driver import Driver
+from tuner.study.options import StudyOptions
+from tuner.study.replay import load_records, params_key
+from tuner.study.search import Codec, index_key, valid_index
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
 STUDY = "transpose-n16384_float32-NVIDIA_H200"
 
 
@@ -308,7 +309,7 @@ def test_tpe_is_made_for_the_configs_in_flight(in_flight, candidates):
 def test_tpe_goes_back_to_24_candidates_once_enough_configs_are_evaluated(monkeypatch):
     """The wide candidate set is for the first `TPE_WIDE_UNTIL` evaluated configs only (it costs sampler time):
     after that the driver hands the valid-set wrapper a 24-candidate TPE, and the study goes on to its end."""
-    from tuner import study as study_mod
+    from tuner.study import driver as study_mod
 
     monkeypatch.setattr(study_mod, "TPE_WIDE_UNTIL", 10)
     seen: list[int] = []
@@ -439,7 +440,7 @@ def _cache_files() -> list[Path]:
 
 
 def test_a_recording_is_read_once_then_from_the_cache(tmp_path, monkeypatch):
-    from tuner import replay
+    from tuner.study import replay
 
     path = tmp_path / "rec.db"
     shutil.copy(RECORDING, path)
@@ -469,7 +470,7 @@ def test_a_recording_is_read_once_then_from_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_recorded_subset_is_never_answered_from_the_full_spaces_cache():
-    from tuner.replay import recorded_subspace
+    from tuner.study.replay import recorded_subspace
 
     space = space_mod.load(SPACE)
     problem = space.problem()
@@ -484,7 +485,7 @@ def test_a_recording_older_than_a_knob_stands_for_its_default_only(tmp_path):
     """A space that gained a knob after a recording was made (here the transpose space with a `min_blocks` launch
     bound, default 0, which the H200 recording never had) replays the recording's configs at the knob's default
     and answers no other value, whether the search is cut to the recording or not."""
-    from tuner.replay import ReplayEvaluator, later_knobs, recorded_subspace
+    from tuner.study.replay import ReplayEvaluator, later_knobs, recorded_subspace
 
     text = SPACE.read_text()
     text = text.replace("  vec: [1, 2, 4]\n", "  vec: [1, 2, 4]\n  min_blocks: [0, 2]\n")
@@ -537,8 +538,8 @@ def test_the_default_goes_out_before_the_wait_for_the_valid_set(tmp_path, monkey
     machine), and the listing's timing does not change what the sampler proposes."""
     import threading
 
-    from tuner import replay as replay_mod
-    from tuner import search as search_mod
+    from tuner.study import replay as replay_mod
+    from tuner.study import search as search_mod
 
     _, reference = run(tmp_path, trials=30, seed=5)
     events: list[str] = []
@@ -622,7 +623,7 @@ def test_screened_and_repaired_without_the_valid_set_sampler(tmp_path):
 
 def test_a_space_is_listed_beside_the_set_up_once_per_machine(tmp_path, monkeypatch):
     """IndexBuild lists the valid set in its thread and stores it; the next study on this machine reads it."""
-    from tuner import search as search_mod
+    from tuner.study import search as search_mod
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     space = space_mod.load(SPACE)

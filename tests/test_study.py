@@ -16,12 +16,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.replay import ReplayEvaluator
-from tuner.space import params_key
+from tuner.space.space import params_key
+from tuner.study.replay import ReplayEvaluator
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
-SPACE = ROOT / "tuner" / "search_spaces" / "transpose.yaml"
+SPACE = ROOT / "search_spaces" / "transpose.yaml"
 
 
 def tuner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -38,7 +38,7 @@ def load(url: str) -> optuna.Study:
 
 def test_recording_is_a_real_h200_grid_over_the_transpose_space():
     replay = ReplayEvaluator(RECORDING)
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load(SPACE)
     assert replay.covers(space.enumerate()) == space.count_valid()
@@ -128,7 +128,7 @@ def test_grid_sampler_evaluates_every_valid_config_once(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url)
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     valid = {params_key(c) for c in space_mod.load(SPACE).enumerate()}
     assert [params_key(t.params) for t in study.trials if True].__len__() == len(valid)
@@ -140,7 +140,7 @@ def test_interrupted_grid_resumes_to_exactly_the_valid_set(tmp_path):
     study ends (the interrupted configs were once queued twice, never counted, and random proposals ran on)."""
     import sqlite3
 
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     url = f"sqlite:///{tmp_path}/g.db"
     first = ["study", "transpose", "--sampler", "grid", "--replay", str(RECORDING), "--storage", url, "--json"]
@@ -277,8 +277,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
     next config."""
     import ray
 
-    from tuner import space as space_mod
-    from tuner.cluster import Pool
+    from tuner.space import space as space_mod
+    from tuner.study.cluster import Pool
 
     space = space_mod.load(SPACE)
     configs = list(space.enumerate())[:3]
@@ -309,8 +309,8 @@ def test_gpu_actor_killed_mid_trial_is_replaced(tmp_path):
 def test_hung_worker_times_out_and_is_replaced(tmp_path):
     import ray
 
-    from tuner import space as space_mod
-    from tuner.cluster import Pool
+    from tuner.space import space as space_mod
+    from tuner.study.cluster import Pool
 
     space = space_mod.load(SPACE)
     pool = Pool(
@@ -373,8 +373,8 @@ def test_a_new_study_database_is_created_by_the_writer_not_the_driver(tmp_path):
 def test_the_fast_storage_path_reads_urls_as_sqlalchemy_does(url):
     from sqlalchemy.engine import make_url
 
-    from tuner.dbfiles import plain_sqlite_file, sqlite_path
-    from tuner.studies import artifact_dir_for
+    from tuner.results.dbfiles import plain_sqlite_file, sqlite_path
+    from tuner.results.studies import artifact_dir_for
 
     fast = plain_sqlite_file(url)
     assert fast is None or fast == Path(make_url(url).database)
@@ -387,7 +387,7 @@ def test_replayed_rows_name_the_recording_they_come_from(tmp_path):
     import csv
 
     import tuner
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     url = f"sqlite:///{tmp_path}/r.db"
     result = tuner.study(SPACE, trials=6, replay=RECORDING, storage=url, seed=2, in_process=True)

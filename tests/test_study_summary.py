@@ -21,12 +21,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import cli, limits, local
-from tuner.console import human_seconds
-from tuner.evaluator import CHECK_PHASES, PHASES, Spent
-from tuner.gpu import DEFAULT_ARCH, GpuFacts
+from tuner.cli import main as cli
+from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
+from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
-from tuner.study import Driver, StudyOptions, _gpu_busy_text, _time_in_text, _time_split
+from tuner.results.console import human_seconds
+from tuner.space import limits
+from tuner.study import local
+from tuner.study.driver import Driver
+from tuner.study.options import StudyOptions
+from tuner.study.progress import _gpu_busy_text, _time_in_text, time_split
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = ROOT / "examples" / "scale_add" / "scale_add.yaml"
@@ -201,7 +205,7 @@ def test_measurements_without_gpu_time_give_no_figure_and_a_partial_sum_says_so(
     old = Spent()
     for _ in range(3):
         old.add(_measurement(), occupied_s=0.5)  # recorded before gpu_ms and phases_s existed
-    summary = _time_split(old, wall_s=2.0, window_s=2.0, gpus=1, compile_threads=4, measures=True)
+    summary = time_split(old, wall_s=2.0, window_s=2.0, gpus=1, compile_threads=4, measures=True)
     assert summary["gpu_busy_fraction"] is None and summary["gpu_time_missing"] == 3
     assert summary["workers_busy_fraction"] == 0.75
     assert _gpu_busy_text(summary) == "n/a: no measurement reported its GPU time (workers occupied 75%)"
@@ -211,7 +215,7 @@ def test_measurements_without_gpu_time_give_no_figure_and_a_partial_sum_says_so(
     )
 
     old.add(_measurement(gpu_ms=200.0, phases_s={"timing": 0.3}), occupied_s=0.5)
-    summary = _time_split(old, wall_s=2.0, window_s=2.0, gpus=1, compile_threads=4, measures=True)
+    summary = time_split(old, wall_s=2.0, window_s=2.0, gpus=1, compile_threads=4, measures=True)
     assert summary["gpu_busy_fraction"] == 0.1 and summary["gpu_time_missing"] == 3
     assert _gpu_busy_text(summary).startswith("≥ 10% (0.2 s running the configs; 3 measurements reported no")
 
@@ -219,7 +223,7 @@ def test_measurements_without_gpu_time_give_no_figure_and_a_partial_sum_says_so(
 def test_a_replay_reports_its_workers_and_nothing_it_did_not_run():
     recorded = Spent()
     recorded.add(_measurement(gpu_ms=3.0, phases_s={"timing": 0.01}), occupied_s=0.25)
-    summary = _time_split(recorded, wall_s=1.0, window_s=1.0, gpus=1, compile_threads=None, measures=False)
+    summary = time_split(recorded, wall_s=1.0, window_s=1.0, gpus=1, compile_threads=None, measures=False)
     assert summary["workers_busy_fraction"] == 0.25
     assert summary["gpu_busy_fraction"] is None and summary["gpu_s"] is None and summary["phases_s"] is None
 
@@ -230,8 +234,8 @@ def test_a_ray_pool_sums_what_its_actors_returned_and_what_its_compile_tasks_too
     import ray
     import ray.cloudpickle
 
-    from tuner import space as space_mod
-    from tuner.cluster import Pool
+    from tuner.space import space as space_mod
+    from tuner.study.cluster import Pool
 
     # The actors build this module's evaluator: sent by value, as the test module is not importable there.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -270,7 +274,7 @@ H200_FACTS = dataclasses.replace(GpuFacts(), sm_count=132, measured=True).to_dic
 def _gemm_recording(db: Path, tflops: float) -> int:
     """A synthetic recording of six valid GEMM configs (its figures invented: `tflops` TFLOP/s at a 0.02 share
     of the copy ceiling), with the facts and clocks a study on an H200 stores. Returns the trial count."""
-    from tuner import space as space_mod
+    from tuner.space import space as space_mod
 
     space = space_mod.load("gemm")
     study = optuna.create_study(study_name="gemm-recorded", storage=f"sqlite:///{db}", directions=["maximize"])
@@ -349,10 +353,10 @@ def test_a_compute_bound_study_is_compared_with_the_fp32_peak_never_the_copy_cei
 def test_the_live_line_puts_each_unit_against_its_own_roof():
     """The progress line: TB/s with its share of the copy ceiling; TFLOP/s alone (the facts its peak needs come
     with the summary), never a share of the byte ceiling; a family without a throughput, its time."""
-    from tuner.study import _Progress, _Stats
+    from tuner.study.progress import Progress, Stats
 
     def line(unit: str, tbps: float, tflops: float) -> str:
-        stats = _Stats(unit, [])
+        stats = Stats(unit, [])
         moved = 3 << 26
         stats.add(
             0,
@@ -375,7 +379,7 @@ def test_the_live_line_puts_each_unit_against_its_own_roof():
                 clocks={"sm_clock_max_mhz": 1980},
             ),
         )
-        progress = _Progress(False, 10, 0, stats)
+        progress = Progress(False, 10, 0, stats)
         progress.update(1)
         return progress.bar.tasks[0].fields["info"]
 
@@ -386,7 +390,7 @@ def test_the_live_line_puts_each_unit_against_its_own_roof():
 
 
 def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
-    from tuner.gpu import compute_capability, fp32_peak_tflops
+    from tuner.gpufacts import compute_capability, fp32_peak_tflops
 
     assert fp32_peak_tflops(GpuFacts.from_dict(H200_FACTS), 1980) == pytest.approx(66.9, abs=0.05)
     assert fp32_peak_tflops(GpuFacts(), 1980) is None  # the defaults stand in for a GPU nobody asked
@@ -403,12 +407,12 @@ def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
 def test_the_live_line_puts_a_gemm_against_the_fp32_peak_of_the_gpu_it_runs_on():
     """The progress line of a compute-bound study: TFLOP/s and its share of the FP32 peak from the GPU's facts and
     the clock its measurements report; TFLOP/s alone where the facts were not read from a GPU."""
-    from tuner.study import _live_figure, _Stats
+    from tuner.study.progress import Stats, _live_figure
 
     figures = {"tflops": 48.8, "tbps": 0.086, "median_ms": 2.8, "fraction_of_ceiling": 0.02, "registers": 128}
     figures |= {"smem_bytes": 0, "clocks": {"sm_clock_max_mhz": 1980}}
-    on_h200 = _Stats("TFLOP/s", [], gpu=GpuFacts.from_dict(H200_FACTS))
-    unknown = _Stats("TFLOP/s", [], gpu=GpuFacts())
+    on_h200 = Stats("TFLOP/s", [], gpu=GpuFacts.from_dict(H200_FACTS))
+    unknown = Stats("TFLOP/s", [], gpu=GpuFacts())
     for stats in (on_h200, unknown):
         stats._consider(0, {}, figures)
     assert _live_figure("TFLOP/s", on_h200.best, on_h200.fp32_peak()) == "48.8 TFLOP/s (0.73× FP32 peak)"

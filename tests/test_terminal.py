@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import build_parser
+from tuner.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -256,7 +256,7 @@ def test_version_and_completion(tmp_path):
         [sys.executable, "-m", "tuner", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert proc.returncode == 0 and re.fullmatch(r"tuner \d+\.\d+\.\d+\S*\n", proc.stdout), proc
-    assert "PYTHON_ARGCOMPLETE_OK" in (ROOT / "tuner" / "cli.py").read_text()[:1024]
+    assert "PYTHON_ARGCOMPLETE_OK" in (ROOT / "tuner" / "cli" / "main.py").read_text()[:1024]
     pytest.importorskip("argcomplete")
     # argcomplete's protocol: the shell sets these and reads the candidates back (here from a file).
     out = tmp_path / "candidates"
@@ -279,8 +279,8 @@ def test_version_and_completion(tmp_path):
 
 
 def test_a_command_names_a_shipped_space_only_when_the_study_ran_on_that_very_file():
-    from tuner import space as space_mod
-    from tuner import studies
+    from tuner.results import studies
+    from tuner.space import space as space_mod
 
     recorded = "/some/other/checkout/search_spaces/transpose.yaml"
     assert studies._space_argument(recorded, space_mod.load("transpose").content_hash()) == "transpose"

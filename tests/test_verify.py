@@ -1,4 +1,4 @@
-"""Verification on a pool of input sets (`tuner.verify`), references computed once.
+"""Verification on a pool of input sets (`tuner.gpu.verify`), references computed once.
 
 The bookkeeping (sets taken in turn, budgets, keys that fall back to fresh inputs) and the ways a declarative
 reference receives its arrays run on the CPU; the pool inside the GPU evaluator (a reference computed once per
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.compile import compile_source
+from tuner.build.compile import compile_source
+from tuner.build.render import environment, render
+from tuner.gpu.verify import POOL_SIZE, InputPool, pool_key
 from tuner.kernels.base import Family, Launch
 from tuner.kernels.declarative import reference_arrays_of
-from tuner.render import environment, render
 from tuner.result import Measurement, WrongResult
-from tuner.verify import POOL_SIZE, InputPool, pool_key
 
 
 def _gpu_count() -> int:
@@ -129,7 +129,7 @@ extern "C" __global__ void {{ entry }}(const __nv_bfloat16* x, float* out, long 
 
 
 def _axpy_space(tmp_path: Path, reference: str, arrays: str = "", out: str = "float"):
-    from tuner.space import load
+    from tuner.space.space import load
 
     (tmp_path / "axpy.cu.j2").write_text(TEMPLATE.replace("float* out", f"{out}* out"))
     (tmp_path / "ref.py").write_text(reference)
@@ -262,7 +262,7 @@ class HostCounted(Counted):
 
 @pytest.fixture(scope="module")
 def evaluator():
-    from tuner.bench import GpuEvaluator
+    from tuner.gpu.evaluator import GpuEvaluator
 
     if not HAVE_GPU:
         pytest.skip("needs a CUDA GPU")

@@ -4,6 +4,7 @@ The public surface: load a space, run a study and read its result (`tuner.api`),
 of your own (`tuner.kernels.base.Family`), and the result types every stage returns.
 """
 
+import importlib as _importlib
 import time as _time
 
 #: When the package was first imported: for `python -m tuner` and the `tuner` script, the start of the command
@@ -11,6 +12,14 @@ import time as _time
 IMPORTED_AT = _time.perf_counter()
 
 from tuner.errors import InputError, SpaceError, TemplateError  # noqa: E402
+
+# `tuner.study` names the API call (`tuner.api.study`), and `tuner/study/` is the study stage's package. Importing a
+# package binds it as an attribute of its parent when it first loads; the stage package (its __init__ is only a
+# docstring) is loaded here, first, and that binding dropped, so that `tuner.study` resolves through `__getattr__`
+# below to the call, and importing the stage's modules later (``from tuner.study.driver import Driver``) does not
+# bind it again.
+_importlib.import_module("tuner.study")
+del globals()["study"]
 
 #: Names imported on first use, so that `tuner --help` does not pay for NumPy, PyYAML, Jinja2 and the stages.
 _LAZY = {
@@ -20,8 +29,8 @@ _LAZY = {
     "Measurement": "tuner.result",
     "TimedOut": "tuner.result",
     "WrongResult": "tuner.result",
-    "SearchSpace": "tuner.space",
-    "load": "tuner.space",
+    "SearchSpace": "tuner.space.space",
+    "load": "tuner.space.space",
     "Family": "tuner.kernels.base",
     "Launch": "tuner.kernels.base",
     "StudyResult": "tuner.api",
@@ -29,18 +38,14 @@ _LAZY = {
     "open_study": "tuner.api",
     "tune": "tuner.api",
     "tune_space": "tuner.api",
+    "bench": "tuner.api",
+    "study": "tuner.api",
 }
 
 
 def __getattr__(name: str):
-    import importlib
-
-    # `tuner.study` and `tuner.bench` are both a stage module and an API call (see `tuner.api.callable_module`);
-    # each module makes itself callable when it loads.
-    if name in ("study", "bench"):
-        return importlib.import_module(f"tuner.{name}")
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")

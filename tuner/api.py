@@ -14,7 +14,7 @@
                                    "n: int64"], grid="ceil_div(n, block * items * vec)", block="block",
                         trials=48)
 
-A study run here is the same study the CLI runs (`tuner.study.run_study`): the dashboard, ``tuner export`` and
+A study run here is the same study the CLI runs (`tuner.study.driver.run_study`): the dashboard, ``tuner export`` and
 ``tuner best`` work on it; the ``tuner study`` and ``tuner bench`` commands are thin layers over `study` and
 `run_bench`. Bad input raises `tuner.InputError` (the CLI prints it as one line).
 """
@@ -25,7 +25,6 @@ import ast
 import re
 import sys
 import tempfile
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +33,13 @@ from typing import Any
 from tuner.errors import InputError, TemplateError
 from tuner.expr import parse_tree
 from tuner.result import Result
-from tuner.space import Problem, SearchSpace
-from tuner.space import load as load_space
+from tuner.space.problem import Problem
+from tuner.space.space import SearchSpace
+from tuner.space.space import load as load_space
 
 __all__ = [
     "StudyResult",
     "bench",
-    "callable_module",
     "load_space",
     "open_study",
     "run_bench",
@@ -48,23 +47,6 @@ __all__ = [
     "tune",
     "tune_space",
 ]
-
-
-class _CallableModule(types.ModuleType):
-    """A stage module that is also the API call of the same name: ``tuner.study(space, trials=...)`` runs
-    `tuner.api.study`, while ``from tuner.study import run_study`` and ``from tuner import bench`` still reach the
-    modules (renaming the modules would break their importers; shadowing them with functions would break
-    ``from tuner import bench``)."""
-
-    def __call__(self, *args, **kwargs):
-        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)
-
-
-def callable_module(name: str) -> types.ModuleType:
-    """Make the loaded module `name` (tuner.study or tuner.bench) callable as its API function; returns it."""
-    module = sys.modules[name]
-    module.__class__ = _CallableModule
-    return module
 
 
 @dataclass
@@ -88,21 +70,21 @@ class StudyResult:
     def best(self) -> dict[str, Any]:
         """The fastest verified config (re-timed where the study re-timed its finalists): what ``tuner best
         --json`` prints, its source's path included where the study attached sources."""
-        from tuner import export
+        from tuner.results import export
 
         return export.best_summary(self.study, export.artifact_dir_for(self.summary["storage"]))
 
     @property
     def pareto(self):
         """The Pareto front (throughput against registers and shared memory) as a DataFrame."""
-        from tuner import export
+        from tuner.results import export
 
         return export.pareto_frame(self.study)
 
     @property
     def trials(self):
         """Every trial, one row each, with params and measured figures flattened into columns."""
-        from tuner import export
+        from tuner.results import export
 
         return export.trials_frame(self.study)
 
@@ -110,7 +92,7 @@ class StudyResult:
         self, path: str | Path, pick: str = "fastest", namespace: str = "tuned", with_source: bool = False
     ) -> Path:
         """Write the tuned config(s) as a C++17 header, as `tuner export` does; returns the path."""
-        from tuner import export
+        from tuner.results import export
 
         return export.write_header(self.study, path, pick=pick, namespace=namespace, with_source=with_source)
 
@@ -118,7 +100,7 @@ class StudyResult:
 def open_study(name: str | None = None, storage: str | None = None) -> StudyResult:
     """A stored study, as ``tuner best NAME`` finds it: `name` is a study's name, its kernel's, or a .db path
     (None: the only one); `storage` a URL or .db path to look in (default: every studies/*.db here)."""
-    from tuner import export
+    from tuner.results import export
 
     found = export.open_study(name, storage)
     return StudyResult(summary={"study": found.study_name, "storage": export.storage_url(found)}, _study=found)
@@ -160,12 +142,13 @@ def study(
     ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
     answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
     "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
-    (`tuner.study.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
+    (`tuner.study.options.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
     Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns."""
-    from tuner.cachedirs import ensure_writable
-    from tuner.study import StudyOptions, run_study
+    from tuner.build.cachedirs import ensure_writable
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
 
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
     if repair not in ("nearest", "random"):
@@ -227,9 +210,9 @@ def study(
 
 def _check_includes(space: SearchSpace, problem: str | None) -> None:
     """Before a study on a GPU: compile the default config of `space` on `problem` (None: its first) once
-    (`tuner.compile.check_includes`), so an include NVRTC cannot open is one InputError naming the template, the
+    (`tuner.build.compile.check_includes`), so an include NVRTC cannot open is one InputError naming the template, the
     include and the folders searched, not one failed trial per config. An unknown problem is a SpaceError."""
-    from tuner import compile as compile_mod
+    from tuner.build import compile as compile_mod
 
     compile_mod.check_includes(space, space.problem(problem))
 
@@ -245,10 +228,10 @@ def run_bench(
 ) -> tuple[Result, dict[str, Any]]:
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
-    from tuner import limits
-    from tuner.cachedirs import ensure_writable
-    from tuner.evaluate import evaluate_config
-    from tuner.worker import IsolatedEvaluator, WorkerError
+    from tuner.build.cachedirs import ensure_writable
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.worker import IsolatedEvaluator, WorkerError
+    from tuner.space import limits
 
     ensure_writable()  # the worker inherits the cache folders chosen here
     if not isinstance(space, SearchSpace):
@@ -344,10 +327,6 @@ def tune_space(
     Bad input is an InputError (one line) and leaves the directory as it was."""
     import yaml
 
-    from tuner.files import atomic_write
-    from tuner.kernels.base import DTYPES
-    from tuner.render import render
-
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"tune: kernel name {name!r} is not an identifier")
 
@@ -355,22 +334,8 @@ def tune_space(
         return InputError(f"tune {name!r}: {message}")
 
     template_text = _template_text(template, bad)
-    if not isinstance(params, dict) or not params:
-        raise bad("params must be a non-empty dict of name → list of values")
-    plain_params: dict[str, list[Any]] = {}
-    for key, values in params.items():
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
-            raise bad(f"param {key!r}: expected a list of values, got {type(values).__name__}")
-        if not values:
-            raise bad(f"param {key!r} has no values")
-        plain_params[key] = [v.item() if hasattr(v, "item") else v for v in values]  # NumPy scalars → YAML
-    if not isinstance(problem, dict) or not problem:
-        raise bad("problem must be a dict of sizes (and dtype, name)")
-    problem = dict(problem)
-    if problem.get("dtype", "float32") not in DTYPES:
-        raise bad(f"problem dtype {problem['dtype']!r}: choose from {', '.join(DTYPES)}")
-    sizes = {k: v for k, v in problem.items() if k not in ("name", "dtype")}
-    problem.setdefault("name", "_".join(f"{k}{v}" for k, v in sizes.items()) or "problem")
+    plain_params = _plain_params(params, bad)
+    problem = _plain_problem(problem, bad)
     if isinstance(constraints, str):
         constraints = [constraints]
     block_data: dict[str, Any] = {
@@ -409,7 +374,45 @@ def tune_space(
         files[REFERENCE_PICKLE] = _pickle_reference(reference, bad)
 
     # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
+    _check_in_scratch(name, files, bad)
     target = Path(directory) if directory is not None else Path("studies") / name
+    _write(target, files, bad)
+    return load_space((target / f"{name}.yaml").resolve())
+
+
+def _plain_params(params: dict[str, Sequence[Any]], bad) -> dict[str, list[Any]]:
+    """`tune_space`'s params as a space file holds them: a list of plain values per name."""
+    if not isinstance(params, dict) or not params:
+        raise bad("params must be a non-empty dict of name → list of values")
+    plain: dict[str, list[Any]] = {}
+    for key, values in params.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence | range):
+            raise bad(f"param {key!r}: expected a list of values, got {type(values).__name__}")
+        if not values:
+            raise bad(f"param {key!r} has no values")
+        plain[key] = [v.item() if hasattr(v, "item") else v for v in values]  # NumPy scalars → YAML
+    return plain
+
+
+def _plain_problem(problem: dict[str, Any], bad) -> dict[str, Any]:
+    """`tune_space`'s problem with its dtype checked and a name (from its sizes unless given)."""
+    from tuner.kernels.base import DTYPES
+
+    if not isinstance(problem, dict) or not problem:
+        raise bad("problem must be a dict of sizes (and dtype, name)")
+    problem = dict(problem)
+    if problem.get("dtype", "float32") not in DTYPES:
+        raise bad(f"problem dtype {problem['dtype']!r}: choose from {', '.join(DTYPES)}")
+    sizes = {k: v for k, v in problem.items() if k not in ("name", "dtype")}
+    problem.setdefault("name", "_".join(f"{k}{v}" for k, v in sizes.items()) or "problem")
+    return problem
+
+
+def _check_in_scratch(name: str, files: dict[str, str | bytes], bad) -> None:
+    """Write `files` into a scratch directory, load the space and render its default config: bad input is an
+    InputError in the caller's terms before anything is written where the caller asked."""
+    from tuner.build.render import render
+
     with tempfile.TemporaryDirectory(prefix=f"tuner-tune-{name}-") as scratch:
         for file, content in files.items():
             (Path(scratch) / file).write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -423,16 +426,21 @@ def tune_space(
             raise bad(exc.message) from None
         finally:
             _forget_reference(Path(scratch))
+
+
+def _write(target: Path, files: dict[str, str | bytes], bad) -> None:
+    """Put the checked `files` into `target`, each atomically; a reference an earlier call left there goes."""
+    from tuner.build.files import atomic_write
+
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise bad(f"cannot create {target}: {exc.strerror}") from None
-    if reference is None and (target / REFERENCE_PICKLE).exists():
+    if REFERENCE_PICKLE not in files and (target / REFERENCE_PICKLE).exists():
         (target / REFERENCE_PICKLE).unlink()  # a reference of an earlier call must not outlive it
     for file, content in files.items():
         atomic_write(target / file, content)
     _forget_reference(target)  # this process loads the reference written now, not one an earlier call imported
-    return load_space((target / f"{name}.yaml").resolve())
 
 
 def tune(
@@ -551,6 +559,6 @@ def _pickle_reference(reference: Callable[..., Any], bad) -> bytes:
 
 def _forget_reference(directory: Path) -> None:
     """Drop this process's import of the reference module in `directory`, so it is read again when loaded."""
-    from tuner.kernels.custom import user_module_name
+    from tuner.kernels.usercode import user_module_name
 
     sys.modules.pop(user_module_name((directory / REFERENCE_MODULE).resolve()), None)

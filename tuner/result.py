@@ -92,11 +92,11 @@ class StudyAttr:
     """Names of the study's user attrs that more than one stage reads."""
 
     KERNEL = "kernel"
-    FAMILY = "family"  # how any process finds the family again: its name, or space:PATH (tuner.kernels.get)
+    FAMILY = "family"  # how any process finds the family again: its name, or space:PATH (tuner.families.get)
     PROBLEM = "problem"
     GPU = "gpu"
     ARCH = "arch"
-    GPU_FACTS = "gpu_facts"  # tuner.gpu.GpuFacts.to_dict() of the GPU the study ran on
+    GPU_FACTS = "gpu_facts"  # tuner.gpufacts.GpuFacts.to_dict() of the GPU the study ran on
     SPACE_PATH = "space_path"
     SPACE_HASH = "space_hash"
     TEMPLATES_HASH = "templates_hash"
@@ -112,7 +112,7 @@ class Measurement:
     minimal traffic (each input read once, each output written once), so `tbps` is useful bandwidth, never
     inflated by re-reads. `ceiling_tbps` is the device-to-device copy measured on the same GPU with the same
     protocol; `fraction_of_ceiling` = tbps / ceiling_tbps. `holds_given_up` counts the batches of repetitions
-    whose stream hold gave up before the host had enqueued them (`tuner.bench.LAUNCH_HOLD`): above 0, some
+    whose stream hold gave up before the host had enqueued them (`tuner.gpu.timing.LAUNCH_HOLD`): above 0, some
     repetitions may include time the GPU spent waiting for the host.
 
     `threads_per_block` is the threads of the config's main launch. `gpu_ms` is the GPU time the evaluation ran

@@ -7,8 +7,8 @@ the Ray actors receive references, never Family objects):
 * a shipped family's name (``transpose``), or the name an installed package registers under the entry point
   group ``tuner.families`` (``[project.entry-points."tuner.families"] rope = "mypkg.rope:RopeFamily"``);
 * ``space:/abs/path/to/space.yaml`` for a family defined by a space file (a ``family: file.py:Class`` or
-  ``module:Class`` line, a declarative ``kernel:`` block, or a ``template:`` of its own): resolving it loads the
-  space again.
+  ``module:Class`` line, a declarative ``kernel:`` block, or a ``template:`` of its own): `get` answers it once
+  the space is loaded in this process; `tuner.families.get` loads the space first where it is not.
 """
 
 from __future__ import annotations
@@ -52,15 +52,16 @@ def names() -> list[str]:
 
 
 def get(ref: str) -> Family:
-    """The family a reference names (see the module docstring). KeyError for an unknown name; InputError (one
-    line naming the file) when a registered or space-defined family cannot be loaded."""
+    """The family a reference names (see the module docstring). KeyError for an unknown name and for a space's
+    family whose space this process has not loaded; InputError (one line naming the file) when a registered
+    family cannot be loaded."""
     if ref not in _LOADED:
         if ref in _REGISTRY:
             _LOADED[ref] = importlib.import_module(_REGISTRY[ref]).FAMILY
         elif ref.startswith(SPACE_PREFIX):
-            from tuner import space
-
-            space.load(ref.removeprefix(SPACE_PREFIX))  # registers the family under `ref`
+            # A space-defined family is registered when its space loads; loading it is `tuner.families.get`'s part
+            # (the space stage sits above the kernels).
+            raise KeyError(ref)
         else:
             point = entry_points().get(ref)
             if point is None:

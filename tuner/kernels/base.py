@@ -2,7 +2,8 @@
 
 A family is the Python half of a template: it knows the shapes of the arguments, how to launch the rendered
 kernels, the reference the output must match, and the minimal bytes and FLOPs that turn a time into a throughput.
-Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `bench.py` passes CuPy as `xp`.
+Everything here is host-side and GPU-free, so CPU tests exercise it with NumPy; `tuner.gpu.evaluator` passes CuPy as
+`xp`.
 
 Most memory-bound kernels need no class at all: a declarative ``kernel:`` block in the space file describes the
 same things as data (`tuner.kernels.declarative`). Write a `Family` subclass when the launches, inputs or
@@ -23,7 +24,7 @@ Config = dict[str, Any]
 Problem = dict[str, Any]
 #: What `Family.outputs` returns: output name → (shape, dtype name).
 Outputs = dict[str, tuple[tuple[int, ...], str]]
-#: The array module a family computes with: numpy on the host (CPU tests), cupy on the GPU (`bench.py`).
+#: The array module a family computes with: numpy on the host (CPU tests), cupy on the GPU (`tuner.gpu.evaluator`).
 ArrayModule = ModuleType
 #: An array of that module. CuPy ships no type information, so no narrower type covers both.
 Array = Any
@@ -101,9 +102,9 @@ class Family:
     #: NVRTC options for every config, after the tuner's own (a space's checked ``compile_options:``).
     compile_options: tuple[str, ...] = ()
     #: Folders NVRTC searches for local ``#include``s after the template's own folder (a space's ``-I`` folders
-    #: and the space's folder); CUDA's own headers are found without them (`tuner.includes`).
+    #: and the space's folder); CUDA's own headers are found without them (`tuner.build.includes`).
     include_dirs: tuple[str, ...] = ()
-    #: How any process finds this family again (`tuner.kernels.get`): its name, or ``space:PATH``.
+    #: How any process finds this family again (`tuner.families.get`): its name, or ``space:PATH``.
     ref: str = ""
     dtypes: tuple[str, ...] = ("float32",)
     #: Sizes every problem of this family must name (e.g. ("M", "N", "K")).
@@ -149,13 +150,13 @@ class Family:
     def reference_on_host(self) -> bool:
         """Whether `reference` computes on the host (NumPy, whatever `xp` it is given): seconds per input set at
         LLM sizes, so the GPU evaluator computes the later sets' references ahead, in the background
-        (`tuner.verify`), calling ``reference(numpy, inputs, ...)`` on a host copy of the inputs. Default False:
+        (`tuner.gpu.verify`), calling ``reference(numpy, inputs, ...)`` on a host copy of the inputs. Default False:
         the shipped families compute on `xp`, the GPU."""
         return False
 
     def reference_key(self, config: Config) -> tuple:
         """The values of `config` that the reference reads (default: none, the same reference for every config).
-        The GPU evaluator computes a reference once per input set and key (`tuner.verify`), so a family whose
+        The GPU evaluator computes a reference once per input set and key (`tuner.gpu.verify`), so a family whose
         expected output depends on the config (copy: its stride and vec) must name what it reads here."""
         return ()
 

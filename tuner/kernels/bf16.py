@@ -25,7 +25,7 @@ def decode(xp, bits):
 
 def random(xp, rng, shape, scale: float = 1.0):
     """Fresh normal bf16 data (bits) from `rng`, a Generator of `xp` (the GPU worker's generator draws the bits
-    in one kernel, `tuner.devicekernels.DeviceRng.standard_normal_bf16`; the same values as encoding its float32
+    in one kernel, `tuner.gpu.devicekernels.DeviceRng.standard_normal_bf16`; the same values as encoding its float32
     draws)."""
     if hasattr(rng, "standard_normal_bf16"):
         return rng.standard_normal_bf16(shape, scale)

@@ -29,7 +29,7 @@ An array's dtype is the problem's (``dtype``), a name (float32, float16, bfloat1
 kernel takes (``__nv_bfloat16``, ``__half``, ``float``, ``double``): a kernel written with ``cuda_bf16.h`` types
 takes ``const __nv_bfloat16*`` and is launched with 2-byte arrays of bf16 bits.
 
-Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.verify`: a pool of input sets
+Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.gpu.verify`: a pool of input sets
 whose references are computed once); outputs are NaN-poisoned before each checked launch. The reference receives
 every input and every scalar by name (keyword arguments) and returns the expected output (one output) or a dict
 name → array; it runs the user's code, by the user's choice. How it receives the arrays (``reference_arrays``,
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from tuner.expr import Expr, ExprError
-from tuner.kernels import bf16
+from tuner.kernels import bf16, usercode
 from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
 
 FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference", "reference_arrays")
@@ -456,10 +456,8 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
 
 
 def _reference(spec: Any, directory: Path, fail, arrays: str | None):
-    """(the reference `spec` names, guarded: `custom.guarded`; how it receives its arrays: `arrays`, else read
+    """(the reference `spec` names, guarded: `usercode.guarded`; how it receives its arrays: `arrays`, else read
     from its signature). Imports the user's module (their code runs) but never calls the function."""
-    from tuner.kernels import custom
-
     if not isinstance(spec, str) or ":" not in spec:
         raise fail("kernel: reference expects FILE.py:function or module:function", "kernel", "reference")
     target, _, attr = spec.rpartition(":")
@@ -469,11 +467,11 @@ def _reference(spec: Any, directory: Path, fail, arrays: str | None):
     def ref_fail(message: str, *_keys):
         return fail(f"kernel: reference: {message}", "kernel", "reference")
 
-    module = custom.import_user(target, directory, ref_fail, "reference")
+    module = usercode.import_user(target, directory, ref_fail, "reference")
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(custom.guarded, fn, f"reference {spec}", directory), arrays or reference_arrays_of(fn)
+    return functools.partial(usercode.guarded, fn, f"reference {spec}", directory), arrays or reference_arrays_of(fn)
 
 
 def _call_fault(fn, names: list[str]) -> str | None:

@@ -1,0 +1,29 @@
+"""The package's imports run one way: the layers contract (pyproject.toml [tool.importlinter], checked by
+``lint-imports`` in CI) keeps each stage from importing a stage above it; this test keeps modules of one stage from
+importing each other in a circle. Imports inside functions and under TYPE_CHECKING count."""
+
+from __future__ import annotations
+
+import pytest
+
+import tuner
+
+
+def test_no_module_of_the_package_is_part_of_an_import_cycle():
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("tuner")
+    cycles = sorted(
+        (module, imported)
+        for module in graph.modules
+        for imported in graph.find_modules_directly_imported_by(module)
+        if graph.find_shortest_chain(importer=imported, imported=module)
+    )
+    assert cycles == []
+
+
+def test_the_api_calls_stay_functions_whatever_is_imported():
+    from tuner.gpu import evaluator  # noqa: F401
+    from tuner.study import driver  # noqa: F401
+
+    assert callable(tuner.study) and tuner.study.__module__ == "tuner.api"
+    assert callable(tuner.bench) and tuner.bench.__module__ == "tuner.api"

@@ -1,0 +1,205 @@
+"""The GPU an evaluator owns: set up once per process, then described in every measurement it makes.
+
+`Device` is the set-up half of `tuner.gpu.evaluator.GpuEvaluator`: the CUDA context, a stream, the L2 flush
+buffer (twice the L2), the GPU's facts (`GpuFacts.from_device`), name, UUID and clocks (static ones; NVML's
+current clocks too where nvidia-ml-py is installed), the copy ceiling (`tuner.gpu.ceiling`, cached per GPU), the
+CuPy/NVRTC/CUDA versions, and the worker's own device kernels (`tuner.gpu.devicekernels`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from cupy_backends.cuda.api import runtime as _runtime
+
+from tuner.gpu import verify
+from tuner.gpu.ceiling import ceiling_cache_key, measure_ceiling, read_cached_ceiling, store_ceiling
+from tuner.gpu.timing import L2_FLUSH, LAUNCH_HOLD
+from tuner.gpufacts import GpuFacts
+
+
+class Device:
+    """The set-up half of `tuner.gpu.evaluator.GpuEvaluator`: the CUDA context, a stream, the L2 flush buffer,
+    the GPU's facts, name, UUID and clocks, the copy ceiling (cached per GPU), the CuPy/NVRTC/CUDA versions, and
+    the worker's own device kernels."""
+
+    # set by the evaluator's constructor
+    device: int
+    gpu_index: int
+    ceiling_bytes: int
+    ceiling_budget_ms: float
+    ceiling_mode: str
+    input_sets: int
+    _started: bool
+    _reserved: int | None
+    _nvml_max_sm: int | None
+
+    def start(self) -> dict[str, Any]:
+        """Create the context, flush buffer and stream, measure the ceiling (once); return `info`."""
+        if not self._started:
+            self._start()
+            self._started = True
+        return self._info()
+
+    def _start(self) -> None:
+        import cupy
+
+        from tuner.build.compile import versions as compile_versions
+        from tuner.gpu import devicekernels
+
+        t0 = time.perf_counter()
+        self._device = cupy.cuda.Device(self.device)
+        self._arch = f"sm_{self._device.compute_capability}"
+        # Our random-input kernels and the checks every shipped family uses compile (or come from the compile
+        # cache) while the context, the flush buffer and the ceiling are set up: NVRTC releases the GIL.
+        first = devicekernels.Built(devicekernels.FIRST_CHECKS, self._arch, uri="tuner_worker_kernels_first")
+        self._device.use()
+        props = _runtime.getDeviceProperties(self.device)
+        name = props.get("name", b"")
+        self._gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        uuid = props.get("uuid", b"")
+        self._gpu_uuid = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
+        self.facts = GpuFacts.from_device(self.device)
+        self.l2_bytes = self.facts.l2_bytes
+        self.sm_count = self.facts.sm_count
+        self.smem_optin_bytes = self.facts.smem_per_block_max
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.flush_bytes = max(2 * self.l2_bytes, 8 << 20)
+        with self.stream:
+            self._flush_buf = cupy.empty(self.flush_bytes, dtype=cupy.uint8)
+            self._flush_buf.data.memset_async(0, self.flush_bytes, self.stream)  # the read flush's zeros
+            self._flush_sink = cupy.empty(1, dtype=cupy.uint32)
+        self.versions = {
+            **compile_versions(),
+            "cuda_driver": _runtime.driverGetVersion(),
+            "cuda_runtime": _runtime.runtimeGetVersion(),
+            "l2_flush": L2_FLUSH,  # part of the ceiling's cache key too: a ceiling timed another way is stale
+            "launch_hold": LAUNCH_HOLD,
+        }
+        self._static_clocks = self._read_static_clocks()
+        self._nvml = self._open_nvml()
+        t_context = time.perf_counter()
+        # The flush is PTX the driver loads (no NVRTC): the ceiling is timed with it while our NVRTC module builds.
+        self._read_flush = devicekernels.ReadFlush(self.stream)
+        self.hold = devicekernels.Hold(self.stream)
+        self._flush()
+        key = ceiling_cache_key(
+            self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes, self.ceiling_budget_ms
+        )
+        cached = read_cached_ceiling(key) if self.ceiling_mode == "cached" else None
+        if cached is None:
+            self._ceiling_tbps = measure_ceiling(
+                self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream, flush=self._flush
+            )
+            store_ceiling(key, self._ceiling_tbps, self._gpu_name)
+        else:
+            self._ceiling_tbps = cached
+        t_ceiling = time.perf_counter()
+        built = first.result()
+        if built is None or not built.ok:
+            raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built, 'reason', '?')}")
+        # The checks of the other dtypes (a family of one's own may store int8 or float64) compile behind the
+        # first trials; a check that needs one waits for them.
+        later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
+        self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
+        self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
+        if self._reserved is not None:
+            self._pool.reserve(self._reserved)
+        t_done = time.perf_counter()
+        self.startup = {
+            # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
+            "began_at": t0,
+            "context_done_at": t_context,
+            "ceiling_done_at": t_ceiling,
+            "ready_at": t_done,
+            "context_s": round(t_context - t0, 3),
+            "ceiling_s": round(t_ceiling - t_context, 3),
+            "ceiling_cached": cached is not None,
+            "worker_kernels_wait_s": round(t_done - t_ceiling, 3),
+            "worker_kernels_cached": bool(built.cached),
+        }
+
+    @property
+    def gpu_name(self) -> str:
+        self.start()
+        return self._gpu_name
+
+    @property
+    def arch(self) -> str:
+        """``sm_90`` on an H100/H200: what to compile for."""
+        self.start()
+        return self._arch
+
+    @property
+    def ceiling_tbps(self) -> float:
+        """The device-to-device copy's TB/s, measured once at start."""
+        self.start()
+        return self._ceiling_tbps
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.start()
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "gpu": self._gpu_name,
+            "gpu_index": self.gpu_index,
+            "arch": self._arch,
+            "ceiling_tbps": self._ceiling_tbps,
+            "l2_bytes": self.l2_bytes,
+            "flush_bytes": self.flush_bytes,
+            "sm_count": self.sm_count,
+            "gpu_facts": self.facts.to_dict(),
+            "clocks": self.clocks(),
+            "versions": dict(self.versions),
+            "pid": os.getpid(),
+            "uuid": self._gpu_uuid,
+            "startup": dict(self.startup),
+        }
+
+    def _flush(self) -> None:
+        """Evict the L2 before a timed launch: read `flush_bytes` (twice the L2) of zeros (L2_FLUSH)."""
+        self._read_flush(self._flush_buf, self._flush_sink)
+
+    def _read_static_clocks(self) -> dict[str, Any]:
+        clocks: dict[str, Any] = {}
+        for key, attr in (
+            ("sm_clock_max_mhz", "cudaDevAttrClockRate"),
+            ("mem_clock_max_mhz", "cudaDevAttrMemoryClockRate"),
+        ):
+            try:
+                clocks[key] = _runtime.deviceGetAttribute(getattr(_runtime, attr), self.device) // 1000
+            except (AttributeError, _runtime.CUDARuntimeError):
+                pass  # attribute dropped by this CUDA version: clocks are informative only
+        return clocks
+
+    def _open_nvml(self):
+        """(pynvml, handle) for this GPU when nvidia-ml-py is installed and NVML answers; else None."""
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(self._device.pci_bus_id)
+        except Exception:  # optional telemetry (NVMLError, or a pynvml that wants bytes): never fatal
+            return None
+
+    def clocks(self) -> dict[str, Any]:
+        """Static clocks, plus NVML's current SM/memory clocks where available (never fatal)."""
+        clocks = dict(getattr(self, "_static_clocks", {}))
+        nvml = getattr(self, "_nvml", None)
+        if nvml is None:
+            return clocks
+        pynvml, handle = nvml
+        try:
+            clocks["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            clocks["mem_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+            if self._nvml_max_sm is None:  # a fixed property of the board: read once (~1 ms a call)
+                self._nvml_max_sm = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            clocks["sm_clock_max_mhz"] = self._nvml_max_sm
+        except Exception:  # optional telemetry: never fatal
+            pass
+        return clocks

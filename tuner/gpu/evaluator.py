@@ -1,0 +1,532 @@
+"""The in-process GPU evaluator: `Compiled` + family + config + problem → `Measurement` or a typed failure.
+
+It runs inside a process that owns one GPU (a Ray actor, or the child of `tuner.gpu.worker.IsolatedEvaluator`)
+and applies the protocol of DESIGN.md once, for every caller:
+
+* correctness first: the inputs of one of the problem's pooled input sets, drawn again on the GPU from its seed
+  (`tuner.gpu.verify`: two sets by default, taken in turn, each reference computed once and kept; an explicit seed
+  is a fresh set whose reference is computed for it), outputs poisoned with NaN (all bytes 0xFF, a NaN in every
+  IEEE float format), every launch of the config run, the outputs compared on the GPU with the reference
+  (`tuner.gpu.checks`); a reference that raises or answers the wrong shape or dtype is a `WrongResult` with
+  ``details["phase"] = "reference"``, which stops a study (it is every config's reference);
+* timing (`tuner.gpu.timing`): one warm-up (the correctness launch serves as it), a first estimate from 3
+  repetitions, then enough repetitions for ``budget_ms`` of timed work (at least ``min_reps``) — unless the
+  estimate is already above ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not
+  a contender, and its 3-repetition median is figure enough to steer the search);
+* the ceiling (`tuner.gpu.ceiling`): a device-to-device copy timed with the same protocol, once per GPU, cached;
+* random inputs and the comparison run on `tuner.gpu.devicekernels` (compiled through our NVRTC cache), not on
+  CuPy's JIT-compiled generators and ufuncs, so a fresh machine compiles nothing for them inside the worker.
+
+Failures are decided by CUDA status codes (`tuner.gpu.status`: ``CUDADriverError.status`` for driver calls:
+module load, launch; ``CUDARuntimeError.status`` for runtime calls: synchronize, memcpy), never by message text.
+A fault that poisons the CUDA context marks the evaluator `poisoned`: its process must be replaced. Any other
+exception is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from cupy_backends.cuda.api import driver as _driver
+from cupy_backends.cuda.api import runtime as _runtime
+
+from tuner import families
+from tuner.exprops import ceil_div
+from tuner.gpu import verify
+from tuner.gpu.ceiling import GiB
+from tuner.gpu.checks import Verification
+from tuner.gpu.deadline import Deadline, Hung, expected_seconds, wait_until_done
+from tuner.gpu.device import Device
+from tuner.gpu.protocol import PHASES, fresh_seed
+from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
+from tuner.gpu.timing import benchmark
+from tuner.kernels import bf16
+from tuner.kernels.base import Family, Launch, ReferenceFailed
+from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
+
+__all__ = ["GpuEvaluator", "gpu_evaluator"]
+
+
+NOT_READY = 600  # cudaErrorNotReady: what cudaStreamQuery answers while work is pending
+
+
+# cuFuncGetAttribute / cuFuncSetAttribute attribute numbers (CUfunction_attribute), as CuPy exports them.
+_ATTR_MAX_THREADS = _driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+_ATTR_SHARED = _driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+_ATTR_LOCAL = _driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+_ATTR_REGS = _driver.CU_FUNC_ATTRIBUTE_NUM_REGS
+_ATTR_MAX_DYNAMIC_SMEM = _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+# ------------------------------------------------------------------------------------------------------------
+# status codes → failures
+
+
+# ------------------------------------------------------------------------------------------------------------
+# timing
+
+
+# ------------------------------------------------------------------------------------------------------------
+# correctness
+
+
+def _scalar(value: Any):
+    """A kernel scalar argument. Ints go as 64-bit: cuLaunchKernel copies as many bytes as the parameter
+    has, so on a little-endian host one int64 serves an `int` and a `long long` parameter alike. Floats go as
+    float32."""
+    if isinstance(value, np.generic):
+        return value
+    if isinstance(value, bool):
+        return np.int32(value)
+    if isinstance(value, int):
+        return np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    raise TypeError(f"kernel argument {value!r} is neither an array nor a number")
+
+
+def _np_dtype(name: str):
+    """The array dtype that stores `name`: bfloat16 travels as uint16 bits (tuner.kernels.bf16)."""
+    if name == "bfloat16":
+        return np.dtype(bf16.STORAGE)
+    return np.dtype(name)
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 6) for name, seconds in phases.items()}
+
+
+def _problem_dict(problem) -> dict[str, Any]:
+    return dict(getattr(problem, "env", problem))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the evaluator
+
+
+@dataclass
+class _Loaded:
+    module: Any
+    functions: dict[str, Any]
+
+
+class GpuEvaluator(Device, Verification):
+    """Measures compiled configs on one GPU. One per process; see the module docstring for the protocol.
+
+    Set-up happens on first use (`start`): the CUDA context, a stream, the L2 flush buffer (2× the L2 size),
+    the copy ceiling, the GPU's name, clocks (static ones; NVML's current clocks too where nvidia-ml-py is
+    installed) and the CuPy/NVRTC/CUDA versions. Loaded modules are kept in an LRU keyed by `Compiled.key`.
+
+    Hangs: once `set_deadline` has given it a `tuner.gpu.deadline.Deadline`, every wait for the GPU polls instead
+    of blocking; a wait that covers runs of the user's kernel gives up after the deadline's seconds for those
+    runs (`tuner.gpu.deadline.hang_deadline_s`, the clock starting once they are enqueued), any other wait (inputs,
+    a reference on the GPU) after the deadline's ceiling. `hang_timeout_s`, when set, bounds every wait alike
+    instead. A wait given up is a `TimedOut` with ``details["sticky"] = True``, and the evaluator is
+    poisoned: a hung kernel cannot be stopped from inside the process, which must be replaced. With neither, a
+    hang blocks, and `tuner.gpu.worker.IsolatedEvaluator` or the Ray pool kill the process at their ceiling.
+
+    Implements `tuner.gpu.protocol.Evaluator`; its info carries the GPU's facts ("gpu_facts", read with
+    cudaDeviceGetAttribute), which also set the launch limits checked before a launch.
+    """
+
+    measures = True
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        gpu_index: int | None = None,
+        ceiling_bytes: int = 2 * GiB,
+        # ~50 copies of 2 GiB (one takes ~1 ms on an H200): a steady median, measured once per GPU and cached
+        ceiling_budget_ms: float = 50.0,
+        hang_timeout_s: float | None = None,
+        module_cache_size: int = 256,
+        max_reps: int = 10_000,
+        ceiling: str = "cached",
+        input_sets: int = verify.POOL_SIZE,
+    ):
+        self.device = device
+        self.gpu_index = device if gpu_index is None else gpu_index
+        self.ceiling_bytes = ceiling_bytes
+        self.ceiling_budget_ms = ceiling_budget_ms
+        self.hang_timeout_s = hang_timeout_s
+        self.module_cache_size = module_cache_size
+        self.max_reps = max_reps
+        if ceiling not in ("cached", "measure"):
+            raise ValueError(f"ceiling must be 'cached' or 'measure', not {ceiling!r}")
+        #: "cached": reuse the ceiling measured earlier on this GPU (same UUID, driver, CuPy, buffer and budget;
+        #: see `ceiling_cache_key`), measuring and storing it when there is none; "measure": always measure
+        self.ceiling_mode = ceiling
+        #: input sets kept per problem with their references (`tuner.gpu.verify`); 0: fresh inputs for every check
+        self.input_sets = input_sets
+        self.poisoned = False
+        self.poisoned_by: LaunchFailed | TimedOut | None = None
+        self.deadline: Deadline | None = None  # see `set_deadline`
+        self._runs = 0  # runs of the user's kernel enqueued since the last wait (`_sync`)
+        self._expected_s = 0.0  # one run's expected seconds, for the config being evaluated
+        self._started = False
+        self._modules: OrderedDict[str, _Loaded] = OrderedDict()
+        self._reserved: int | None = None  # the seed a later check asks for (`reserve`)
+        self._nvml_max_sm: int | None = None
+        self._ahead: ThreadPoolExecutor | None = None  # computes host references ahead (`tuner.gpu.verify`)
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unload the cached modules and drop references still being computed ahead; the CUDA context goes
+        with the process."""
+        self._modules.clear()
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=False, cancel_futures=True)
+
+    def reserve(self, seed: int) -> None:
+        """A later `evaluate(seed=seed)` will come (the study's finalists): where the reference runs on the host,
+        its input set is computed ahead, in the background, beside a problem's first set."""
+        self._reserved = seed
+        if self._started:
+            self._pool.reserve(seed)
+
+    def set_deadline(self, deadline: Deadline | None) -> None:
+        """Bound the waits of later evaluations by `deadline` (see the class docstring); None: unbounded."""
+        self.deadline = deadline
+
+    # -- waiting ---------------------------------------------------------------------------------------------
+    def _wait_limit(self, runs: int) -> float | None:
+        """Seconds a wait that covers `runs` runs of the user's kernel may take (None: unbounded)."""
+        if self.deadline is None or self.hang_timeout_s is not None:  # a fixed bound asked for wins
+            return self.hang_timeout_s
+        if runs:
+            return self.deadline.seconds(self._expected_s, runs)
+        return self.deadline.ceiling_s  # our own work (inputs, a reference): not the user's kernel
+
+    def _sync(self) -> None:
+        """Wait for the stream, bounded by `_wait_limit` (polling; `Hung` past it)."""
+        runs, self._runs = self._runs, 0
+        limit = self._wait_limit(runs)
+        if limit is None:
+            self.stream.synchronize()
+            return
+        try:
+            status = wait_until_done(
+                functools.partial(_runtime.streamQuery, self.stream.ptr), limit, not_ready=NOT_READY
+            )
+        except Hung:
+            raise Hung(limit, runs) from None
+        if status != 0:
+            raise _runtime.CUDARuntimeError(status)
+
+    # -- modules ---------------------------------------------------------------------------------------------
+    def _load(self, compiled, entries: list[str]) -> _Loaded:
+        import hashlib
+
+        import cupy
+
+        key = compiled.key or hashlib.sha256(compiled.cubin).hexdigest()
+        loaded = self._modules.get(key)
+        if loaded is None:
+            module = cupy.cuda.function.Module()
+            module.load(compiled.cubin)
+            loaded = _Loaded(module=module, functions={})
+            self._modules[key] = loaded
+            while len(self._modules) > self.module_cache_size:
+                self._modules.popitem(last=False)  # the Module's destructor unloads it
+        else:
+            self._modules.move_to_end(key)
+        for entry in entries:
+            if entry not in loaded.functions:
+                loaded.functions[entry] = loaded.module.get_function(entry)
+        return loaded
+
+    # -- evaluation ------------------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        compiled,
+        family: Family | str,
+        config: dict[str, Any],
+        problem,
+        seed: int | None = None,
+        budget_ms: float = 25.0,
+        min_reps: int = 10,
+        cutoff_ms: float | None = None,
+    ) -> Result:
+        """Check, then time one compiled config (`benchmark`'s protocol: `budget_ms`, `min_reps`, `cutoff_ms`).
+        `family` is a Family or a registered family's name; `config` the resolved config (params + derived);
+        `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed, WrongResult or
+        TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and anything else that
+        is a bug."""
+        if self.poisoned:
+            raise EvaluatorPoisoned(
+                f"GPU {self.gpu_index}: CUDA context lost earlier "
+                f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})"
+            )
+        if isinstance(family, str):
+            family = families.get(family)
+        problem = _problem_dict(problem)
+        self.start()
+        phase = ["load"]
+        try:
+            with self._device:
+                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase)
+        except CUDA_ERRORS as exc:
+            failure = cuda_failure(exc, phase[0])
+            if failure is None:
+                raise
+            if failure.details["sticky"]:
+                self.poisoned, self.poisoned_by = True, failure
+            return failure
+        except MemoryError as exc:  # CuPy's OutOfMemoryError is one: the config's arrays do not fit
+            return LaunchFailed(
+                reason=f"{phase[0]}: out of GPU memory: {str(exc).splitlines()[0] if str(exc) else ''}",
+                details={"status": 2, "sticky": False, "phase": phase[0], "message": str(exc)},
+            )
+        except Hung as hung:
+            return self._hung(hung, phase[0])
+
+    def _hung(self, hung: Hung, phase: str) -> TimedOut:
+        """The TimedOut of a wait given up in `phase`; the evaluator is poisoned (the kernel never ends)."""
+        details: dict[str, Any] = {"timeout_s": hung.seconds, "phase": phase, "sticky": True}
+        if self.deadline is not None:
+            details.update(self.deadline.details(self._expected_s, hung.runs))
+        failure = TimedOut(
+            reason=f"{phase}: the GPU did not finish within {hung.seconds:g} s (a hung kernel?); "
+            "the worker must be replaced",
+            details=details,
+        )
+        self.poisoned, self.poisoned_by = True, failure
+        return failure
+
+    def _evaluate(
+        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase: list[str]
+    ) -> Result:
+        import cupy
+
+        launches: list[Launch] = family.launches(compiled.entry, config, problem)
+        if not launches:
+            raise ValueError(f"{family.name}: launches() returned no launch")
+        entries = list(dict.fromkeys(launch.entry for launch in launches))
+        loaded = self._load(compiled, entries)
+        # A run's expected time, for the deadline of the waits behind it: its bytes and one L2 flush (a timed
+        # run follows one) over the copy ceiling, or the family's own estimate.
+        flush_s = self.flush_bytes / (self._ceiling_tbps * 1e12) if self._ceiling_tbps else 0.0
+        self._expected_s = expected_seconds(family, problem, config, self._ceiling_tbps) + flush_s
+        self._runs = 0
+
+        # -- resources and launch limits (no launch yet) --
+        phase[0] = "launch configuration"
+        attrs = {
+            entry: {
+                name: _driver.funcGetAttribute(attr, loaded.functions[entry].ptr)
+                for name, attr in (
+                    ("max_threads", _ATTR_MAX_THREADS),
+                    ("regs", _ATTR_REGS),
+                    ("smem_static", _ATTR_SHARED),
+                    ("local", _ATTR_LOCAL),
+                )
+            }
+            for entry in entries
+        }
+        dynamic_by_entry: dict[str, int] = {}
+        for launch in launches:
+            a = attrs[launch.entry]
+            threads = math.prod(launch.block)
+            if threads > a["max_threads"]:
+                status = 1 if threads > self.facts.max_threads_per_block else 701
+                return LaunchFailed(
+                    reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
+                    f"{a['max_threads']} (registers or launch bounds)",
+                    details={
+                        "status": status,
+                        "sticky": False,
+                        "phase": phase[0],
+                        "block_threads": threads,
+                        "max_threads_per_block": a["max_threads"],
+                    },
+                )
+            smem_total = a["smem_static"] + launch.smem_dynamic
+            if smem_total > self.smem_optin_bytes:
+                return LaunchFailed(
+                    reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
+                    f"({a['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
+                    f"{self.smem_optin_bytes}",
+                    details={
+                        "status": 1,
+                        "sticky": False,
+                        "phase": phase[0],
+                        "smem_bytes": smem_total,
+                        "smem_limit": self.smem_optin_bytes,
+                    },
+                )
+            dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
+        for entry, dynamic in dynamic_by_entry.items():
+            if dynamic and attrs[entry]["smem_static"] + dynamic > self.facts.smem_per_block:
+                _driver.funcSetAttribute(loaded.functions[entry].ptr, _ATTR_MAX_DYNAMIC_SMEM, dynamic)
+        main = next((launch for launch in launches if launch.entry == compiled.entry), launches[0])
+        main_threads = math.prod(main.block)
+        blocks_per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic
+        )
+        warps_per_sm = blocks_per_sm * ceil_div(main_threads, 32)
+
+        # -- correctness --
+        phase[0] = "correctness check"
+        stream = self.stream
+        phases = dict.fromkeys(PHASES, 0.0)
+        outputs_spec = family.outputs(problem, config)
+        key = verify.pool_key(family, problem, config)
+        explicit = seed is not None  # an explicit seed: a fresh set, beside the pool's (shared by the finalists)
+        self._settle_ahead(phases)
+        pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
+        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
+            self._settle(key, pooled, phases)
+        if pooled is not None:
+            seed = pooled.seed
+        else:
+            seed = fresh_seed()
+        with stream:
+            inputs = self._inputs(family, problem, seed, phases)
+            # A checked name that is not an output is an input the kernel updates in place.
+            checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
+            checked_dtypes.update(
+                (name, np.dtype(inputs[name].dtype).name)
+                for name in family.checked()
+                if name not in outputs_spec and name in inputs
+            )
+            kept = pooled is not None and pooled.ready
+            if not kept and not explicit and pooled is not None and family.reference_on_host():
+                # The key's first set: the other sets' references (the pool's second, the finalists') start on
+                # the host in the background now, so that all of them are ready about when this one is.
+                for later in self._pool.ahead(key):
+                    self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
+            try:
+                reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
+            except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
+                return WrongResult(
+                    reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
+                )
+            outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
+            arrays = {**inputs, **outputs}
+
+            def argument(name: str):
+                if name in arrays:
+                    return arrays[name]
+                return _scalar(problem[name] if name in problem else config[name])
+
+            calls = [
+                (
+                    loaded.functions[launch.entry],
+                    tuple(launch.grid),
+                    tuple(launch.block),
+                    tuple(argument(name) for name in launch.args),
+                    launch.smem_dynamic,
+                )
+                for launch in launches
+            ]
+
+            def run() -> None:
+                for function, grid, block, args, smem in calls:
+                    function(grid, block, args, shared_mem=smem, stream=stream)
+                self._runs += 1  # the next wait covers this run: it is under the config's deadline
+
+            checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
+            if kept and not all(check.ok for check in checks):
+                checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
+            elif kept and pooled is not None:
+                pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
+            del reference
+        bad = [check for check in checks if not check.ok]
+        if bad:
+            worst = bad[0]
+            return WrongResult(
+                reason="; ".join(check.describe() for check in bad),
+                details={
+                    "output": worst.name,
+                    "max_abs_error": worst.max_abs_error,
+                    "max_rel_error": worst.max_rel_error,
+                    "mismatches": worst.mismatches,
+                    "elements": worst.elements,
+                    "nan_count": worst.nan_count,
+                    "tolerance": worst.tolerance,
+                    "seed": seed,
+                    "verification": "fresh input set" if explicit else self._pool.protocol(key),
+                    "phases_s": _rounded(phases),
+                },
+            )
+
+        # -- timing --
+        phase[0] = "timing"
+        given_up = self.hold.timeouts
+        started = time.perf_counter()
+        timing = benchmark(
+            run,
+            stream=stream,
+            budget_ms=budget_ms,
+            min_reps=min_reps,
+            max_reps=self.max_reps,
+            flush=self._flush,
+            sync=self._sync,
+            cutoff_ms=cutoff_ms,
+            warm=True,  # the correctness launch above ran every launch of the config once
+            hold=self.hold,
+        )
+        phases["timing"] = time.perf_counter() - started
+
+        seconds = timing.median_ms * 1e-3
+        bytes_moved = int(family.bytes_moved(problem))
+        flops = int(family.flops(problem))
+        tbps = bytes_moved / seconds / 1e12
+        return Measurement(
+            median_ms=timing.median_ms,
+            p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms,
+            repetitions=timing.repetitions,
+            bytes_moved=bytes_moved,
+            flops=flops,
+            tbps=tbps,
+            tflops=flops / seconds / 1e12,
+            ceiling_tbps=self._ceiling_tbps,
+            fraction_of_ceiling=tbps / self._ceiling_tbps,
+            registers=max(attrs[launch.entry]["regs"] for launch in launches),
+            smem_static_bytes=max(attrs[launch.entry]["smem_static"] for launch in launches),
+            smem_dynamic_bytes=max(launch.smem_dynamic for launch in launches),
+            spill_bytes=int(getattr(compiled, "spill_bytes", 0)),
+            local_bytes=max(attrs[launch.entry]["local"] for launch in launches),
+            blocks_per_sm=blocks_per_sm,
+            warps_per_sm=warps_per_sm,
+            max_abs_error=max(check.max_abs_error for check in checks),
+            max_rel_error=max(check.max_rel_error for check in checks),
+            gpu=self._gpu_name,
+            gpu_index=self.gpu_index,
+            clocks=self.clocks(),
+            versions={
+                **self.versions,
+                "arch": compiled.arch,
+                "verification": "fresh input set" if explicit else self._pool.protocol(key),
+            },
+            uri=compiled.uri,
+            holds_given_up=self.hold.timeouts - given_up,
+            threads_per_block=main_threads,
+            # the checked launch ran the same work as one repetition: counted at the median
+            gpu_ms=timing.total_ms + timing.median_ms,
+            phases_s=_rounded(phases),
+        )
+
+    # -- the check's stages (see tuner.gpu.verify for the pool) -------------------------------------------------
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the ceiling, measured once per GPU
+
+
+def gpu_evaluator(gpu_index: int) -> GpuEvaluator:
+    """The evaluator a Ray actor builds on its GPU (`tuner.gpu.protocol.EvaluatorFactory`): Ray shows the actor
+    only its own GPU, device 0 inside; `gpu_index` is the cluster-wide index kept in records."""
+    evaluator = GpuEvaluator(0, gpu_index=gpu_index)
+    evaluator.start()
+    return evaluator

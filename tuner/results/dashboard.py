@@ -1,0 +1,152 @@
+"""optuna-dashboard for tuner studies, with each measured trial's CUDA source and PTX attached as artifacts.
+
+`serve` is what ``tuner dashboard`` runs (blocks until interrupted); `start` runs the same dashboard app in a
+background thread on a free port and returns a handle with its URL and a `stop()`, for tests and notebooks.
+
+Before serving, every study in the storage gets `tuner.results.artifacts.attach_artifacts`, which back-fills what the
+study driver did not attach while the trials ran (rendered source + PTX per measured trial, the "constraint"
+user attr mirrored from Optuna 5's constraints, which optuna-dashboard 0.21 does not read).
+Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/` beside the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from tuner.errors import InputError
+from tuner.results import studies
+from tuner.results.artifacts import AttachReport, attach_artifacts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A storage ready to serve: its URL, the artifact folder, and what attaching artifacts did per study."""
+
+    url: str
+    artifact_dir: Path
+    reports: dict[str, AttachReport] = field(default_factory=dict)
+
+
+def prepare(
+    study_or_db: str | None, storage: str | None = None, artifact_dir: str | Path | None = None, attach: bool = True
+) -> Prepared:
+    """Resolve the storage that `study_or_db` names (see `studies.open_studies`; a study name must exist in it),
+    and attach artifacts to every study in it. InputError for anything unknown or missing."""
+    url, name = studies.resolve_storage(study_or_db, storage)
+    if name is not None:
+        studies.open_studies(study_or_db, storage)  # an unknown study name is an error, not an empty dashboard
+    folder = Path(artifact_dir) if artifact_dir is not None else studies.artifact_dir_for(url)
+    if folder is None:
+        raise InputError(f"{url} is not a SQLite file: give an artifact folder (--artifacts DIR)")
+    prepared = Prepared(url=url, artifact_dir=folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create artifact folder {folder}: {exc.strerror}") from None
+    if attach:
+        for study in studies.open_studies(None, url):
+            prepared.reports[study.study_name] = attach_artifacts(study, folder)
+    return prepared
+
+
+def _artifact_store(folder: Path):
+    from optuna.artifacts import FileSystemArtifactStore
+
+    return FileSystemArtifactStore(folder)
+
+
+def serve(
+    study_or_db: str | None,
+    port: int = 8080,
+    host: str = "127.0.0.1",
+    storage: str | None = None,
+    artifact_dir: str | Path | None = None,
+) -> None:
+    """Attach artifacts, then run optuna-dashboard (`optuna_dashboard.run_server`) on host:port until
+    interrupted. `study_or_db`: a study or kernel name, a .db path, or None with `storage` (a URL)."""
+    import optuna_dashboard
+
+    prepared = prepare(study_or_db, storage, artifact_dir)
+    for name, report in prepared.reports.items():
+        skipped = ""
+        if report.skipped:
+            skipped = f", {len(report.skipped)} skipped ({next(iter(report.skipped.values()))})"
+        print(f"{name}: attached source+PTX to {len(report.attached)} trials{skipped}")
+    print(
+        f"optuna-dashboard: http://{host}:{port}/dashboard/  (storage {prepared.url}, artifacts "
+        f"{prepared.artifact_dir})",
+        flush=True,
+    )
+    try:
+        optuna_dashboard.run_server(
+            prepared.url, host=host, port=port, artifact_store=_artifact_store(prepared.artifact_dir)
+        )
+    except OSError as exc:  # the port is taken, or the host cannot be bound
+        raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        log.debug("%s - %s", self.address_string(), format % args)
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a browser's keep-alive connection must not hold up stop()
+
+
+@dataclass
+class Running:
+    """A dashboard served from a background thread."""
+
+    url: str  # e.g. http://127.0.0.1:40123
+    prepared: Prepared
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return self._server.server_port
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start(
+    study_or_db: str | None,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    storage: str | None = None,
+    artifact_dir: str | Path | None = None,
+    attach: bool = True,
+) -> Running:
+    """Serve the same optuna-dashboard app (`optuna_dashboard.wsgi`) from a background thread; port 0 picks a
+    free port. Returns once the socket listens; `Running.stop()` shuts it down."""
+    import optuna_dashboard
+
+    prepared = prepare(study_or_db, storage, artifact_dir, attach=attach)
+    app = optuna_dashboard.wsgi(prepared.url, artifact_store=_artifact_store(prepared.artifact_dir))
+    try:
+        server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    thread = threading.Thread(target=server.serve_forever, name="tuner-dashboard", daemon=True)
+    thread.start()
+    return Running(url=f"http://{host}:{server.server_port}", prepared=prepared, _server=server, _thread=thread)
+
+
+__all__ = ["Prepared", "Running", "prepare", "serve", "start"]

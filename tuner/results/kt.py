@@ -1,0 +1,316 @@
+"""Kernel Tuner cache files: read them as replay recordings, turn them into spaces, write studies as them.
+
+A Kernel Tuner (1.x) cache is JSON: a header (``device_name``, ``kernel_name``, ``problem_size``,
+``tune_params_keys``, ``tune_params``, ``objective``) and ``cache``, a mapping from the comma-joined values of a
+config (in ``tune_params_keys`` order) to an entry holding the config's params and ``time`` in milliseconds, or a
+failure string in ``time``: ``InvalidConfig`` (the config breaks a limit of the device), ``CompilationFailedConfig``
+or ``RuntimeFailedConfig``. Kernel Tuner appends entries as it goes, so a cache of an interrupted run lacks the
+closing braces (and may end in a comma); `read_cache` accepts that, and ``.json.gz``.
+
+A kernel Kernel Tuner tuned is arbitrary user code, not one of our families: its space uses the replay-only
+family ``kt`` (`tuner.kernels.kt`), which has no template and can only be answered from the cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import InputError
+
+#: Kernel Tuner's failure strings → our failure kinds
+FAILURES = {
+    "InvalidConfig": "invalid",
+    "CompilationFailedConfig": "compile_failed",
+    "RuntimeFailedConfig": "launch_failed",
+}
+#: and back (kinds Kernel Tuner has no word for are runtime failures to it)
+KT_FAILURE = {"invalid": "InvalidConfig", "compile_failed": "CompilationFailedConfig"}
+#: Kernel Tuner marks failed configs with this time in caches written before the failure strings existed
+OLD_FAILED_TIME = 1e20
+#: longest constraint expression we write (space files bound an expression's length)
+MAX_EXPR_CHARS = 3500
+MAX_EXPR_ITEMS = 300
+
+
+def is_cache_path(path: str | Path) -> bool:
+    name = str(path).lower()
+    return name.endswith(".json") or name.endswith(".json.gz")
+
+
+def read_cache(path: str | Path) -> dict[str, Any]:
+    """The parsed cache; InputError (file and fault) for anything that is not a Kernel Tuner cache."""
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        text = raw.decode().strip()
+    except FileNotFoundError:
+        raise InputError("no such Kernel Tuner cache file", str(path)) from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        try:  # an unfinished cache: Kernel Tuner closes it as it reads it, so do we
+            data = json.loads(text.rstrip(",") + "}\n}")
+        except json.JSONDecodeError:
+            raise InputError(f"not JSON (line {exc.lineno}): {exc.msg}", str(path)) from None
+    for key in ("tune_params_keys", "tune_params", "cache"):
+        if not isinstance(data, dict) or key not in data:
+            raise InputError(f"not a Kernel Tuner cache: no {key!r}", str(path))
+    keys, params = data["tune_params_keys"], data["tune_params"]
+    if not isinstance(params, dict) or list(keys) != [k for k in keys if k in params] or set(keys) != set(params):
+        raise InputError("tune_params_keys and tune_params name different params", str(path))
+    return data
+
+
+def _objective(data: dict[str, Any]) -> str:
+    """The cache's objective: a name (Kernel Tuner 0.4/1.0), or a list of names (1.5 writes ``["time"]``), of which
+    the first is the one it optimised."""
+    objective = data.get("objective") or "time"
+    if isinstance(objective, list):
+        objective = objective[0] if objective else "time"
+    return str(objective)
+
+
+def _failure(entry: dict[str, Any], objective: str) -> str | None:
+    value = entry.get(objective, entry.get("time"))
+    if isinstance(value, str):
+        return FAILURES.get(value, "launch_failed")
+    if value is None or not isinstance(value, int | float) or not math.isfinite(value) or value >= OLD_FAILED_TIME:
+        return "launch_failed"
+    return None
+
+
+def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[str, Any]]]:
+    """params key → (state, attrs) as `tuner.study.replay.load_records` returns them, one per cache entry.
+
+    A measured entry becomes a Measurement whose ``median_ms`` is the cache's time; figures Kernel Tuner does not
+    record (bytes, registers, SMEM) are 0 unless the entry was written by `write_cache`, which keeps ours under
+    ``"tuner"``. A failure string becomes the matching failure kind."""
+    from tuner.space.space import params_key
+
+    keys = list(data["tune_params_keys"])
+    objective = _objective(data)
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for cache_key, entry in data["cache"].items():
+        if not isinstance(entry, dict) or any(k not in entry for k in keys):
+            raise InputError(f"cache entry {cache_key!r} lacks tunable params", path)
+        params = {k: entry[k] for k in keys}
+        kind = _failure(entry, objective)
+        if kind is not None:
+            raw = entry.get(objective, entry.get("time"))
+            out[params_key(params)] = ("FAIL", {"failure": kind, "reason": f"Kernel Tuner cache: {raw}"})
+            continue
+        recorded = entry.get("tuner")
+        ours = recorded if isinstance(recorded, dict) else {}
+        time_ms = float(entry["time"])
+        times = [float(t) for t in entry.get("times") or [] if isinstance(t, int | float)]
+        attrs = {
+            "median_ms": time_ms,
+            "p20_ms": time_ms,
+            "p80_ms": time_ms,
+            "repetitions": len(times),
+            "bytes_moved": 0,
+            "flops": 0,
+            "tbps": 0.0,
+            "tflops": 0.0,
+            "ceiling_tbps": 0.0,
+            "fraction_of_ceiling": 0.0,
+            "registers": 0,
+            "smem_static_bytes": 0,
+            "smem_dynamic_bytes": 0,
+            "spill_bytes": 0,
+            "gpu": str(data.get("device_name", "")),
+        }
+        if len(times) >= 2:
+            ordered = sorted(times)
+            attrs["p20_ms"] = ordered[int(0.2 * (len(ordered) - 1))]
+            attrs["p80_ms"] = ordered[int(0.8 * (len(ordered) - 1))]
+        attrs.update(ours)
+        attrs["median_ms"] = time_ms
+        out[params_key(params)] = ("COMPLETE", attrs)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cache → space
+
+
+def _literal(value: Any) -> str:
+    return repr(value)
+
+
+def _tuple(values: tuple[Any, ...]) -> str:
+    inner = ", ".join(_literal(v) for v in values)
+    return f"({inner},)" if len(values) == 1 else f"({inner})"
+
+
+def _chunks(items: list[str], head: str) -> list[list[str]]:
+    """Split `items` so that ``head + "(" + ", ".join(chunk) + ")"`` stays within the expression bounds."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = len(head) + 4
+    for item in items:
+        if current and (size + len(item) + 2 > MAX_EXPR_CHARS or len(current) >= MAX_EXPR_ITEMS):
+            chunks.append(current)
+            current, size = [], len(head) + 4
+        current.append(item)
+        size += len(item) + 2
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _not_in(names: list[str], tuples: list[tuple[Any, ...]]) -> list[str]:
+    head = f"{_tuple_names(names)} not in "
+    return [
+        head + "(" + ", ".join(chunk) + ("," if len(chunk) == 1 else "") + ")"
+        for chunk in _chunks([_tuple(t) for t in sorted(tuples, key=repr)], head)
+    ]
+
+
+def _tuple_names(names: list[str]) -> str:
+    return f"({names[0]},)" if len(names) == 1 else "(" + ", ".join(names) + ")"
+
+
+def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
+    """A space YAML whose valid configs are exactly the cache's configs that are not InvalidConfig, and their
+    count. Constraints forbid the pairs of values no valid config has, then the few configs those let through."""
+    import itertools
+
+    import yaml
+
+    keys = list(data["tune_params_keys"])
+    for name in keys:
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+            raise InputError(f"tunable param {name!r} is not an identifier; the space cannot name it", source)
+    values = {k: list(data["tune_params"][k]) for k in keys}
+    objective = _objective(data)
+    valid = set()
+    for entry in data["cache"].values():
+        if _failure(entry, objective) != "invalid":
+            valid.add(tuple(entry[k] for k in keys))
+    if not valid:
+        raise InputError("the cache holds no valid config", source)
+    constraints: list[str] = []
+    for a, b in itertools.combinations(range(len(keys)), 2):
+        seen = {(t[a], t[b]) for t in valid}
+        missing = [(x, y) for x in values[keys[a]] for y in values[keys[b]] if (x, y) not in seen]
+        if missing:
+            constraints += _not_in([keys[a], keys[b]], missing)
+    # Values no valid config uses are dropped from the params: they would only make invalid proposals.
+    params = {k: [v for v in values[k] if any(t[i] == v for t in valid)] for i, k in enumerate(keys)}
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", str(data.get("kernel_name") or "kernel")).strip("_") or "kernel"
+
+    def render(extra: list[str]) -> str:
+        doc = {
+            "kernel": "kt",
+            "description": f"Imported from the Kernel Tuner cache {Path(source).name} (kernel "
+            f"{data.get('kernel_name')!r} on {data.get('device_name')!r}, problem size "
+            f"{data.get('problem_size')!r}). Replay only: answer it with --replay on that cache.",
+            "problem": {"name": name, "dtype": "float32"},
+            "params": params,
+            "constraints": constraints + extra,
+            "objectives": [{"time_ms": "minimize"}],
+        }
+        return yaml.safe_dump(doc, sort_keys=False, width=10_000)
+
+    import tempfile
+
+    from tuner.space import space as space_mod
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "space.yaml"
+        path.write_text(render([]))
+        through = {tuple(c[k] for k in keys) for c in space_mod.load(path).enumerate()}
+        extra = _not_in(keys, sorted(through - valid, key=repr)) if through - valid else []
+        path.write_text(render(extra))
+        final = {tuple(c[k] for k in keys) for c in space_mod.load(path).enumerate()}
+    if final != valid:
+        raise InputError(f"cannot express the cache's valid set as constraints ({len(final)} vs {len(valid)})", source)
+    return render(extra), len(valid)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# study → cache
+
+
+def cache_from_study(study, params_order: list[str] | None = None) -> dict[str, Any]:
+    """A Kernel Tuner cache of `study`: one entry per evaluated config (duplicates and proposals answered without
+    evaluation left out), ``time`` the median in ms, failures as Kernel Tuner's strings. Our figures go along
+    under ``"tuner"`` so a round trip loses nothing. ``benchmark_time`` holds the trial's whole wall time (ours
+    does not split compile, verification and timing); ``compile_time`` and ``verification_time`` are 0."""
+    trials = study.get_trials(deepcopy=False)
+    evaluated = [
+        t
+        for t in trials
+        if t.params
+        and "duplicate_of" not in t.user_attrs
+        and "screened" not in t.user_attrs
+        and t.state.name in ("COMPLETE", "FAIL", "PRUNED")
+        and t.user_attrs.get("failure") != "interrupted"
+    ]
+    if not evaluated:
+        raise InputError(f"study {study.study_name} has no evaluated trials to write")
+    keys = params_order or list(evaluated[0].distributions)
+    tune_params = {
+        k: list(evaluated[0].distributions[k].choices) if hasattr(evaluated[0].distributions[k], "choices") else []
+        for k in keys
+    }
+    attrs = study.user_attrs
+    problem = attrs.get("problem") or {}
+    cache: dict[str, Any] = {}
+    for t in evaluated:
+        key = ",".join(str(t.params[k]) for k in keys)
+        entry: dict[str, Any] = {k: t.params[k] for k in keys}
+        wall_ms = (t.duration.total_seconds() * 1000.0) if t.duration else 0.0
+        failure = t.user_attrs.get("failure")
+        if t.state.name == "COMPLETE" and failure is None:
+            entry["time"] = float(t.user_attrs["median_ms"])
+            entry["tuner"] = {k: v for k, v in t.user_attrs.items() if k not in ("clocks", "versions", "derived")}
+        else:
+            entry["time"] = KT_FAILURE.get(failure or "", "RuntimeFailedConfig")
+            entry["tuner"] = {"failure": failure, "reason": t.user_attrs.get("reason", "")}
+        entry.update(
+            {
+                "compile_time": 0.0,
+                "verification_time": 0.0,
+                "benchmark_time": round(wall_ms, 3),
+                "strategy_time": 0.0,
+                "framework_time": 0.0,
+                "timestamp": t.datetime_complete.isoformat() if t.datetime_complete else "",
+            }
+        )
+        cache.setdefault(key, entry)
+    return {
+        "device_name": attrs.get("gpu", ""),
+        "kernel_name": attrs.get("kernel", study.study_name),
+        "problem_size": list((problem.get("sizes") or {}).values()),
+        "tune_params_keys": keys,
+        "tune_params": tune_params,
+        "objective": "time",
+        "cache": cache,
+    }
+
+
+def write_cache(study, path: str | Path, params_order: list[str] | None = None) -> Path:
+    """Write `study` as a Kernel Tuner cache (``.json`` or ``.json.gz``), atomically."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    if not is_cache_path(path):
+        raise InputError("--kt-cache: the file must end in .json or .json.gz", str(path))
+    text = json.dumps(cache_from_study(study, params_order), indent=1)
+    blob = gzip.compress(text.encode()) if path.name.endswith(".gz") else text.encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(blob)
+    os.replace(tmp, path)
+    return path

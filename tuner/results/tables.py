@@ -1,0 +1,240 @@
+"""Tables out of a study: the Pareto front and every trial as DataFrames and files (CSV, JSON, Parquet), and the
+best trial summarized (what `tuner best` prints). Outputs are checked before any work and written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from tuner.build.files import atomic_write, check_writable
+from tuner.errors import InputError
+from tuner.gpufacts import fp32_peak_tflops
+from tuner.result import TrialAttr
+from tuner.results.studies import (
+    artifact_dir_for,
+    best_trial,
+    finalist,
+    gpu_facts,
+    is_feasible,
+    pareto_trials,
+    render_command,
+    storage_url,
+    threads,
+    throughput,
+    throughput_unit,
+)
+
+if TYPE_CHECKING:  # pandas is imported where it is used: it costs ~0.3 s at startup
+    import pandas as pd
+
+PARETO_COLUMNS = (
+    "throughput",
+    "tbps",
+    "tflops",
+    "fraction_of_ceiling",
+    "registers",
+    "smem_bytes",
+    "spill_bytes",
+    "blocks_per_sm",
+    "warps_per_sm",
+    "threads",
+    "median_ms",
+)
+
+
+def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+    """One measured trial as a flat dict: number, uri, params (under their own names), the metrics of
+    `PARETO_COLUMNS` (None where the study did not record one)."""
+    attrs = trial.user_attrs
+    record: dict[str, Any] = {"number": trial.number, "uri": attrs.get("uri", "")}
+    for name, value in trial.params.items():
+        record[name if name not in PARETO_COLUMNS and name not in record else f"param_{name}"] = value
+    record["throughput"] = throughput(study, trial)
+    for key in PARETO_COLUMNS[1:]:
+        record[key] = threads(trial) if key == "threads" else attrs.get(key)
+    return record
+
+
+def pareto_frame(study: optuna.Study) -> pd.DataFrame:
+    """The Pareto front as a DataFrame, fastest first: number, uri, each param, then `PARETO_COLUMNS`.
+    ``frame.attrs`` carries the study name, GPU and throughput unit."""
+    import pandas as pd
+
+    frame = pd.DataFrame([trial_record(study, t) for t in pareto_trials(study)])
+    frame.attrs.update(study=study.study_name, gpu=study.user_attrs.get("gpu", ""), unit=throughput_unit(study))
+    return frame
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}", inner, out)
+    else:
+        out[prefix] = value
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """Every trial, one row each: Optuna's `trials_dataframe` (number, values_<metric>, datetimes, duration,
+    params_<name>, state) with the user attrs under their own names, nested dicts flattened with dots
+    (``derived.threads``, ``clocks.sm_mhz``, ``versions.cupy``), plus "constraint" (the largest Optuna
+    constraint, where the trial has one and no mirror attr) and "feasible". InputError for an empty study."""
+    import pandas as pd
+
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        raise InputError(f"study {study.study_name} is empty: it has no trials")
+    base = study.trials_dataframe(
+        attrs=("number", "value", "datetime_start", "datetime_complete", "duration", "params", "state")
+    )
+    rows = []
+    for t in trials:
+        row: dict[str, Any] = {}
+        for key, value in t.user_attrs.items():
+            _flatten(key, value, row)
+        if "constraint" not in row:
+            row["constraint"] = max(t.constraints.values()) if t.constraints else None
+        row["feasible"] = is_feasible(t)
+        rows.append(row)
+    extra = pd.DataFrame(rows, index=base.index)
+    clash = [c for c in extra.columns if c in base.columns]
+    extra = extra.rename(columns={c: f"user_attrs_{c}" for c in clash})
+    return pd.concat([base, extra], axis=1)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def write_pareto(study: optuna.Study, path: str | Path) -> Path:
+    """The Pareto front as CSV (one row per trial, `pareto_frame`) or JSON ({"study", "gpu", "arch",
+    "throughput_unit", "problem", "trials": [{number, uri, params: {...}, metrics...}]})."""
+    path = check_writable(path, (".csv", ".json"), "--out")
+    if path.suffix.lower() == ".csv":
+        return atomic_write(path, pareto_frame(study).to_csv(index=False))
+    trials = []
+    for t in pareto_trials(study):
+        record = trial_record(study, t)
+        record = {
+            "number": record["number"],
+            "uri": record["uri"],
+            "params": dict(t.params),
+            **{k: record[k] for k in PARETO_COLUMNS},
+        }
+        trials.append(record)
+    attrs = study.user_attrs
+    doc = {
+        "study": study.study_name,
+        "gpu": attrs.get("gpu"),
+        "arch": attrs.get("arch"),
+        "throughput_unit": throughput_unit(study),
+        "problem": attrs.get("problem"),
+        "trials": trials,
+    }
+    return atomic_write(path, json.dumps(doc, indent=2, default=_json_default) + "\n")
+
+
+def write_trials(study: optuna.Study, path: str | Path) -> Path:
+    """`trials_frame` as CSV or Parquet (columns of mixed types are written as JSON text in Parquet)."""
+    path = check_writable(path, (".csv", ".parquet"), "--out")
+    frame = trials_frame(study)
+    if path.suffix.lower() == ".csv":
+        return atomic_write(path, frame.to_csv(index=False))
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise InputError("--out .parquet needs pyarrow (pip install pyarrow); or write .csv") from None
+
+    def missing(v: Any) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    for col in frame.columns:
+        if frame[col].dtype == object:
+            kinds = {type(v) for v in frame[col] if not missing(v)}
+            if len(kinds) > 1 or kinds & {list, tuple, dict}:
+                frame[col] = [None if missing(v) else json.dumps(v, default=_json_default) for v in frame[col]]
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return atomic_write(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Best trial, summarized
+
+# Best trial, summarized
+
+
+def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) -> dict[str, Any]:
+    """The fastest measured trial as a dict: study, number, uri, params, throughput (+unit), tbps, tflops,
+    fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes,
+    blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), for a TFLOP/s family
+    fp32_peak_tflops (its roof, from the GPU's facts: `tuner.gpufacts.fp32_peak_tflops`; None where unknown), and where
+    its source is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
+    line that prints it)."""
+    t = best_trial(study)
+    a = t.user_attrs
+    warps = a.get("warps_per_sm")
+    out: dict[str, Any] = {
+        "study": study.study_name,
+        "gpu": study.user_attrs.get("gpu"),
+        "number": t.number,
+        "uri": a.get("uri"),
+        "params": dict(t.params),
+        "throughput": throughput(study, t),
+        "throughput_unit": throughput_unit(study),
+        **{
+            k: a.get(k)
+            for k in (
+                "tbps",
+                "tflops",
+                "fraction_of_ceiling",
+                "ceiling_tbps",
+                "median_ms",
+                "registers",
+                "smem_bytes",
+                "spill_bytes",
+                "blocks_per_sm",
+                "warps_per_sm",
+            )
+        },
+        "occupancy": (float(warps) / gpu_facts(study).max_warps_per_sm) if warps is not None else None,
+        "threads": threads(t),
+    }
+    if throughput_unit(study) == "TFLOP/s":
+        # A compute-bound family's roof: the FP32 peak from the GPU's facts and the trial's max SM clock (None
+        # where the study did not record facts read from its GPU), never the copy ceiling.
+        clock = (a.get("clocks") or {}).get("sm_clock_max_mhz")
+        out["fp32_peak_tflops"] = fp32_peak_tflops(gpu_facts(study), clock)
+    final = finalist(study, t.number)
+    if final is not None:
+        # Report the longer re-timing, and say so; the screening figure stays alongside.
+        out["screening_tbps"] = out["tbps"]
+        out.update({k: final[k] for k in ("tbps", "tflops", "fraction_of_ceiling", "median_ms") if k in final})
+        out["throughput"] = out["tflops"] if throughput_unit(study) == "TFLOP/s" else out["tbps"]
+        out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
+    else:
+        out["timing"] = "screening"
+    recorded = a.get(TrialAttr.ARTIFACTS)
+    ids = recorded if isinstance(recorded, dict) else {}
+    if artifact_dir is None:
+        try:
+            artifact_dir = artifact_dir_for(storage_url(study))
+        except InputError:
+            artifact_dir = None
+    source_path = Path(artifact_dir) / ids["source"] if artifact_dir and ids.get("source") else None
+    if source_path is not None and source_path.is_file():
+        out["source_path"] = str(source_path)
+    else:
+        out["render_command"] = render_command(study, t)
+    return out

@@ -1,0 +1,19 @@
+"""Where the shipped kernel templates and search spaces are: inside the package of an installed wheel, at the top
+of a source checkout (and of an editable install of one).
+
+The repository keeps them at its top, ``templates/`` and ``search_spaces/``, where a user opens and copies them;
+the wheel carries them as package data, mapped into the package at build time (pyproject.toml), so an installed
+tuner finds them from any directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped_dir(name: str) -> Path:
+    """The folder of shipped files `name` (``templates`` or ``search_spaces``)."""
+    packaged = PACKAGE / name
+    return packaged if packaged.is_dir() else PACKAGE.parent / name

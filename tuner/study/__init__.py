@@ -1,0 +1,12 @@
+"""The study stage: options, a space, an evaluator pool and a storage → an Optuna study, ask → evaluate → tell.
+
+In: `options.StudyOptions` (what ``tuner study`` and `tuner.study(...)` are given). The driver (`driver.Driver`)
+owns the study: Optuna samples from an in-memory copy (`search`: the sampler, its view of the space and the repair
+of proposals that cannot be measured); an engine's pool evaluates configs (`local` on this machine, `cluster` on
+Ray, `replay` from a recorded study); a writer process mirrors every trial into the durable storage (`writer`,
+`trialwriter`); a lease row refuses a second driver on the same study (`lease`); `preflight` refuses a study that
+cannot start before anything starts; `progress` draws the bar and the summary. Out: the summary of the run (trials,
+wall time, GPUs, best, finalists). Any failure of a config is a trial, never a crash of the study.
+
+Note: ``tuner.study`` is the API call; import this stage's modules by name (``from tuner.study import driver``).
+"""

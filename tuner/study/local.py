@@ -1,0 +1,531 @@
+"""The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
+
+`LocalPool` offers the interface of `tuner.study.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
+``gpus``, ``arch``, ``ran_on``, ``built``, ``spent``, ``close``) so the study driver runs unchanged over
+either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
+
+* the evaluators come from the same `tuner.gpu.protocol.EvaluatorFactory` a Ray actor would call. For real GPUs
+  that factory is `isolated_gpu_evaluator`: a `tuner.gpu.worker.IsolatedEvaluator` whose child process owns one GPU,
+  so a kernel that hangs or poisons its CUDA context costs that child, never the driver (the child is killed
+  and replaced, as a Ray actor would be). A replay evaluator answers in a thread of this process;
+* every evaluator starts in a background thread as soon as the pool is made, so the GPU workers' CUDA set-up
+  (context, flush buffer, ceiling) overlaps the driver's own start-up (storage, study, sampler); `wait_ready`
+  joins them;
+* compiles run in compile processes, one per core (`tuner.build.compilers`: NVRTC compiles one at a time per process,
+  so threads of one process did not scale), fed by a thread pool of the same size, and `prefetch`
+  starts a config's compile before the GPU worker is up (the first configs of a study: its default, or a grid's
+  first configs). With ``evaluate=True`` the GPU also measures a prefetched config as soon as it is up and idle,
+  while the driver is still opening the study; the driver's later `submit` of the same config (same source,
+  arch, budget) takes that result instead of measuring again. The GPU's work is the same either way: a
+  screening evaluation with the default budget, under the cut-off in force when it runs;
+* one thread per GPU takes compiled configs from a shared queue and blocks in its evaluator, so a GPU never
+  waits for the driver's loop; results come back through a queue that `poll` drains. The queue is the pool's,
+  not a worker's: a worker holds only the config it runs, so when a hung or faulted worker is killed and
+  replaced, only that config fails (`TimedOut` at its deadline, `tuner.gpu.deadline`); the configs queued behind
+  it stay queued, and are taken by the other GPUs meanwhile or by the replacement once it is up (its start-up
+  counts against no config's deadline). Every GPU's deadline allows for the slowest healthy run on any GPU;
+* `spent` sums what the work cost (`tuner.gpu.protocol.Spent`): each evaluation's result (its GPU time and host
+  stages) as the GPU thread gets it, speculative ones included (the GPU ran them, claimed or not), and the wall
+  of each compile in its compile thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.build.compilers import CompileProcesses
+from tuner.build.render import render
+from tuner.gpu.clock import since_command
+from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
+from tuner.result import LaunchFailed, Result, TimedOut
+
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
+
+#: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
+QUEUE_DEPTH = 2
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
+    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker),
+    the one `tuner.gpu.worker.launch_gpu_workers` started if there is one."""
+    from tuner.gpu.worker import IsolatedEvaluator, take_launched
+
+    launched = take_launched(gpu_index)
+    if launched is not None:
+        launched.timeout_s = timeout_s
+        return launched
+    return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
+
+
+@dataclass
+class _Job:
+    number: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    budget_ms: float
+    source: Any = None
+    compiled: Any = None
+    screening: bool = True
+    #: set for a job that `prefetch(..., evaluate=True)` queued ahead of the driver (its number is then -1)
+    speculation: _Speculation | None = None
+
+
+@dataclass
+class _Speculation:
+    """A prefetched config the GPU measures before the driver asks: `result` once measured, `claimed_by` the trial
+    number whose `submit` takes it (delivered as soon as both are known), `dropped` when it cannot be used."""
+
+    arch: str
+    budget_ms: float
+    config: dict[str, Any]
+    result: Any = None
+    gpu_index: int | None = None
+    worker: dict[str, Any] | None = None
+    claimed_by: int | None = None
+    #: the study summary's record of this speculation's hang, if it hung (its trial filled in when claimed)
+    hang: dict[str, Any] | None = None
+    dropped: bool = False
+
+
+class _Gpu:
+    """One evaluator and the thread that feeds it; `info` is set once its start() returned."""
+
+    def __init__(self, pool: LocalPool, index: int, evaluator: Evaluator):
+        self.pool, self.index, self.evaluator = pool, index, evaluator
+        self.info: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.started_s: float | None = None
+        self.ready_at_s: float | None = None  # seconds from the command's start
+        self.up = threading.Event()  # set once start() returned or raised
+        self.thread = threading.Thread(target=self._main, name=f"tuner-gpu{index}", daemon=True)
+        if pool.inline:
+            self._start()
+        else:
+            self.thread.start()
+
+    @property
+    def arch(self) -> str | None:
+        """What this GPU runs (its worker's info), once started."""
+        return self.info.get("arch") if self.info else None
+
+    def worker(self) -> dict[str, Any]:
+        """Who answers on this GPU now: host, pid (the child's, for a GPU worker) and node ("local")."""
+        return {"host": self.pool.host, "pid": getattr(self.evaluator, "pid", None) or os.getpid(), "node": "local"}
+
+    def _start(self) -> bool:
+        t0 = time.perf_counter()
+        try:
+            info = self.evaluator.start()
+            self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
+            reserve = getattr(self.evaluator, "reserve", None)
+            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.gpu.verify)
+                reserve(self.pool.finalist_seed)
+        except BaseException as exc:  # reported by wait_ready, in the driver's thread
+            self.error = exc
+            return False
+        finally:
+            self.started_s = time.perf_counter() - t0
+            self.ready_at_s = since_command(time.perf_counter())
+            self.up.set()
+        return True
+
+    def _main(self) -> None:
+        if not self._start():
+            return
+        while True:
+            job = self.pool.ready.get()
+            if job is None:
+                return
+            self.run(job)
+
+    def _replace_lost(self, pool: LocalPool) -> None:
+        """Start the replacement of a worker lost to a hang or a fault before the next config is handed to it, so
+        that its start-up is timed apart (``pool.replacements_s``) and counted in no config's deadline."""
+        alive = getattr(self.evaluator, "alive", None)
+        if alive is None or alive():
+            return
+        started = time.perf_counter()
+        self.evaluator.start()
+        pool.replacements_s.append(round(time.perf_counter() - started, 3))
+
+    def run(self, job: _Job) -> None:
+        """Evaluate one job and hand its result to the driver's queue (a speculative one: to its claimant, or keep
+        it for the `submit` that claims it)."""
+        pool = self.pool
+        if job.speculation is not None and (pool.closing or job.speculation.arch != (pool.arch_requested or self.arch)):
+            pool.speculated(job, None, self)  # compiled for another GPU (or closing): a submit compiles afresh
+            return
+        started = time.perf_counter()
+        if pool.busy_since is None:
+            pool.busy_since = started
+        pool.startup.setdefault("first_measure_start_s", since_command(started))
+        evaluating = started  # past the start of a replacement worker, if one is started first
+        try:
+            # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
+            family = pool.space.family_ref or pool.family
+            # The cut-off is read now, not at submit: results that came in while the job waited count.
+            cutoff_ms = pool.cutoff_ms if job.screening else None
+            # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
+            seed = None if job.screening else pool.finalist_seed
+            note_healthy = getattr(self.evaluator, "note_healthy", None)
+            if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
+                note_healthy(pool.slowest_s)
+            self._replace_lost(pool)
+            evaluating = time.perf_counter()
+            result = self.evaluator.evaluate(
+                job.compiled,
+                family,
+                job.config,
+                pool.problem.env,
+                seed=seed,
+                budget_ms=job.budget_ms,
+                cutoff_ms=cutoff_ms,
+            )
+        except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
+            result = LaunchFailed(
+                reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+        pool.account(result, time.perf_counter() - started)
+        if result.ok:
+            pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
+        elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
+            hang = {
+                # a speculation's trial is known when a trial claims it (`LocalPool._deliver`); None if none does
+                "trial": job.number if job.speculation is None else job.speculation.claimed_by,
+                "gpu_index": self.index,
+                "cost_s": round(time.perf_counter() - evaluating, 3),
+                "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
+                "phase": result.details.get("phase"),
+            }
+            pool.hangs.append(hang)
+            if job.speculation is not None:
+                job.speculation.hang = hang
+        pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
+        if job.speculation is not None:
+            pool.speculated(job, result, self)
+            return
+        pool.ran_on[job.number] = self.index
+        pool.ran_by[job.number] = self.worker()
+        pool.done.put((job.number, result))
+
+
+class LocalPool:
+    """Compile threads plus one evaluator per local GPU; see the module docstring."""
+
+    def __init__(
+        self,
+        space,
+        problem,
+        evaluator: EvaluatorFactory,
+        gpus: int = 1,
+        arch: str | None = None,
+        compile_slots: int | None = None,
+        inline: bool = False,
+    ):
+        """Starts `gpus` evaluators (``evaluator(i)`` for i in 0..gpus-1) in the background and returns at once.
+        `arch` (what to compile for) defaults to the first evaluator's; `compile_slots` to this host's cores.
+        `inline` (for evaluators that answer at once, such as a replay without delay): no threads; each `poll`
+        answers the oldest queued config in the caller's thread, the evaluators taking turns, so a seeded study
+        asks and tells in the same order on every run."""
+        self.inline = inline
+        self.space, self.problem = space, problem
+        self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
+        self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
+        t0 = time.perf_counter()
+        self.compile_slots = compile_slots or host_cores()
+        self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
+        self.ready: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        #: finished configs; an exception in place of a Result is a bug in compiling, raised by poll()
+        self.done: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
+        self._prefetched: dict[tuple[str, str], Future] = {}
+        self._queued = 0  # submitted and not yet finished
+        self.ran_on: dict[int, int] = {}
+        self.ran_by: dict[int, dict[str, Any]] = {}
+        self.host = socket.gethostname()
+        self.built: dict[int, tuple[Any, Any]] = {}
+        self.replaced = 0
+        self._turn = 0
+        #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
+        self.finalist_seed = fresh_seed()
+        #: the screening cut-off the driver sets (`tuner.gpu.timing.benchmark`), applied to screening jobs
+        self.cutoff_ms: float | None = None
+        #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by
+        #: (source text, arch); guarded by `_lock` (the GPU threads and the driver both change them)
+        self._speculations: dict[tuple[str, str], _Speculation] = {}
+        self._lock = threading.Lock()
+        #: when the first evaluation began (perf_counter): a GPU may measure before the driver's loop starts
+        self.busy_since: float | None = None
+        #: what the evaluations and compiles cost so far (see `spent`); the GPU and compile threads add to it
+        self._spent = Spent()
+        self._spent_lock = threading.Lock()
+        self.closing = False
+        #: the slowest healthy run measured so far (p80, seconds) on any GPU: every GPU's hang deadline allows it
+        self.slowest_s = 0.0
+        #: one entry per config that hung (`TimedOut`): trial, GPU, what it cost (s), its deadline and phase
+        self.hangs: list[dict[str, Any]] = []
+        #: the start-up (s) of each GPU worker started in place of a lost one
+        self.replacements_s: list[float] = []
+        self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
+        # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
+        # process); evaluators that do not measure compile nothing, so they get none.
+        self._compilers = CompileProcesses(self.compile_slots) if self.measures_hint else None
+        self.startup: dict[str, Any] = {
+            "engine": "local",
+            "pool_start_s": round(time.perf_counter() - t0, 3),
+            "pool_made_s": since_command(t0),
+        }
+        self._t0 = t0
+        self._ready = False
+        self.started = time.perf_counter()
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+    def wait_ready(self) -> None:
+        """Block until every evaluator has started; raise the first start-up error (an InputError or the
+        worker's own) after stopping the others."""
+        if self._ready:
+            return
+        for worker in self._workers:
+            worker.up.wait()
+        failed = next((w.error for w in self._workers if w.error is not None), None)
+        if failed is not None:
+            self.close()
+            raise failed
+        self._ready = True
+        self.startup["gpu_workers_s"] = round(time.perf_counter() - self._t0, 3)
+        self.startup["gpu_worker_start_s"] = [round(w.started_s or 0.0, 3) for w in self._workers]
+        self.startup["gpu_worker_ready_s"] = [w.ready_at_s for w in self._workers]
+        self.started = time.perf_counter()
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        self.wait_ready()
+        return [w.info for w in self._workers if w.info is not None]  # all of them, once wait_ready returned
+
+    @property
+    def measures(self) -> bool:
+        return bool(self.gpus[0]["measures"])
+
+    @property
+    def arch(self) -> str:
+        return self.arch_requested or str(self.gpus[0]["arch"])
+
+    # -- work -------------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Configs in flight that keep every compile thread and every GPU busy."""
+        return self.compile_slots + len(self._workers) * (QUEUE_DEPTH + 1)
+
+    @property
+    def in_flight(self) -> int:
+        return self._queued
+
+    def prefetch(self, params: dict[str, Any], arch: str, evaluate: bool = False, budget_ms: float = 25.0) -> None:
+        """Start compiling `params` for `arch` now (before the GPU worker says what its arch is); a later
+        `submit` of the same source and arch takes this compile's result instead of starting another. With
+        `evaluate`, a GPU also measures it (a screening job of `budget_ms`) once compiled and the GPU is idle, if
+        the GPU's arch is `arch`; a later `submit` of the same source, arch and budget takes that result."""
+        config = self.space.resolve(params, self.problem)
+        source = render(self.family, params, config, self.problem.env)
+        key = (source.text, arch)
+        if key not in self._prefetched:
+            self._prefetched[key] = self._compiler.submit(self._timed_compile, source, arch)
+        if evaluate and self.measures_hint and key not in self._speculations:
+            speculation = _Speculation(arch=arch, budget_ms=budget_ms, config=config)
+            self._speculations[key] = speculation
+            job = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=source)
+            job.speculation = speculation
+            self._prefetched[key].add_done_callback(functools.partial(self._compiled_ahead, job))
+
+    def _compiled_ahead(self, job: _Job, future: Future) -> None:
+        """In a compile thread: queue a speculative job for the GPUs (after any job the driver has queued)."""
+        try:
+            result = future.result()
+        except Exception:  # the driver's submit of this config meets the same error and reports it
+            result = None
+        if result is None or not result.ok:
+            self.speculated(job, None, None)
+            return
+        self.startup.setdefault("first_compile_done_s", since_command(time.perf_counter()))
+        job.compiled = result
+        self.ready.put(job)
+
+    def speculated(self, job: _Job, result: Result | None, gpu: _Gpu | None) -> None:
+        """A speculative job finished (`result`), or cannot be used (None): deliver it to the trial that claimed
+        it, or keep it for the claim to come."""
+        speculation = job.speculation
+        assert speculation is not None
+        with self._lock:
+            if result is None:
+                speculation.dropped = True
+            else:
+                speculation.result = result
+                speculation.gpu_index = gpu.index if gpu is not None else None
+                speculation.worker = gpu.worker() if gpu is not None else None
+            claimant = speculation.claimed_by
+        if claimant is not None:
+            self._deliver(claimant, job, speculation)
+
+    def _deliver(self, number: int, job: _Job, speculation: _Speculation) -> None:
+        """Hand a claimed speculation to trial `number`: its result, or (dropped) a fresh compile and evaluation."""
+        if self.closing:  # the driver has stopped asking: nothing more to compile or report
+            return
+        if speculation.dropped:
+            self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
+            return
+        if speculation.hang is not None:
+            speculation.hang["trial"] = number
+        if speculation.gpu_index is not None:
+            self.ran_on[number] = speculation.gpu_index
+        if speculation.worker is not None:
+            self.ran_by[number] = speculation.worker
+        if job.compiled is not None:
+            self.built[number] = (job.source, job.compiled)
+        self.done.put((number, speculation.result))
+
+    @property
+    def measures_hint(self) -> bool:
+        """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
+        return all(getattr(w.evaluator, "measures", True) for w in self._workers)
+
+    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
+        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
+        screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job."""
+        config = self.space.resolve(params, self.problem)
+        job = _Job(number=number, params=params, config=config, budget_ms=budget_ms, screening=screening)
+        self._queued += 1
+        if not self.measures:  # it answers without running the kernel: nothing to compile
+            self.ready.put(job)
+            return
+        job.source = render(self.family, params, config, self.problem.env)
+        key = (job.source.text, self.arch)
+        speculation = self._speculations.get(key)
+        # Claimed only if it was measured as this trial would be: the same budget and the same resolved config (the
+        # launch geometry may depend on GPU facts that the study learnt from the worker after the prefetch).
+        same = speculation is not None and speculation.budget_ms == budget_ms and speculation.config == config
+        if speculation is not None and screening and same:
+            del self._speculations[key]
+            with self._lock:
+                speculation.claimed_by = number
+                settled = speculation.dropped or speculation.result is not None
+            if settled:
+                ahead = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
+                ahead.compiled = self._prefetched_result(key)
+                self._deliver(number, ahead, speculation)
+            # else the GPU thread delivers it when it finishes (built[] is filled from its job there)
+            return
+        self._start_job(job)
+
+    def _prefetched_result(self, key: tuple[str, str]) -> Any:
+        """The compile result of a prefetched key, if it is done (None otherwise)."""
+        future = self._prefetched.get(key)
+        return future.result() if future is not None and future.done() and future.exception() is None else None
+
+    def _start_job(self, job: _Job) -> None:
+        """Compile `job` (or take its prefetched compile) and queue it for the GPUs."""
+        if job.source is None:
+            job.source = render(self.family, job.params, job.config, self.problem.env)
+        future = self._prefetched.pop((job.source.text, self.arch), None)
+        if future is None:
+            future = self._compiler.submit(self._timed_compile, job.source, self.arch)
+        future.add_done_callback(functools.partial(self._compiled, job))
+
+    def _compiled(self, job: _Job, future: Future) -> None:
+        """In a compile thread: hand a compiled config to the GPU threads, or its failure to the driver."""
+        try:
+            result = future.result()
+        except Exception as exc:  # a bug in compiling, not a property of the config: surfaces in poll()
+            self.done.put((job.number, exc))
+            return
+        self.startup.setdefault("first_compile_done_s", since_command(time.perf_counter()))
+        if result.ok:
+            job.compiled = result
+            if job.number >= 0:
+                self.built[job.number] = (job.source, result)
+            self.ready.put(job)
+        else:
+            self.done.put((job.number, result))
+
+    def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
+        """The configs finished since the last call; waits up to `timeout` for the first one."""
+        got = []
+        if self.inline:
+            try:
+                job = self.ready.get_nowait()
+            except queue.Empty:
+                return []
+            if job is None:  # close() ran
+                return []
+            self._workers[self._turn % len(self._workers)].run(job)
+            self._turn += 1
+            got.append(self.done.get_nowait())
+        else:
+            try:
+                got.append(self.done.get(timeout=timeout))
+                while True:
+                    got.append(self.done.get_nowait())
+            except queue.Empty:
+                pass
+        self._queued -= len(got)
+        out: list[tuple[int, Result]] = []
+        for number, result in got:
+            if isinstance(result, BaseException):
+                raise result
+            out.append((number, result))
+        return out
+
+    def _timed_compile(self, source, arch):
+        """In a compile thread: compile, and count its wall in `spent`."""
+        started = time.perf_counter()
+        try:
+            if self._compilers is not None:
+                return self._compilers.compile(source, arch)
+            from tuner.build.compile import compile_source
+
+            return compile_source(source, arch)
+        finally:
+            elapsed = time.perf_counter() - started
+            with self._spent_lock:
+                self._spent.add_compile(elapsed)
+
+    def account(self, result: Result, occupied_s: float) -> None:
+        """In a GPU thread: count a result its evaluator returned after `occupied_s` of work."""
+        with self._spent_lock:
+            self._spent.add(result, occupied_s)
+
+    def spent(self) -> Spent:
+        """What the pool's evaluations and compiles have cost so far (a copy: the threads go on adding)."""
+        with self._spent_lock:
+            return self._spent.copy()
+
+    def close(self) -> None:
+        """Stop the GPU threads and their evaluators (a GPU worker's child exits)."""
+        self.closing = True  # speculative jobs still queued are dropped, not measured
+        for _ in self._workers:
+            self.ready.put(None)
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+        if self._compilers is not None:
+            self._compilers.close()
+        for worker in self._workers:
+            if worker.thread.is_alive():
+                worker.thread.join(timeout=5.0)
+            try:
+                worker.evaluator.close()
+            except Exception:  # closing a worker that never started
+                pass
+        self._workers = []

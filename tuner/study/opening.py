@@ -1,0 +1,345 @@
+"""Opening a study: its identity, whether a stored study may be resumed or is complete already, and its trials.
+
+`Opening` is the set-up half of `tuner.study.driver.Driver`. A stored study is resumed only by the command that
+made it (the same space file, template, kernel, problem and objectives); one that holds its trials already is
+said to be complete before anything starts, where its SQLite file tells; trials a killed driver left RUNNING are
+failed as interrupted and their configs queued again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from tuner.build.render import templates_hash
+from tuner.errors import InputError
+from tuner.gpu.clock import since_command
+from tuner.gpufacts import GpuFacts
+from tuner.result import INTERRUPTED, StudyAttr, TrialAttr
+from tuner.results.artifacts import ArtifactWriter
+from tuner.results.dbfiles import open_storage
+from tuner.space import limits
+from tuner.space.space import params_key
+from tuner.study.engines import Engine
+from tuner.study.options import StudyOptions, default_study_name
+from tuner.study.preflight import complete_line, counted_trials
+from tuner.study.search import SCREENED, Codec, ValidSetSampler, counts, evaluation_failed, make_sampler, worst_values
+from tuner.study.writer import Mirror, new_study
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.samplers import BaseSampler
+    from optuna.storages import BaseStorage
+
+    from tuner.kernels.base import Family
+    from tuner.space import space as space_mod
+    from tuner.space.problem import Objective
+    from tuner.study.lease import Lease
+
+
+@dataclass
+class Opened:
+    """A study as the set-up opened it: its name, its stored trials, the configs a killed driver left unmeasured,
+    how to set a study attr, its id in the storage (None where the writer creates it), the set-up's stamps and the
+    seconds spent on the storage."""
+
+    name: str
+    past: list[Any]
+    again: list[dict[str, Any]]
+    set_study_attr: Callable[[str, Any], None]
+    study_id: int | None
+    stamps: dict[str, Any]
+    storage_s: float
+
+
+class Opening:
+    """The set-up half of `tuner.study.driver.Driver`: the study's identity and attrs, whether a stored study may be
+    resumed (or is complete already, known before anything starts), opening it and failing the trials a killed
+    driver left RUNNING."""
+
+    # set by the driver's constructor
+    opts: StudyOptions
+    url: str
+    storage_file: Path | None
+    storage: BaseStorage | None
+    space: space_mod.SearchSpace
+    problem: space_mod.Problem
+    family: Family
+    objectives: list[Objective]
+    t0: float
+    codec: Codec
+    engine: Engine
+    lease: Lease | None
+    sampler: Any
+    _setting_up: tuple[Any, Any] | None
+
+    def _identity_attrs(self) -> dict[str, Any]:
+        """The user attrs that say which study this is, whatever GPU runs it: what a resumed study must match."""
+        return {
+            StudyAttr.KERNEL: self.space.kernel,
+            StudyAttr.SPACE_HASH: self.space.content_hash(),
+            StudyAttr.TEMPLATES_HASH: templates_hash(self.family),
+            StudyAttr.PROBLEM: {"name": self.problem.name, "dtype": self.problem.dtype, "sizes": self.problem.sizes},
+            "objectives": [[o.name, o.direction] for o in self.objectives],
+        }
+
+    def _study_attrs(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> dict[str, Any]:
+        """The user attrs a study is created with: what it tunes, where, and with what code."""
+        from tuner.build.compile import versions
+
+        attrs = {
+            **self._identity_attrs(),
+            StudyAttr.FAMILY: self.space.family_ref,
+            StudyAttr.SPACE_PATH: str(self.space.path),
+            StudyAttr.GPU: gpu,
+            StudyAttr.ARCH: arch,
+            "versions": versions(),
+            StudyAttr.THROUGHPUT_UNIT: self.family.throughput_unit,
+        }
+        if gpu_facts is not None:
+            attrs[StudyAttr.GPU_FACTS] = gpu_facts
+        return attrs
+
+    def _resume_refusal(self, name: str, old: dict[str, Any]) -> str | None:
+        """Why the stored study `name` (its user attrs `old`) cannot be resumed by this command, or None."""
+        attrs = self._identity_attrs()
+        for key, what in ((StudyAttr.SPACE_HASH, "space file"), (StudyAttr.TEMPLATES_HASH, "kernel template")):
+            if old.get(key) != attrs[key]:
+                return (
+                    f"study {name!r} was made with a different {what}; refusing to mix trials "
+                    f"(use --study-name for a new study)"
+                )
+        if old.get("objectives") not in (None, attrs["objectives"]):
+            return (
+                f"study {name!r} searched {old['objectives']}, not {attrs['objectives']} "
+                f"(--objectives {'all' if self.opts.objectives == 'first' else 'first'} resumes it, "
+                f"or use --study-name)"
+            )
+        if any(old.get(key) != attrs[key] for key in (StudyAttr.KERNEL, StudyAttr.PROBLEM)):
+            return f"study {name!r} is for another kernel or problem (use --study-name)"
+        return None
+
+    def _name_before_start(self) -> str | None:
+        """The study's name where it is known before a worker reports its GPU: given, a replay's, or built from
+        this machine's GPU model (`tuner.space.limits.local_gpu_model`) for GPUs of this machine; None otherwise."""
+        if self.opts.study_name:
+            return self.opts.study_name
+        gpu: str | None
+        if self.opts.replay:
+            from tuner.study.replay import gpu_label
+
+            gpu = gpu_label(self.opts.replay)
+        elif self.opts.ray_address:
+            gpu = None  # the cluster's GPUs: known once a worker there reports
+        else:
+            gpu = limits.local_gpu_model()
+        return None if gpu is None else default_study_name(self.space, self.problem, gpu)
+
+    def _complete_before_start(self) -> tuple[str, int] | None:
+        """(name, counted trials) when the stored study this command resumes already holds `opts.trials` counted
+        trials, read from its SQLite file before anything starts; None otherwise, or where it cannot be known yet
+        (another database, a name that waits for the GPU: `_run` checks again once the study is open). A study
+        this command cannot resume is refused here, before any worker starts."""
+        if self.storage_file is None:
+            return None
+        name = self._name_before_start()
+        if name is None:
+            return None
+        found = counted_trials(self.storage_file, name)
+        if found is None:
+            return None
+        counted, old = found
+        refusal = self._resume_refusal(name, old)
+        if refusal is not None:
+            raise InputError(refusal, self.url)
+        return (name, counted) if counted >= self.opts.trials else None
+
+    def _already_complete(self, name: str, counted: int) -> dict[str, Any]:
+        """The summary of a study that held its trials before this run (nothing measured, nothing written); one
+        line says so where progress is shown."""
+        from tuner.results.dbfiles import sqlite_path
+
+        where = sqlite_path(self.url) if self.url != ":memory:" else None
+        if self.opts.progress:
+            print(complete_line(name, counted, self.opts.trials, str(where or self.url)), file=sys.stderr)
+        return {
+            "study": name,
+            "storage": self.url,
+            "trials": counted,
+            "complete_before_run": True,
+            "measured_this_run": 0,
+            "duplicates_this_run": 0,
+            "failures_this_run": {},
+            "screened_this_run": {},
+            "wall_s": round(time.perf_counter() - self.t0, 3),
+            "command_wall_s": since_command(),
+            "gpus": [],
+            "best": None,
+            "finalists": [],
+        }
+
+    def _open_study(self, gpu: str, arch: str, gpu_facts: dict[str, Any] | None) -> optuna.Study:
+        import optuna
+
+        name = self._study_name(gpu)
+        attrs = self._study_attrs(gpu, arch, gpu_facts)
+        directions = [o.direction for o in self.objectives]
+        storage = self._opened_storage()
+        try:
+            existing = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            existing = None
+        if existing is not None:
+            refusal = self._resume_refusal(name, existing.user_attrs)
+            if refusal is not None:
+                raise InputError(refusal, self.url)
+            durable = existing
+        else:
+            durable = new_study(storage, name, directions, attrs, [o.name for o in self.objectives])
+        return durable
+
+    def _study_name(self, gpu: str) -> str:
+        return self.opts.study_name or default_study_name(self.space, self.problem, gpu)
+
+    def _opened_storage(self) -> BaseStorage:
+        assert self.storage is not None, "the durable storage opens at the start of run()"
+        return self.storage
+
+    def _recover(self, durable: optuna.Study) -> list[dict[str, Any]]:
+        """Fail trials a killed driver left RUNNING; return their configs to run again."""
+        from optuna.trial import TrialState
+
+        again = []
+        storage = self._opened_storage()
+        study_id = storage.get_study_id_from_name(durable.study_name)
+        for trial in durable.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.set_trial_user_attr(trial_id, TrialAttr.FAILURE, INTERRUPTED)
+            storage.set_trial_user_attr(trial_id, TrialAttr.REASON, "the driver stopped before this finished")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            again.append(dict(trial.params))
+        return again
+
+    def _new_storage(self) -> bool:
+        """Whether the study's storage is a SQLite file that does not exist yet (or in memory): a new study."""
+        if self.url == ":memory:":
+            return True
+        return self.storage_file is not None and not self.storage_file.exists()
+
+    # -- opening the study, replaying its history -----------------------------------------------------------------
+    def _start_pool(self):
+        """The engine's pool and the writer process that mirrors the trials (none for an in-process study), both
+        starting: the writer's imports and the GPU workers' start-up overlap the rest of the set-up."""
+        mirror: Any = None  # Mirror (a process), or, made once the study is open, InlineMirror (in-process)
+        if not self.opts.in_process:
+            mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.study.writer.launch_writer`)
+            self._setting_up = (None, mirror)
+        pool = self.engine.pool(self.space, self.problem, self._new_storage)
+        self._setting_up = (pool, mirror)
+        return pool, mirror
+
+    def _open(self, pool, mirror) -> Opened:
+        """Open (or have the writer create) the study once the GPU workers report their GPU: its name and the
+        space's GPU facts follow from that GPU. A stored study is leased, and its interrupted trials failed."""
+        import optuna
+
+        from tuner.study.lease import acquire
+
+        # A new study's storage is created by the writer process (`_create_study`), off the driver's path: opening
+        # an Optuna storage is about a second of imports and schema set-up, which on a busy host (compile threads
+        # beside it) took 2-2.5 s and was the last thing a small study waited for before its first result.
+        created_by_writer = isinstance(mirror, Mirror) and self.url != ":memory:" and self._new_storage()
+        t_storage = time.perf_counter()
+        if self.url == ":memory:":
+            self.storage = optuna.storages.InMemoryStorage()
+        elif not created_by_writer:
+            self.storage = open_storage(self.url)
+        storage_s = time.perf_counter() - t_storage
+        stamps = {"storage_opened_s": since_command()}
+        gpu = pool.gpus[0]["gpu"]  # waits for the GPU workers
+        stamps["workers_waited_s"] = since_command()
+        t_storage = time.perf_counter()
+        facts = pool.gpus[0].get("gpu_facts")
+        if facts is not None:  # expressions of the space see this GPU's facts, not the defaults
+            self.problem = pool.problem = dataclasses.replace(self.problem, gpu=GpuFacts.from_dict(facts))
+        name = self._study_name(gpu)
+        study_id = None
+        if created_by_writer:
+            assert isinstance(mirror, Mirror)
+            mirror.create(
+                {
+                    "name": name,
+                    "directions": [o.direction for o in self.objectives],
+                    "attrs": self._study_attrs(gpu, pool.arch, facts),
+                    "metric_names": [o.name for o in self.objectives],
+                    "takeover": self.opts.takeover,
+                    "pid": os.getpid(),
+                }
+            )
+            again, past = [], []
+            set_study_attr = mirror.set_study_attr
+        else:
+            if self.url != ":memory:":
+                self.lease = acquire(self.url, name, self.opts.takeover)
+            durable = self._open_study(gpu, pool.arch, facts)
+            again = self._recover(durable)
+            past = durable.get_trials(deepcopy=False)
+            set_study_attr = durable.set_user_attr
+            study_id = self._opened_storage().get_study_id_from_name(name)
+            if mirror is not None:
+                mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
+        storage_s += time.perf_counter() - t_storage
+        stamps["study_opened_s"] = since_command()
+        self.artifacts = ArtifactWriter(self.url) if pool.measures else None
+        stamps["artifacts_s"] = since_command()
+        return Opened(name, past, again, set_study_attr, study_id, stamps, storage_s)
+
+    def _sampler_study(self, pool, stamps: dict[str, Any]):
+        """The in-memory study the sampler works on, and whether TPE starts wide (several configs in flight)."""
+        import optuna
+
+        memory = optuna.storages.InMemoryStorage()
+        directions = [o.direction for o in self.objectives]
+        # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.study.search imports
+        # no Optuna), which Optuna, calling only those methods, accepts.
+        wide = pool.capacity > 1 and self.opts.sampler == "tpe"
+        if wide:  # the sampler suited to several configs in flight (make_sampler)
+            self.sampler = self._make_sampler(pool.capacity)
+        sampler = cast("BaseSampler", self.sampler)
+        fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
+        stamps["sampler_study_made_s"] = since_command()
+        self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
+        return fast, wide
+
+    def _replay_history(self, fast, opened: Opened) -> tuple[dict[str, int], dict[str, int], int]:
+        """Tell the sampler the stored trials; (measured, failed, counted): params key → the trial that measured
+        it, params key → the trial whose evaluation failed (never evaluated again), and the trials that count."""
+        from optuna.trial import TrialState
+
+        measured: dict[str, int] = {}
+        failed: dict[str, int] = {}
+        measured_values: list[list[float]] = []
+        for t in opened.past:
+            if TrialAttr.DUPLICATE_OF in t.user_attrs or SCREENED in t.user_attrs:
+                continue
+            if t.state == TrialState.COMPLETE:
+                measured.setdefault(params_key(t.params), t.number)
+                measured_values.append(list(t.values))
+            elif evaluation_failed(t):
+                failed.setdefault(params_key(t.params), t.number)
+        self.worst = worst_values(measured_values, [o.direction for o in self.objectives])
+        fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in opened.past) if s is not None])
+        opened.stamps["sampler_study_s"] = since_command()
+        return measured, failed, sum(1 for t in opened.past if counts(t))
+
+    def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
+        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
+        if self.opts.inside_valid_set and self.opts.sampler != "grid":
+            return ValidSetSampler(sampler, self.codec)
+        return sampler
