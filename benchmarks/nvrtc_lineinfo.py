@@ -4,7 +4,7 @@ without it.
     python benchmarks/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--order lineinfo,plain] [--out DIR]
 
 Samples `--configs` valid configs of the shipped GEMM space (the main job's kernel), renders each, and compiles it
-for sm_90 through `tuner.compile.nvrtc_compile` (no cache) twice: with tuner's options (which hold ``-lineinfo``)
+for sm_90 through `tuner.build.compile.nvrtc_compile` (no cache) twice: with tuner's options (which hold ``-lineinfo``)
 and with them less ``-lineinfo``, one after the other in `--order` (``plain,lineinfo`` reverses it; ``plain,plain``
 compiles the same thing twice: whether a second compile of one source is cheaper). For each config: both compile
 times and whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU.
@@ -54,9 +54,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    from tuner import space as space_mod
-    from tuner.compile import include_options, nvrtc_compile, nvrtc_options, program_name, versions
-    from tuner.render import render
+    from tuner.space import space as space_mod
+    from tuner.build.compile import include_options, nvrtc_compile, nvrtc_options, program_name, versions
+    from tuner.build.render import render
 
     s = space_mod.load("gemm")
     problem = s.problems[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import build_parser
+from tuner.cli.main import build_parser
 from tuner.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
