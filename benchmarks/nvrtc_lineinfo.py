@@ -54,9 +54,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    from tuner.space import space as space_mod
     from tuner.build.compile import include_options, nvrtc_compile, nvrtc_options, program_name, versions
     from tuner.build.render import render
+    from tuner.space import space as space_mod
 
     s = space_mod.load("gemm")
     problem = s.problems[0]
