@@ -216,7 +216,10 @@ class Progress:
         )
         if summary["failures_this_run"]:
             table.add_row("failures", ", ".join(f"{k}: {v}" for k, v in summary["failures_this_run"].items()))
-        table.add_row("wall time", f"{human_seconds(summary['wall_s'])}; {_first_seconds(summary, replay)}")
+        # the whole wall a user waited, from the command's start (imports included); the study's own loop beside it
+        whole = summary.get("command_wall_s") or summary["wall_s"]
+        loop = f" (the study's loop {human_seconds(summary['wall_s'])})" if summary.get("command_wall_s") else ""
+        table.add_row("wall time", f"{human_seconds(whole)}{loop}; {_first_seconds(summary, replay)}")
         if replay:
             occupied = summary.get("workers_busy_fraction")
             if occupied:  # an in-process replay has no workers to be busy
