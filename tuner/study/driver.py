@@ -193,7 +193,7 @@ class Driver(Opening):
         if counted >= self.opts.trials:  # complete already (its name waited for the GPU): nothing to ask or write
             self._stop_set_up()
             return self._already_complete(opened.name, counted)
-        stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu)
+        stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu, objectives=self.objectives)
         s = _Search(fast, pool, mirror, stats, self.opts.trials, counted, measured, failed, wide, submitted=counted)
         self._enqueue(s, opened)
         # A new study's first config is the space default, enqueued above: it needs no repair, so it goes out
