@@ -126,6 +126,11 @@ class Driver(Opening):
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = self.space.family
+        if not self.family.template and not opts.replay:
+            raise InputError(
+                f"kernel {self.space.kernel!r} has no template: this space can only be replayed (--replay CACHE)",
+                str(self.space.path),
+            )
         from tuner.kernels.custom import check_reference
 
         # Before anything is written. On a GPU the worker's first check runs the reference (once per input set,
