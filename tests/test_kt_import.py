@@ -36,3 +36,191 @@ def test_a_study_of_a_replay_only_space_needs_a_replay(kt_space):
     opts = StudyOptions(kernel="kt", space=str(kt_space), trials=3, storage=":memory:", in_process=True)
     with pytest.raises(InputError, match="can only be replayed"):
         Driver(opts)
+
+
+# -- caches of any size -------------------------------------------------------------------------------------------
+
+
+def kt_cache(
+    path: Path, tune_params: dict[str, list], valid=lambda c: True, seed: int = 0, objective=("time",)
+) -> dict:
+    """A Kernel Tuner 1.5 cache over every combination of `tune_params` that `valid` keeps (Kernel Tuner leaves
+    restricted configs out), with times from 1 to 50 ms, some compile, runtime and InvalidConfig failures, and a
+    list-valued metric beside the time, as Kernel Tuner 1.5 writes it."""
+    import itertools
+    import json
+    import random
+
+    rng = random.Random(seed)
+    keys = list(tune_params)
+    cache = {}
+    for combo in itertools.product(*tune_params.values()):
+        config = dict(zip(keys, combo, strict=True))
+        if not valid(config):
+            continue
+        draw = rng.random()
+        time_ms: float | str = rng.uniform(1.0, 50.0)
+        if draw < 0.05:
+            time_ms = "CompilationFailedConfig"
+        elif draw < 0.08:
+            time_ms = "RuntimeFailedConfig"
+        elif draw < 0.12:
+            time_ms = "InvalidConfig"
+        cache[",".join(str(v) for v in combo)] = {
+            **config,
+            "time": time_ms,
+            "times": [time_ms] * 3 if isinstance(time_ms, float) else [],
+            "GFLOP/s": [1.0, 2.0] if isinstance(time_ms, float) else time_ms,
+            "compile_time": 1.0,
+            "verification_time": 0,
+            "benchmark_time": 2.0,
+        }
+    data = {
+        "device_name": "NVIDIA H200",
+        "kernel_name": "stencil",
+        "problem_size": [4096, 4096],
+        "tune_params_keys": keys,
+        "tune_params": tune_params,
+        "objective": list(objective),
+        "cache": cache,
+    }
+    path.write_text(json.dumps(data))
+    return data
+
+
+BIG = {
+    "block_size_x": [16, 32, 64, 128, 256, 512, 1024],
+    "block_size_y": [1, 2, 4, 8, 16, 32],
+    "tile_x": list(range(1, 11)),
+    "tile_y": list(range(1, 11)),
+    "unroll": [0, 1, 2, 4],
+    "use_shmem": [0, 1],
+    "loop": [0, 1, 2],
+}
+
+
+def _big_valid(c) -> bool:
+    return c["block_size_x"] * c["block_size_y"] <= 1024 and c["tile_x"] * c["tile_y"] <= 40
+
+
+def test_a_cache_of_tens_of_thousands_of_configs_imports_and_replays(tmp_path, capsys):
+    import json
+
+    import optuna
+
+    from tuner.results import export
+    from tuner.space import space as space_mod
+    from tuner.study.replay import load_records, params_key
+
+    cache = tmp_path / "stencil.json"
+    data = kt_cache(cache, BIG, _big_valid)
+    entries = data["cache"].values()
+    invalid = [e for e in entries if e["time"] == "InvalidConfig"]
+    assert len(data["cache"]) > 40_000 and invalid
+    space_file = tmp_path / "stencil.yaml"
+    assert cli_main(["import-kt", str(cache), "-o", str(space_file)]) == 0
+    out = capsys.readouterr().out
+    assert "stencil.configs.json" in out and str(space_file) in out
+    assert (tmp_path / "stencil.configs.json").is_file() and space_file.stat().st_size < 4096
+    space = space_mod.load(space_file)
+    keys = data["tune_params_keys"]
+    valid = {params_key({k: e[k] for k in keys}) for e in entries if e["time"] != "InvalidConfig"}
+    assert {params_key(c) for c in space.enumerate()} == valid
+    assert space.count_valid_bounded() == (len(valid), True)
+    assert len(space.valid_positions()) == len(valid)
+    bad = {k: invalid[0][k] for k in keys}
+    assert "not one of the" in (space.validate(bad) or "")
+    # a study replays it: failures are trials, and `tuner best` agrees with the shortest time measured
+    url = f"sqlite:///{tmp_path / 'stencil.db'}"
+    opts = StudyOptions(
+        kernel="kt", space=str(space_file), trials=60, storage=url, seed=0, replay=str(cache), in_process=True
+    )
+    summary = Driver(opts).run()
+    assert summary["trials"] == 60
+    study = optuna.load_study(study_name=summary["study"], storage=url)
+    records = load_records(str(cache))
+    for t in study.trials:
+        assert params_key(t.params) in valid
+        assert t.state.name == records[params_key(t.params)][0]
+    measured = [t.user_attrs["median_ms"] for t in export.measured_trials(export.open_study(url))]
+    assert cli_main(["best", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == min(measured)
+
+
+def test_a_cache_of_a_hundred_thousand_valid_configs_fits_a_space(tmp_path):
+    from tuner.space import space as space_mod
+
+    params = {"a": list(range(50)), "b": list(range(50)), "c": list(range(48))}
+    cache = tmp_path / "huge.json"
+    data = kt_cache(cache, params, lambda c: (c["a"] + c["b"] + c["c"]) % 7 != 0)
+    valid = sum(1 for e in data["cache"].values() if e["time"] != "InvalidConfig")
+    assert valid > 90_000
+    space_file = tmp_path / "huge.yaml"
+    assert cli_main(["import-kt", str(cache), "-o", str(space_file)]) == 0
+    assert space_mod.load(space_file).count_valid_bounded() == (valid, True)
+
+
+def test_a_cache_of_every_combination_needs_no_list(tmp_path):
+    from tuner.space import space as space_mod
+
+    cache = tmp_path / "full.json"
+    data = kt_cache(cache, {"x": [1, 2, 4], "y": [8, 16]}, objective=("time",))
+    for entry in data["cache"].values():
+        entry["time"] = 1.5
+    cache.write_text(__import__("json").dumps(data))
+    space_file = tmp_path / "full.yaml"
+    assert cli_main(["import-kt", str(cache), "-o", str(space_file)]) == 0
+    assert "\nconfigs:" not in space_file.read_text()
+    assert space_mod.load(space_file).count_valid() == 6
+
+
+def test_faults_in_a_cache_name_the_cache(tmp_path, capsys):
+    import json
+
+    cache = tmp_path / "odd.json"
+    data = kt_cache(cache, {"x": [1, 2], "y": [3, 4]})
+    next(iter(data["cache"].values()))["x"] = 7  # a value its tune_params do not have
+    cache.write_text(json.dumps(data))
+    assert cli_main(["import-kt", str(cache), "-o", str(tmp_path / "odd.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(cache) in err and "x=7" in err and len(err.splitlines()) == 1 and "tmp" not in err.split(str(cache))[1]
+    assert not (tmp_path / "odd.yaml").exists()
+
+
+def test_a_bad_configs_list_is_one_line_naming_its_file(tmp_path, capsys):
+    import json
+
+    space = tmp_path / "s.yaml"
+    base = "kernel: kt\nproblem: {name: p, dtype: float32}\nparams: {x: [1, 2], y: [3, 4]}\n"
+    cases = {
+        "configs: [[1, 3], [2, 5]]\n": (str(space), "configs[1]: y=5 is not one of [3, 4]"),
+        "configs: [[1, 3], [2]]\n": (str(space), "configs[1]: expected a list of 2 values"),
+        "configs: []\n": (str(space), "lists no config"),
+        "configs: missing.json\n": (str(space), "configs file missing.json not found"),
+        "configs: c.json\n": (str(tmp_path / "c.json"), "configs[0]: x=9 is not one of [1, 2]"),
+    }
+    (tmp_path / "c.json").write_text(json.dumps({"params": ["x", "y"], "configs": [[9, 3]]}))
+    for tail, (where, fault) in cases.items():
+        space.write_text(base + tail)
+        assert cli_main(["check", str(space)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and where in err and fault in err, (tail, err)
+    (tmp_path / "c.json").write_text("[1, 2")
+    space.write_text(base + "configs: c.json\n")
+    assert cli_main(["check", str(space)]) == 2
+    assert "not a configs file" in capsys.readouterr().err
+
+
+def test_listed_configs_count_toward_the_space_hash(tmp_path):
+    import json
+
+    from tuner.space import space as space_mod
+
+    space = tmp_path / "s.yaml"
+    space.write_text(
+        "kernel: kt\nproblem: {name: p, dtype: float32}\nparams: {x: [1, 2], y: [3, 4]}\nconfigs: c.json\n"
+    )
+    (tmp_path / "c.json").write_text(json.dumps({"configs": [[1, 3], [2, 4]]}))
+    first = space_mod.load(space).content_hash()
+    (tmp_path / "c.json").write_text(json.dumps({"configs": [[1, 3], [2, 3]]}))
+    assert space_mod.load(space).content_hash() != first

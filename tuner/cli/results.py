@@ -167,15 +167,18 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 def cmd_import_kt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tuner.build.files import check_writable
     from tuner.results import kt
 
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError("-o: the space file must end in .yaml or .yml", args.out)
-    text, valid = kt.space_text(kt.read_cache(args.cache), args.cache)
-    out.write_text(text)
+    check_writable(out)
+    valid, configs_path = kt.write_space(kt.read_cache(args.cache), args.cache, out)
+    beside = f" (its valid configs listed in {configs_path})" if configs_path is not None else ""
     print(
-        f"wrote {out}: {valid} valid configs; run it with tuner study kt --space {out} --replay {args.cache} --trials N"
+        f"wrote {out}{beside}: {valid:,} valid configs; run it with tuner study kt --space {out} "
+        f"--replay {args.cache} --trials N"
     )
     return 0
 

@@ -62,6 +62,7 @@ TOP_LEVEL_KEYS = (
     "objectives",
     "default",
     "compile_options",
+    "configs",
 )
 METRICS = (
     "throughput",
@@ -539,6 +540,10 @@ def load(space: str | Path) -> SearchSpace:
         family_ref=family.ref or family.name,
     )
     loaded._plan = _plan(loaded, fail)  # noqa: SLF001 - the loader builds the space it owns
+    if "configs" in data:  # an explicit list of valid configs (tuner.space.configs)
+        from tuner.space import configs
+
+        loaded = configs.listed(loaded, data["configs"], fail)
 
     default = data.get("default")
     if default is not None:
