@@ -224,3 +224,67 @@ def test_listed_configs_count_toward_the_space_hash(tmp_path):
     first = space_mod.load(space).content_hash()
     (tmp_path / "c.json").write_text(json.dumps({"configs": [[1, 3], [2, 3]]}))
     assert space_mod.load(space).content_hash() != first
+
+
+# -- Kernel Tuner's restrictions ------------------------------------------------------------------------------------
+
+
+def test_restrictions_that_describe_the_valid_set_become_its_constraints(tmp_path, capsys):
+    """Restrictions that parse as our expressions and single out the cache's valid configs are the space's
+    constraints, and no list is written; a long list of them is no problem."""
+    import json
+
+    from tuner.space import space as space_mod
+
+    params = {"bx": [32, 64, 128, 256, 512], "by": [1, 2, 4, 8], "tile": [1, 2, 3, 4, 5, 6, 7, 8]}
+    cache = tmp_path / "r.json"
+    data = kt_cache(cache, params, lambda c: c["bx"] * c["by"] <= 1024 and c["tile"] * c["by"] <= 16)
+    for entry in data["cache"].values():
+        if entry["time"] == "InvalidConfig":
+            entry["time"] = "CompilationFailedConfig"  # a failure, not outside the valid set
+    cache.write_text(json.dumps(data))
+    restrictions = ["bx * by <= 1024", "tile * by <= 16"] + [f"tile != {n}" for n in range(100, 400)]
+    rfile = tmp_path / "restrictions.json"
+    rfile.write_text(json.dumps(restrictions))
+    space_file = tmp_path / "r.yaml"
+    assert cli_main(["import-kt", str(cache), "-o", str(space_file), "--restrictions", str(rfile)]) == 0
+    capsys.readouterr()
+    text = space_file.read_text()
+    assert "\nconfigs:" not in text and "bx * by <= 1024" in text
+    space = space_mod.load(space_file)
+    assert len(space.constraints) == len(restrictions)
+    assert space.count_valid() == len(data["cache"])
+
+
+def test_restrictions_that_do_not_parse_or_do_not_hold_are_left_out_and_the_configs_listed(tmp_path, capsys):
+    from tuner.space import space as space_mod
+    from tuner.study.replay import params_key
+
+    cache = tmp_path / "stencil.json"
+    data = kt_cache(cache, BIG, _big_valid)
+    space_file = tmp_path / "stencil.yaml"
+    argv = ["import-kt", str(cache), "-o", str(space_file)]
+    argv += ["--restriction", "block_size_x * block_size_y <= 1024", "--restriction", "tile_x * tile_y <= 40"]
+    argv += ["--restriction", "lambda p: p['tile_x'] > 0", "--restriction", "unroll < 4"]
+    argv += ["--restriction", "problem_size[0] > 0"]
+    assert cli_main(argv) == 0
+    captured = capsys.readouterr()
+    notes = captured.err.strip().splitlines()
+    assert len(notes) == 3 and all(line.startswith(f"{cache}: restriction ") for line in notes)
+    assert "'unroll < 4' left out:" in captured.err and "break it" in captured.err
+    assert "problem_size" in captured.err and "lambda" in captured.err
+    space = space_mod.load(space_file)
+    assert [c.text for c in space.constraints] == ["block_size_x * block_size_y <= 1024", "tile_x * tile_y <= 40"]
+    keys = data["tune_params_keys"]
+    valid = {params_key({k: e[k] for k in keys}) for e in data["cache"].values() if e["time"] != "InvalidConfig"}
+    assert {params_key(c) for c in space.enumerate()} == valid  # InvalidConfig configs: the list leaves them out
+
+
+def test_a_bad_restrictions_file_is_one_line(tmp_path, capsys):
+    cache = tmp_path / "c.json"
+    kt_cache(cache, {"x": [1, 2], "y": [3, 4]})
+    rfile = tmp_path / "r.json"
+    rfile.write_text('["x > 0", 3]')
+    assert cli_main(["import-kt", str(cache), "-o", str(tmp_path / "s.yaml"), "--restrictions", str(rfile)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(rfile) in err and "list of expression strings" in err and len(err.splitlines()) == 1

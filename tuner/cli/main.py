@@ -188,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import-kt", help="write a space YAML for a Kernel Tuner cache file (replay only)")
     p.add_argument("cache", help="a Kernel Tuner cache, .json or .json.gz")
     p.add_argument("-o", "--out", required=True, metavar="SPACE.yaml")
+    p.add_argument(
+        "--restrictions",
+        metavar="FILE",
+        help="Kernel Tuner's restrictions (a JSON list of strings, or one a line): those that parse as "
+        "expressions become the space's constraints",
+    )
+    p.add_argument("--restriction", action="append", metavar="EXPR", help="one such restriction (repeat)")
     p.set_defaults(func=cmd_import_kt)
 
     add_results_commands(sub)  # studies, pareto, export, dashboard, trials, best

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from tuner.cli.args import port
@@ -164,6 +165,27 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_restrictions(path: str) -> list[str]:
+    """Kernel Tuner restrictions from a file: a JSON list of strings, or one expression a line (# comments)."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError("no such restrictions file", path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", path) from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON (line {exc.lineno}): {exc.msg}", path) from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise InputError("expected a JSON list of expression strings", path)
+        return items
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 def cmd_import_kt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -174,7 +196,14 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
     if out.suffix not in (".yaml", ".yml"):
         raise InputError("-o: the space file must end in .yaml or .yml", args.out)
     check_writable(out)
-    valid, configs_path = kt.write_space(kt.read_cache(args.cache), args.cache, out)
+    restrictions = None
+    if args.restrictions:
+        restrictions = _read_restrictions(args.restrictions)
+    if args.restriction:
+        restrictions = (restrictions or []) + list(args.restriction)
+    valid, configs_path, notes = kt.write_space(kt.read_cache(args.cache), args.cache, out, restrictions)
+    for note in notes:
+        print(f"{args.cache}: {note}", file=sys.stderr)
     beside = f" (its valid configs listed in {configs_path})" if configs_path is not None else ""
     print(
         f"wrote {out}{beside}: {valid:,} valid configs; run it with tuner study kt --space {out} "

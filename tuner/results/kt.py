@@ -158,13 +158,90 @@ def _valid_rows(data: dict[str, Any], keys: list[str], source: str) -> list[tupl
     return list(rows)
 
 
-def space_files(data: dict[str, Any], source: str, out: str | Path) -> tuple[str, str | None, int]:
+#: most Cartesian configs over which carried-over restrictions are checked to describe the valid set exactly
+RESTRICTION_WALK = 2_000_000
+
+
+def _restriction_texts(data: dict[str, Any], given: list[str] | None, source: str) -> list[str]:
+    """Kernel Tuner's restrictions as text: those `given` (``import-kt --restrictions``), else a cache's own
+    ``"restrictions"`` (a list of strings), where it has one."""
+    if given is not None:
+        return list(given)
+    own = data.get("restrictions")
+    if own is None:
+        return []
+    if not isinstance(own, list) or not all(isinstance(r, str) for r in own):
+        raise InputError("'restrictions' must be a list of expression strings", source)
+    return own
+
+
+def carried_restrictions(
+    texts: list[str], keys: list[str], valid: list[tuple[Any, ...]]
+) -> tuple[list[str], list[str]]:
+    """(kept, notes): each Kernel Tuner restriction that parses as our expression, reads only tunable params and
+    holds for every valid config of the cache is kept as a constraint; `notes` say why any other was left out."""
+    from tuner.expr import Expr, ExprError
+
+    kept, notes = [], []
+    for text in texts:
+        try:
+            expr = Expr.parse(text)
+        except ExprError as exc:
+            notes.append(f"restriction {text!r} left out: {exc}")
+            continue
+        unknown = sorted(expr.names - set(keys))
+        if unknown:
+            notes.append(f"restriction {text!r} left out: it reads {', '.join(unknown)}, which are not tunable params")
+            continue
+        broken = 0
+        for row in valid:
+            try:
+                broken += not expr(dict(zip(keys, row, strict=True)))
+            except (ArithmeticError, TypeError, ValueError):
+                broken += 1
+        if broken:
+            notes.append(f"restriction {text!r} left out: {broken:,} of the cache's valid configs break it")
+            continue
+        kept.append(text)
+    return kept, notes
+
+
+def _restrictions_exact(kept: list[str], params: dict[str, list[Any]], valid: int) -> bool:
+    """Whether the combinations of `params` that meet every kept restriction are exactly as many as the valid
+    configs (all of which meet them: `carried_restrictions`), so that the constraints alone describe them."""
+    import itertools
+
+    from tuner.expr import Expr
+
+    cartesian = 1
+    for values in params.values():
+        cartesian *= len(values)
+    if not kept or cartesian > RESTRICTION_WALK:
+        return False
+    exprs = [Expr.parse(t) for t in kept]
+    names = list(params)
+    count = 0
+    for combo in itertools.product(*params.values()):
+        env = dict(zip(names, combo, strict=True))
+        try:
+            count += all(e(env) for e in exprs)
+        except (ArithmeticError, TypeError, ValueError):
+            continue
+        if count > valid:
+            return False
+    return count == valid
+
+
+def space_files(
+    data: dict[str, Any], source: str, out: str | Path, restrictions: list[str] | None = None
+) -> tuple[str, str | None, int, list[str]]:
     """The space a cache describes, for writing to `out`: (its YAML text, the text of the configs file beside it
-    or None, the number of valid configs). The space's valid configs are exactly the cache's configs that are not
-    InvalidConfig: its params keep the values some valid config uses, and where the valid configs are not all
-    combinations of those values it lists them (``configs:``, `tuner.space.configs`): inline up to
-    `INLINE_CONFIGS` configs, else in ``<out stem>.configs.json`` beside the space. Any size of cache imports;
-    faults name the cache (`source`)."""
+    or None, the number of valid configs, notes on restrictions left out). The space's valid configs are exactly
+    the cache's configs that are not InvalidConfig: its params keep the values some valid config uses; Kernel
+    Tuner's restrictions (`restrictions`, else the cache's own) that parse as our expressions become its
+    constraints (`carried_restrictions`); and where those do not single out the valid configs, it lists them
+    (``configs:``, `tuner.space.configs`): inline up to `INLINE_CONFIGS` configs, else in
+    ``<out stem>.configs.json`` beside the space. Any size of cache imports; faults name the cache (`source`)."""
     import yaml
 
     from tuner.space.configs import INLINE_CONFIGS, MAX_CONFIGS
@@ -184,6 +261,7 @@ def space_files(data: dict[str, Any], source: str, out: str | Path) -> tuple[str
     cartesian = 1
     for values in params.values():
         cartesian *= len(values)
+    kept, notes = carried_restrictions(_restriction_texts(data, restrictions, source), keys, valid)
     name = re.sub(r"[^A-Za-z0-9_]+", "_", str(data.get("kernel_name") or "kernel")).strip("_") or "kernel"
     doc: dict[str, Any] = {
         "kernel": "kt",
@@ -193,11 +271,12 @@ def space_files(data: dict[str, Any], source: str, out: str | Path) -> tuple[str
         "that cache.",
         "problem": {"name": name, "dtype": "float32"},
         "params": params,
+        **({"constraints": kept} if kept else {}),
         "objectives": [{"time_ms": "minimize"}],
     }
     rows = [list(row) for row in valid]
     configs_text = None
-    if cartesian != len(valid):
+    if cartesian != len(valid) and not _restrictions_exact(kept, params, len(valid)):
         if len(valid) <= INLINE_CONFIGS:
             doc["configs"] = rows
         else:
@@ -206,32 +285,34 @@ def space_files(data: dict[str, Any], source: str, out: str | Path) -> tuple[str
             body = ",\n".join(json.dumps(row) for row in rows)
             configs_text = f'{{"params": {json.dumps(keys)},\n"configs": [\n{body}\n]}}\n'
     text = yaml.safe_dump(doc, sort_keys=False, width=10_000, default_flow_style=None)
-    return text, configs_text, len(valid)
+    return text, configs_text, len(valid), notes
 
 
 def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
     """The space YAML of a cache whose valid configs fit inline (`space_files`), and their count."""
     from tuner.space.configs import INLINE_CONFIGS
 
-    text, configs_text, valid = space_files(data, source, "space.yaml")
+    text, configs_text, valid, _ = space_files(data, source, "space.yaml")
     if configs_text is not None:
         raise InputError(f"the cache's {valid:,} valid configs do not fit inline ({INLINE_CONFIGS:,})", source)
     return text, valid
 
 
-def write_space(data: dict[str, Any], source: str, out: str | Path) -> tuple[int, Path | None]:
+def write_space(
+    data: dict[str, Any], source: str, out: str | Path, restrictions: list[str] | None = None
+) -> tuple[int, Path | None, list[str]]:
     """Write the space of a cache to `out` (and its configs file beside it, where it needs one), atomically; the
-    number of valid configs and the configs file written (None: none)."""
+    number of valid configs, the configs file written (None: none) and notes on restrictions left out."""
     from tuner.build.files import atomic_write
 
     out = Path(out)
-    text, configs_text, valid = space_files(data, source, out)
+    text, configs_text, valid, notes = space_files(data, source, out, restrictions)
     configs_path = None
     if configs_text is not None:
         configs_path = out.with_name(f"{out.stem}.configs.json")
         atomic_write(configs_path, configs_text)
     atomic_write(out, text)
-    return valid, configs_path
+    return valid, configs_path, notes
 
 
 # ---------------------------------------------------------------------------------------------------------------
