@@ -288,3 +288,33 @@ def test_a_bad_restrictions_file_is_one_line(tmp_path, capsys):
     assert cli_main(["import-kt", str(cache), "-o", str(tmp_path / "s.yaml"), "--restrictions", str(rfile)]) == 2
     err = capsys.readouterr().err.strip()
     assert str(rfile) in err and "list of expression strings" in err and len(err.splitlines()) == 1
+
+
+def test_a_listed_space_replayed_over_its_recorded_configs_only(tmp_path):
+    """benchmarks/search.py replays a cache over the recorded configs alone (`replay_recorded_only`): a listed
+    space is cut to them, never walked as a Cartesian product."""
+    from tuner.study.replay import load_records
+
+    cache = tmp_path / "stencil.json"
+    kt_cache(cache, BIG, _big_valid)
+    space_file = tmp_path / "stencil.yaml"
+    assert cli_main(["import-kt", str(cache), "-o", str(space_file)]) == 0
+    opts = StudyOptions(
+        kernel="kt",
+        space=str(space_file),
+        trials=30,
+        storage=":memory:",
+        seed=0,
+        replay=str(cache),
+        in_process=True,
+        replay_recorded_only=True,
+        progress=False,
+    )
+    driver = Driver(opts)
+    records = load_records(str(cache))
+    assert driver.space.count_valid_bounded() == (
+        sum(1 for s, a in records.values() if a.get("failure") != "invalid"),
+        True,
+    )
+    summary = driver.run()
+    assert summary["trials"] == 30

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import SpaceError
-from tuner.space.space import WALK_BUDGET, Problem, SearchSpace, WalkBudgetExceeded
+from tuner.space.space import WALK_BUDGET, Problem, SearchSpace, WalkBudgetExceeded, params_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -151,4 +151,32 @@ def listed(space: SearchSpace, spec: Any, fail) -> ListedSpace:
     fields = {f.name: getattr(space, f.name) for f in dataclasses.fields(SearchSpace)}
     return ListedSpace(
         **fields, listed=ordered, listed_set=frozenset(ordered), configs_source=where, configs_sha256=digest
+    )
+
+
+def listed_subset(space: ListedSpace, keys: frozenset[str], problem: Problem | None = None) -> ListedSpace:
+    """The listed configs of `space` whose params key (`tuner.space.space.params_key`) is in `keys` (a replay's
+    recorded configs), each param's values cut to those they use, and the first of them the default when the
+    space's default is not among them. SpaceError when none is."""
+    names = list(space.params)
+    rows = tuple(row for row in space.listed if params_key(dict(zip(names, row, strict=True))) in keys)
+    rows = tuple(r for r in rows if space.validate(dict(zip(names, r, strict=True)), problem) is None)
+    if not rows:
+        raise SpaceError("the replay recording holds none of the space's listed configs", str(space.path))
+    params = {
+        n: tuple(v for v in values if any(r[i] == v for r in rows))
+        for i, (n, values) in enumerate(space.params.items())
+    }
+    default = (
+        space.default
+        if tuple(space.default.get(n) for n in names) in set(rows)
+        else dict(zip(names, rows[0], strict=True))
+    )
+    return dataclasses.replace(
+        space,
+        params=params,
+        default=dict(default),
+        listed=rows,
+        listed_set=frozenset(rows),
+        description=f"{space.description} [replayed: the {len(rows)} recorded configs]",
     )
