@@ -126,6 +126,14 @@ def test_studies_pareto_and_trials_rank_a_time_only_study_by_time(kt_study, caps
     study = export.open_study(str(db))
     ordered = [export.objective_value(study, t) for t in export.pareto_trials(study)]
     assert ordered == sorted(ordered)
+    assert cli_main(["trials", str(db), "--out", str(tmp_path / "trials.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "best: trial" in printed and "time 10.13 ms (minimized)" in printed
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "trials.csv")
+    done = frame[frame["state"] == "COMPLETE"]
+    assert done["tbps"].isna().all() and done["registers"].isna().all() and done["median_ms"].min() == 10.13
     # a header needs launches a replay-only kernel does not have: one line, exit 2
     assert cli_main(["export", str(db), "--header", str(tmp_path / "vadd.h")]) == 2
     err = capsys.readouterr().err

@@ -30,9 +30,19 @@ METRIC_FIELDS = {
     "spill_bytes": "spill_bytes",
 }
 #: figures that exist only where the config's bytes (or FLOPs) are known: 0 means not recorded
-_THROUGHPUTS = ("tbps", "tflops", "fraction_of_ceiling", "ceiling_tbps")
+_THROUGHPUTS = ("tbps", "tflops", "fraction_of_ceiling", "ceiling_tbps", "bytes_moved")
 #: figures that exist only where the config was compiled by us: 0 registers means not recorded
-_RESOURCES = ("registers", "smem_bytes", "spill_bytes", "blocks_per_sm", "warps_per_sm")
+_RESOURCES = (
+    "registers",
+    "smem_bytes",
+    "smem_static_bytes",
+    "smem_dynamic_bytes",
+    "spill_bytes",
+    "blocks_per_sm",
+    "warps_per_sm",
+)
+#: every figure that may be "not recorded" (`figure`)
+RECORDED_FIGURES = _THROUGHPUTS + _RESOURCES
 _LABELS = {"throughput": "throughput", "time_ms": "time", "fraction_of_ceiling": "of ceiling"}
 
 

@@ -250,7 +250,13 @@ def cmd_trials(args: argparse.Namespace) -> int:
     export.check_writable(args.out, (".csv", ".parquet"), "--out")
     study = export.open_study(args.study, args.storage)
     path = export.write_trials(study, args.out)
-    print(f"wrote {path}: {len(study.get_trials(deepcopy=False))} trials of {study.study_name}")
+    best = ""
+    if any(export.is_measured(t) for t in study.get_trials(deepcopy=False)):
+        target, top = export.goal(study), export.best_trial(study)
+        aim = "minimized" if target.minimize else "maximized"
+        figure = target.format(export.objective_value(study, top, target))
+        best = f"; best: trial {top.number}, {target.label} {figure} ({aim})"
+    print(f"wrote {path}: {len(study.get_trials(deepcopy=False))} trials of {study.study_name}{best}")
     return 0
 
 

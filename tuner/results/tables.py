@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.errors import InputError
 from tuner.gpufacts import fp32_peak_tflops
-from tuner.objective import figure, has_throughput
+from tuner.objective import RECORDED_FIGURES, figure, has_throughput
 from tuner.result import TrialAttr
 from tuner.results.studies import (
     artifact_dir_for,
@@ -116,6 +116,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row: dict[str, Any] = {}
         for key, value in t.user_attrs.items():
             _flatten(key, value, row)
+        for key in RECORDED_FIGURES:  # a figure the trial does not have is empty, never 0
+            if key in row:
+                row[key] = figure(t.user_attrs, key)
         if "constraint" not in row:
             row["constraint"] = max(t.constraints.values()) if t.constraints else None
         row["feasible"] = is_feasible(t)
