@@ -140,6 +140,15 @@ def test_studies_pareto_and_trials_rank_a_time_only_study_by_time(kt_study, caps
     assert "no template" in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_dashboard_line_names_the_best_for_the_objective(kt_study):
+    from tuner.results import dashboard, studies
+
+    db, _ = kt_study
+    (row,) = studies.list_studies(str(db))
+    assert dashboard.best_line(row) == "best 10.13 ms (time_ms minimized); "
+    assert dashboard.best_line(None) == ""
+
+
 def test_explain_worst_of_a_time_only_study_is_its_longest_time(kt_study):
     from tuner.insight.explain import _pick
 

@@ -318,3 +318,28 @@ def test_a_listed_space_replayed_over_its_recorded_configs_only(tmp_path):
     )
     summary = driver.run()
     assert summary["trials"] == 30
+
+
+@pytest.mark.parametrize(
+    ("change", "fault"),
+    [
+        ({"tune_params": {"x": 3, "y": [3, 4]}}, "tune_params is not a mapping"),
+        ({"tune_params_keys": "x,y"}, "tune_params_keys is not a list"),
+        ({"cache": []}, "'cache' is not a mapping"),
+        ({"tune_params": {"x": [1, 2], "y": ["a b", 3, 4]}}, None),
+    ],
+)
+def test_a_malformed_cache_header_is_one_line_naming_the_cache(tmp_path, capsys, change, fault):
+    import json
+
+    cache = tmp_path / "c.json"
+    data = kt_cache(cache, {"x": [1, 2], "y": [3, 4]})
+    if fault is None:  # a string value that is no identifier, used by a valid config
+        entry = next(iter(data["cache"].values()))
+        entry["y"], entry["time"] = "a b", 1.0
+        fault = "value 'a b' cannot be a space's value"
+    data.update(change)
+    cache.write_text(json.dumps(data))
+    assert cli_main(["import-kt", str(cache), "-o", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(cache) in err and fault in err, err

@@ -60,7 +60,13 @@ def read_cache(path: str | Path) -> dict[str, Any]:
         if not isinstance(data, dict) or key not in data:
             raise InputError(f"not a Kernel Tuner cache: no {key!r}", str(path))
     keys, params = data["tune_params_keys"], data["tune_params"]
-    if not isinstance(params, dict) or list(keys) != [k for k in keys if k in params] or set(keys) != set(params):
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InputError("tune_params_keys is not a list of names", str(path))
+    if not isinstance(params, dict) or not all(isinstance(v, list) for v in params.values()):
+        raise InputError("tune_params is not a mapping of name: list of values", str(path))
+    if not isinstance(data["cache"], dict):
+        raise InputError("'cache' is not a mapping of config: entry", str(path))
+    if list(keys) != [k for k in keys if k in params] or set(keys) != set(params):
         raise InputError("tune_params_keys and tune_params name different params", str(path))
     return data
 
@@ -245,6 +251,7 @@ def space_files(
     import yaml
 
     from tuner.space.configs import INLINE_CONFIGS, MAX_CONFIGS
+    from tuner.space.space import IDENTIFIER
 
     keys = list(data["tune_params_keys"])
     for name in keys:
@@ -257,7 +264,17 @@ def space_files(
         )
     # Values no valid config uses are dropped from the params: they would only make invalid proposals.
     used = [{v for v in (row[i] for row in valid)} for i in range(len(keys))]
-    params = {k: [v for v in data["tune_params"][k] if v in used[i]] for i, k in enumerate(keys)}
+    params = {
+        k: list(dict.fromkeys(v for v in data["tune_params"][k] if not isinstance(v, list | dict) and v in used[i]))
+        for i, k in enumerate(keys)
+    }
+    for k, values in params.items():
+        for v in values:
+            if v is None or (isinstance(v, str) and not IDENTIFIER.fullmatch(v)):
+                raise InputError(
+                    f"tunable param {k!r}: value {v!r} cannot be a space's value (a string must be an identifier)",
+                    source,
+                )
     cartesian = 1
     for values in params.values():
         cartesian *= len(values)
