@@ -9,7 +9,9 @@ per trial: `TrialAttr` and every field of a Measurement). Which trials count:
 - **measured**: state COMPLETE and no "failure" user attr;
 - **original**: no "duplicate_of" user attr (a duplicate re-proposed a measured config and was answered from it
   without GPU time; it must not show up twice in a front or be exported as if measured);
-- **feasible**: every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where present, <= 0.
+- **feasible**: every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where present, <= 0;
+- **best**: best for the study's first objective and its direction (`goal`, `tuner.objective.Goal`): the shortest
+  time of a time-only study (one imported from a Kernel Tuner cache), the highest throughput of a throughput one.
 
 Bad input (an unknown study or database, an empty study) raises `InputError` with a one-line message.
 """

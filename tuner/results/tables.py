@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.errors import InputError
 from tuner.gpufacts import fp32_peak_tflops
-from tuner.objective import RECORDED_FIGURES, figure, has_throughput
+from tuner.objective import RECORDED_FIGURES, Goal, figure, has_throughput
 from tuner.result import TrialAttr
 from tuner.results.studies import (
     artifact_dir_for,
@@ -55,7 +55,7 @@ PARETO_COLUMNS = (
 )
 
 
-def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+def trial_record(study: optuna.Study, trial: FrozenTrial, target: Goal | None = None) -> dict[str, Any]:
     """One measured trial as a flat dict: number, uri, params (under their own names), the metrics of
     `PARETO_COLUMNS` ("objective": the figure of the study's first objective, `goal`; None where the study did not
     record a figure, such as the throughput, registers and SMEM of a config imported from a Kernel Tuner cache)."""
@@ -63,7 +63,7 @@ def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
     record: dict[str, Any] = {"number": trial.number, "uri": attrs.get("uri", "")}
     for name, value in trial.params.items():
         record[name if name not in PARETO_COLUMNS and name not in record else f"param_{name}"] = value
-    record["objective"] = objective_value(study, trial)
+    record["objective"] = objective_value(study, trial, target)
     record["throughput"] = throughput(study, trial)
     for key in PARETO_COLUMNS[2:]:
         record[key] = (
@@ -73,12 +73,13 @@ def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
 
 
 def pareto_frame(study: optuna.Study) -> pd.DataFrame:
-    """The Pareto front as a DataFrame, fastest first: number, uri, each param, then `PARETO_COLUMNS`.
-    ``frame.attrs`` carries the study name, GPU and throughput unit."""
+    """The Pareto front as a DataFrame, best first (by the study's first objective): number, uri, each param,
+    then `PARETO_COLUMNS`. ``frame.attrs`` carries the study name, GPU, throughput unit, and the objective
+    (metric, unit, direction)."""
     import pandas as pd
 
-    frame = pd.DataFrame([trial_record(study, t) for t in pareto_trials(study)])
     target = goal(study)
+    frame = pd.DataFrame([trial_record(study, t, target) for t in pareto_trials(study)])
     frame.attrs.update(
         study=study.study_name,
         gpu=study.user_attrs.get("gpu", ""),
@@ -144,8 +145,9 @@ def write_pareto(study: optuna.Study, path: str | Path) -> Path:
     if path.suffix.lower() == ".csv":
         return atomic_write(path, pareto_frame(study).to_csv(index=False))
     trials = []
+    target = goal(study)
     for t in pareto_trials(study):
-        record = trial_record(study, t)
+        record = trial_record(study, t, target)
         record = {
             "number": record["number"],
             "uri": record["uri"],
@@ -159,7 +161,7 @@ def write_pareto(study: optuna.Study, path: str | Path) -> Path:
         "gpu": attrs.get("gpu"),
         "arch": attrs.get("arch"),
         "throughput_unit": throughput_unit(study),
-        "objective": {"metric": goal(study).metric, "unit": goal(study).unit, "minimize": goal(study).minimize},
+        "objective": {"metric": target.metric, "unit": target.unit, "minimize": target.minimize},
         "problem": attrs.get("problem"),
         "trials": trials,
     }
