@@ -53,13 +53,9 @@ class Engine:
             raise InputError("replay file holds none of the space's configs", opts.replay)
         factory = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s, later=later)
         if opts.replay_recorded_only:
-            from tuner.space.configs import ListedSpace, listed_subset
             from tuner.study.replay import recorded_subspace
 
-            if isinstance(space, ListedSpace):  # its list, cut to the recorded configs
-                space = listed_subset(space, frozenset(replay.records), problem)
-            else:
-                space = recorded_subspace(space, replay.records, problem)
+            space = recorded_subspace(space, replay.records, problem)
         # a machine without GPUs: Ray gets logical ones
         return cls(opts, factory, logical_gpus=opts.gpus or 1, recording=replay), space
 
