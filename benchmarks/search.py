@@ -26,7 +26,7 @@ uniform baseline are the subset's; the report says per space whether the recordi
 
 A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
 names, or a
-Kernel Tuner cache (its space is made with `tuner.results.kt.space_text`).
+Kernel Tuner cache (its space is made with `tuner.results.kt.write_space`).
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
     if sep:
         return name, path, space
     if kt.is_cache_path(path):
-        text, _ = kt.space_text(kt.read_cache(path), path)
         out = tmp / f"{name}.yaml"
-        out.write_text(text)
+        kt.write_space(kt.read_cache(path), path, out)  # a large cache's configs go to a file beside it
         return name, path, str(out)
     for manifest_path in (Path(path).with_name("manifest.json"), MANIFEST):  # beside the recording, or ours
         if manifest_path.exists():

@@ -29,7 +29,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner.api import run_bench
     from tuner.results.console import Column, print_table
 
-    s, problem = load_space_and_problem(args)
+    s, problem = load_space_and_problem(args, renders=True)
     params = s.config_from_assignments(args.set or [], problem)
     result, info = run_bench(s, params, problem, gpu=args.gpu, timeout_s=args.timeout, budget_ms=args.budget_ms)
     record = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from tuner.cli.args import port
@@ -37,6 +38,7 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
+    from tuner.objective import format_figure
     from tuner.results import studies
     from tuner.results.console import Column, print_table
 
@@ -65,7 +67,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
                 r["problem"] or "",
                 r["gpu"] or "",
                 str(r["trials"]),
-                f"{r['best']:.3f} {r['unit']}" if r["best"] is not None else "",
+                format_figure(r["best"], r["unit"]),
                 (r["last_change"] or "").replace("T", " "),
                 _storage_label(r["storage"]),
             ]
@@ -91,7 +93,24 @@ def _storage_label(url: str) -> str:
         return str(path)
 
 
+def _params_text(params: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def _objective_header(target) -> str:
+    """The Pareto table's column of the study's first objective: its unit for a throughput ("TB/s"), else the
+    metric and its unit ("time (ms)")."""
+    if target.label == "throughput" or not target.unit:
+        return target.unit or target.label
+    return f"{target.label} ({target.unit})"
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def cmd_pareto(args: argparse.Namespace) -> int:
+    from tuner.objective import figure, has_throughput
     from tuner.results import export
     from tuner.results.console import Column, print_table
 
@@ -101,12 +120,14 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         export.check_writable(args.plot, (".png", ".html"), "--plot")
     study = export.open_study(args.study, args.storage)
     front = export.pareto_trials(study)
-    unit = export.throughput_unit(study)
+    target = export.goal(study)
+    with_throughput = has_throughput(export.throughput_unit(study)) and target.key not in ("tbps", "tflops")
     measured = len(export.measured_trials(study))
     columns = [
         Column("#", "right"),
         Column("uri", copy=True),
-        Column(unit, "right"),
+        Column(_objective_header(target), "right"),
+        *([Column(export.throughput_unit(study), "right")] if with_throughput else []),
         Column("of ceiling", "right"),
         Column("regs", "right"),
         Column("SMEM B", "right"),
@@ -119,13 +140,14 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         rows.append(
             [
                 str(t.number),
-                str(a.get("uri", "")),
-                f"{export.throughput(study, t):.3f}",
-                _fmt(a.get("fraction_of_ceiling"), ".3f"),
-                _fmt(a.get("registers")),
-                _fmt(a.get("smem_bytes")),
-                _fmt(a.get("spill_bytes")),
-                _fmt(a.get("blocks_per_sm")),
+                str(a.get("uri", "") or _params_text(t.params)),
+                target.format(export.objective_value(study, t, target)).rsplit(" ", 1)[0],
+                *([_fmt(export.throughput(study, t), ".3f")] if with_throughput else []),
+                _fmt(figure(a, "fraction_of_ceiling"), ".3f"),
+                _fmt(_whole(figure(a, "registers"))),
+                _fmt(_whole(figure(a, "smem_bytes"))),
+                _fmt(_whole(figure(a, "spill_bytes"))),
+                _fmt(_whole(figure(a, "blocks_per_sm"))),
             ]
         )
     notes = []
@@ -143,18 +165,49 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_restrictions(path: str) -> list[str]:
+    """Kernel Tuner restrictions from a file: a JSON list of strings, or one expression a line (# comments)."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError("no such restrictions file", path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", path) from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON (line {exc.lineno}): {exc.msg}", path) from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise InputError("expected a JSON list of expression strings", path)
+        return items
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 def cmd_import_kt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tuner.build.files import check_writable
     from tuner.results import kt
 
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError("-o: the space file must end in .yaml or .yml", args.out)
-    text, valid = kt.space_text(kt.read_cache(args.cache), args.cache)
-    out.write_text(text)
+    check_writable(out)
+    restrictions = None
+    if args.restrictions:
+        restrictions = _read_restrictions(args.restrictions)
+    if args.restriction:
+        restrictions = (restrictions or []) + list(args.restriction)
+    valid, configs_path, notes = kt.write_space(kt.read_cache(args.cache), args.cache, out, restrictions)
+    for note in notes:
+        print(f"{args.cache}: {note}", file=sys.stderr)
+    beside = f" (its valid configs listed in {configs_path})" if configs_path is not None else ""
     print(
-        f"wrote {out}: {valid} valid configs; run it with tuner study kt --space {out} --replay {args.cache} --trials N"
+        f"wrote {out}{beside}: {valid:,} valid configs; run it with tuner study kt --space {out} "
+        f"--replay {args.cache} --trials N"
     )
     return 0
 
@@ -197,7 +250,13 @@ def cmd_trials(args: argparse.Namespace) -> int:
     export.check_writable(args.out, (".csv", ".parquet"), "--out")
     study = export.open_study(args.study, args.storage)
     path = export.write_trials(study, args.out)
-    print(f"wrote {path}: {len(study.get_trials(deepcopy=False))} trials of {study.study_name}")
+    best = ""
+    if any(export.is_measured(t) for t in study.get_trials(deepcopy=False)):
+        target, top = export.goal(study), export.best_trial(study)
+        aim = "minimized" if target.minimize else "maximized"
+        figure = target.format(export.objective_value(study, top, target))
+        best = f"; best: trial {top.number}, {target.label} {figure} ({aim})"
+    print(f"wrote {path}: {len(study.get_trials(deepcopy=False))} trials of {study.study_name}{best}")
     return 0
 
 
@@ -215,6 +274,15 @@ def _of_roof(best: dict[str, Any]) -> str:
     return f" = {fraction:.3f} of the copy ceiling" if fraction else ""
 
 
+#: how `tuner best` names an objective metric on its line
+_OBJECTIVE_LABELS = {
+    "time_ms": "time",
+    "fraction_of_ceiling": "of ceiling",
+    "smem_bytes": "SMEM",
+    "spill_bytes": "spills",
+}
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     from tuner.api import open_study
 
@@ -224,25 +292,46 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     from rich.text import Text
 
+    from tuner.objective import format_figure
     from tuner.results.console import Cell, print_lines
 
     unit = best["throughput_unit"]
+    aim = "minimized" if best["direction"] == "minimize" else "maximized"
+    label = _OBJECTIVE_LABELS.get(best["objective"], best["objective"])
+    if best["objective"] == "throughput" and best["unit"] == "ms":
+        label = "time"  # a family without a throughput is ranked by its time
     lines: list[Cell] = [
         Text.assemble(
-            (str(best["uri"]), "bold"), f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})"
+            (str(best["uri"] or "best config"), "bold"),
+            f"  (trial {best['number']} of {best['study']}, {best.get('gpu') or '?'})",
         ),
         "params:     " + ", ".join(f"{k}={v}" for k, v in best["params"].items()),
-        f"throughput: {best['throughput']:.3f} {unit}"
-        + _of_roof(best)
-        + (f"; median {best['median_ms']:.4g} ms" if best.get("median_ms") else ""),
-        f"resources:  {_fmt(best.get('registers'))} registers/thread, {_fmt(best.get('smem_bytes'))} B "
-        f"SMEM/block, {_fmt(best.get('spill_bytes'))} B spills, {_fmt(best.get('threads'))} threads/block",
-        f"occupancy:  {_fmt(best.get('blocks_per_sm'))} blocks/SM, {_fmt(best.get('warps_per_sm'))} warps/SM"
-        + (f" ({best['occupancy']:.0%} of 64)" if best.get("occupancy") is not None else ""),
+        f"objective:  {best['objective']}, {aim} ({best['timing']})",
     ]
+    if label not in ("throughput", "time"):
+        lines.append(f"{label + ':':<11} {format_figure(best['value'], best['unit']) or 'not recorded'}")
+    if best.get("throughput") is not None:
+        lines.append(
+            f"throughput: {best['throughput']:.3f} {unit}"
+            + _of_roof(best)
+            + (f"; median {best['median_ms']:.4g} ms" if best.get("median_ms") else "")
+        )
+    elif best.get("median_ms"):
+        lines.append(f"time:       {best['median_ms']:.4g} ms median")
+    if best.get("registers") is not None:
+        lines += [
+            f"resources:  {_fmt(best.get('registers'))} registers/thread, {_fmt(best.get('smem_bytes'))} B "
+            f"SMEM/block, {_fmt(best.get('spill_bytes'))} B spills, {_fmt(best.get('threads'))} threads/block",
+            f"occupancy:  {_fmt(best.get('blocks_per_sm'))} blocks/SM, {_fmt(best.get('warps_per_sm'))} warps/SM"
+            + (f" ({best['occupancy']:.0%} of 64)" if best.get("occupancy") is not None else ""),
+        ]
+    else:
+        lines.append("resources:  not recorded (registers, SMEM and occupancy are unknown for these configs)")
     # The source's path or the command that prints it on a line of its own, so it copies whole.
     if "source_path" in best:
         lines += ["source:", "    " + best["source_path"]]
+    elif "source_note" in best:
+        lines.append("source:     " + best["source_note"])
     else:
         lines += ["source (prints it):", "    " + best["render_command"]]
     print_lines(lines)
@@ -306,7 +395,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help=STORAGE_HELP)
     p.set_defaults(func=cmd_trials)
 
-    p = sub.add_parser("best", help="the fastest verified config of a study")
+    p = sub.add_parser("best", help="the best verified config of a study, by its first objective")
     p.add_argument("study", help=STUDY_HELP).completer = _complete_study  # type: ignore[attr-defined]
     p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--json", action="store_true")
@@ -318,4 +407,11 @@ def add_import_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import-kt", help="write a space YAML for a Kernel Tuner cache file (replay only)")
     p.add_argument("cache", help="a Kernel Tuner cache, .json or .json.gz")
     p.add_argument("-o", "--out", required=True, metavar="SPACE.yaml")
+    p.add_argument(
+        "--restrictions",
+        metavar="FILE",
+        help="Kernel Tuner's restrictions (a JSON list of strings, or one a line): those that parse as "
+        "expressions become the space's constraints",
+    )
+    p.add_argument("--restriction", action="append", metavar="EXPR", help="one such restriction (repeat)")
     p.set_defaults(func=cmd_import_kt)

@@ -92,18 +92,26 @@ def _space_rows(paths) -> list[dict[str, Any]]:
     return rows
 
 
-def load_space_and_problem(args: argparse.Namespace):
+def load_space_and_problem(args: argparse.Namespace, renders: bool = False):
+    """The space and problem `args` name. With `renders` (a command that renders, compiles or runs configs), a
+    space whose kernel has no template (one imported from a Kernel Tuner cache) is refused in one line."""
     from tuner.space import space as space_mod
 
     s = space_mod.load(args.space)
     problem = s.problem(getattr(args, "problem", None))
+    if renders and not s.family.template:
+        raise InputError(
+            f"kernel {s.kernel!r} has no template: this space can only be replayed "
+            f"(tuner study {s.kernel} --space {s.path} --replay CACHE)",
+            str(s.path),
+        )
     return s, problem
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from tuner.build.render import render
 
-    s, problem = load_space_and_problem(args)
+    s, problem = load_space_and_problem(args, renders=True)
     params = s.config_from_assignments(args.set or [], problem)
     source = render(s.family, params, s.resolve(params, problem), problem.env)
     sys.stdout.write(source.text)
@@ -123,7 +131,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
     # (that allocates the problem's arrays at full size: seconds and GBs for a compile-only command).
-    s, problem = load_space_and_problem(args)
+    s, problem = load_space_and_problem(args, renders=True)
     family = s.family
     configs = s.sample(args.sample, args.seed, problem) if args.sample else s.valid_configs(problem)
     started = time.perf_counter()

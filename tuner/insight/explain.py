@@ -395,7 +395,12 @@ def _pick(
     if best:
         wanted.append(export.best_trial(study).number)
     if worst:
-        wanted.append(min(measured, key=lambda t: export.throughput(study, t)).number)
+        # the worst for the study's first objective: the slowest for a time or throughput objective
+        target = export.goal(study)
+        ranked = [t for t in measured if export.objective_value(study, t, target) is not None]
+        wanted.append(
+            max(ranked or measured, key=lambda t: target.rank(export.objective_value(study, t, target))).number
+        )
     if not wanted:
         wanted.append(export.best_trial(study).number)
     measured_numbers = {t.number for t in measured}

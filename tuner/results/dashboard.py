@@ -56,6 +56,17 @@ def prepare(
     return prepared
 
 
+def best_line(row: dict | None) -> str:
+    """The start of a study's line in the dashboard's summary: its best figure for its first objective
+    (`studies.list_studies`), "" where nothing is measured."""
+    from tuner.objective import format_figure
+
+    if not row or row.get("best") is None:
+        return ""
+    aim = "minimized" if row["direction"] == "minimize" else "maximized"
+    return f"best {format_figure(row['best'], row['unit'])} ({row['objective']} {aim}); "
+
+
 def _artifact_store(folder: Path):
     from optuna.artifacts import FileSystemArtifactStore
 
@@ -74,11 +85,12 @@ def serve(
     import optuna_dashboard
 
     prepared = prepare(study_or_db, storage, artifact_dir)
+    best = {row["name"]: row for row in studies.list_studies(prepared.url)}
     for name, report in prepared.reports.items():
         skipped = ""
         if report.skipped:
             skipped = f", {len(report.skipped)} skipped ({next(iter(report.skipped.values()))})"
-        print(f"{name}: attached source+PTX to {len(report.attached)} trials{skipped}")
+        print(f"{name}: {best_line(best.get(name))}attached source+PTX to {len(report.attached)} trials{skipped}")
     print(
         f"optuna-dashboard: http://{host}:{port}/dashboard/  (storage {prepared.url}, artifacts "
         f"{prepared.artifact_dir})",

@@ -35,6 +35,7 @@ from tuner.results.studies import (
     best_trial,
     pareto_trials,
     render_trial,
+    replay_only,
     study_context,
     throughput_unit,
 )
@@ -272,6 +273,11 @@ def compile_target_note(text: str, arch: str) -> str:
 def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: bool) -> list[_Exported]:
     out: list[_Exported] = []
     for study in studies:
+        if replay_only(study):
+            raise InputError(
+                f"study {study.study_name}: kernel {study.user_attrs.get('kernel')} has no template and can only be "
+                "replayed, so it has no launches to export; `tuner best` prints its best params"
+            )
         trials = [best_trial(study)] if pick == "fastest" else pareto_trials(study)
         ctx = study_context(study)
         if with_source and ctx.space is None:

@@ -32,9 +32,6 @@ FAILURES = {
 KT_FAILURE = {"invalid": "InvalidConfig", "compile_failed": "CompilationFailedConfig"}
 #: Kernel Tuner marks failed configs with this time in caches written before the failure strings existed
 OLD_FAILED_TIME = 1e20
-#: longest constraint expression we write (space files bound an expression's length)
-MAX_EXPR_CHARS = 3500
-MAX_EXPR_ITEMS = 300
 
 
 def is_cache_path(path: str | Path) -> bool:
@@ -63,7 +60,13 @@ def read_cache(path: str | Path) -> dict[str, Any]:
         if not isinstance(data, dict) or key not in data:
             raise InputError(f"not a Kernel Tuner cache: no {key!r}", str(path))
     keys, params = data["tune_params_keys"], data["tune_params"]
-    if not isinstance(params, dict) or list(keys) != [k for k in keys if k in params] or set(keys) != set(params):
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InputError("tune_params_keys is not a list of names", str(path))
+    if not isinstance(params, dict) or not all(isinstance(v, list) for v in params.values()):
+        raise InputError("tune_params is not a mapping of name: list of values", str(path))
+    if not isinstance(data["cache"], dict):
+        raise InputError("'cache' is not a mapping of config: entry", str(path))
+    if list(keys) != [k for k in keys if k in params] or set(keys) != set(params):
         raise InputError("tune_params_keys and tune_params name different params", str(path))
     return data
 
@@ -141,99 +144,192 @@ def records(data: dict[str, Any], path: str = "") -> dict[str, tuple[str, dict[s
 # cache → space
 
 
-def _literal(value: Any) -> str:
-    return repr(value)
+def _valid_rows(data: dict[str, Any], keys: list[str], source: str) -> list[tuple[Any, ...]]:
+    """The configs of the cache that are not InvalidConfig, in cache order, once each."""
+    objective = _objective(data)
+    rows: dict[tuple[Any, ...], None] = {}
+    for cache_key, entry in data["cache"].items():
+        if not isinstance(entry, dict) or any(k not in entry for k in keys):
+            raise InputError(f"cache entry {cache_key!r} lacks tunable params", source)
+        if _failure(entry, objective) != "invalid":
+            row = tuple(entry[k] for k in keys)
+            for name, value in zip(keys, row, strict=True):
+                if isinstance(value, list | dict) or value not in data["tune_params"][name]:
+                    raise InputError(
+                        f"cache entry {cache_key!r}: {name}={value!r} is not one of its tune_params", source
+                    )
+            rows.setdefault(row)
+    if not rows:
+        raise InputError("the cache holds no valid config", source)
+    return list(rows)
 
 
-def _tuple(values: tuple[Any, ...]) -> str:
-    inner = ", ".join(_literal(v) for v in values)
-    return f"({inner},)" if len(values) == 1 else f"({inner})"
+#: most Cartesian configs over which carried-over restrictions are checked to describe the valid set exactly
+RESTRICTION_WALK = 2_000_000
 
 
-def _chunks(items: list[str], head: str) -> list[list[str]]:
-    """Split `items` so that ``head + "(" + ", ".join(chunk) + ")"`` stays within the expression bounds."""
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    size = len(head) + 4
-    for item in items:
-        if current and (size + len(item) + 2 > MAX_EXPR_CHARS or len(current) >= MAX_EXPR_ITEMS):
-            chunks.append(current)
-            current, size = [], len(head) + 4
-        current.append(item)
-        size += len(item) + 2
-    if current:
-        chunks.append(current)
-    return chunks
+def _restriction_texts(data: dict[str, Any], given: list[str] | None, source: str) -> list[str]:
+    """Kernel Tuner's restrictions as text: those `given` (``import-kt --restrictions``), else a cache's own
+    ``"restrictions"`` (a list of strings), where it has one."""
+    if given is not None:
+        return list(given)
+    own = data.get("restrictions")
+    if own is None:
+        return []
+    if not isinstance(own, list) or not all(isinstance(r, str) for r in own):
+        raise InputError("'restrictions' must be a list of expression strings", source)
+    return own
 
 
-def _not_in(names: list[str], tuples: list[tuple[Any, ...]]) -> list[str]:
-    head = f"{_tuple_names(names)} not in "
-    return [
-        head + "(" + ", ".join(chunk) + ("," if len(chunk) == 1 else "") + ")"
-        for chunk in _chunks([_tuple(t) for t in sorted(tuples, key=repr)], head)
-    ]
+def carried_restrictions(
+    texts: list[str], keys: list[str], valid: list[tuple[Any, ...]]
+) -> tuple[list[str], list[str]]:
+    """(kept, notes): each Kernel Tuner restriction that parses as our expression, reads only tunable params and
+    holds for every valid config of the cache is kept as a constraint; `notes` say why any other was left out."""
+    from tuner.expr import Expr, ExprError
+
+    kept, notes = [], []
+    for text in texts:
+        try:
+            expr = Expr.parse(text)
+        except ExprError as exc:
+            notes.append(f"restriction {text!r} left out: {exc}")
+            continue
+        unknown = sorted(expr.names - set(keys))
+        if unknown:
+            notes.append(f"restriction {text!r} left out: it reads {', '.join(unknown)}, which are not tunable params")
+            continue
+        broken = 0
+        for row in valid:
+            try:
+                broken += not expr(dict(zip(keys, row, strict=True)))
+            except (ArithmeticError, TypeError, ValueError):
+                broken += 1
+        if broken:
+            notes.append(f"restriction {text!r} left out: {broken:,} of the cache's valid configs break it")
+            continue
+        kept.append(text)
+    return kept, notes
 
 
-def _tuple_names(names: list[str]) -> str:
-    return f"({names[0]},)" if len(names) == 1 else "(" + ", ".join(names) + ")"
-
-
-def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
-    """A space YAML whose valid configs are exactly the cache's configs that are not InvalidConfig, and their
-    count. Constraints forbid the pairs of values no valid config has, then the few configs those let through."""
+def _restrictions_exact(kept: list[str], params: dict[str, list[Any]], valid: int) -> bool:
+    """Whether the combinations of `params` that meet every kept restriction are exactly as many as the valid
+    configs (all of which meet them: `carried_restrictions`), so that the constraints alone describe them."""
     import itertools
 
+    from tuner.expr import Expr
+
+    cartesian = 1
+    for values in params.values():
+        cartesian *= len(values)
+    if not kept or cartesian > RESTRICTION_WALK:
+        return False
+    exprs = [Expr.parse(t) for t in kept]
+    names = list(params)
+    count = 0
+    for combo in itertools.product(*params.values()):
+        env = dict(zip(names, combo, strict=True))
+        try:
+            count += all(e(env) for e in exprs)
+        except (ArithmeticError, TypeError, ValueError):
+            continue
+        if count > valid:
+            return False
+    return count == valid
+
+
+def space_files(
+    data: dict[str, Any], source: str, out: str | Path, restrictions: list[str] | None = None
+) -> tuple[str, str | None, int, list[str]]:
+    """The space a cache describes, for writing to `out`: (its YAML text, the text of the configs file beside it
+    or None, the number of valid configs, notes on restrictions left out). The space's valid configs are exactly
+    the cache's configs that are not InvalidConfig: its params keep the values some valid config uses; Kernel
+    Tuner's restrictions (`restrictions`, else the cache's own) that parse as our expressions become its
+    constraints (`carried_restrictions`); and where those do not single out the valid configs, it lists them
+    (``configs:``, `tuner.space.configs`): inline up to `INLINE_CONFIGS` configs, else in
+    ``<out stem>.configs.json`` beside the space. Any size of cache imports; faults name the cache (`source`)."""
     import yaml
+
+    from tuner.space.configs import INLINE_CONFIGS, MAX_CONFIGS
+    from tuner.space.reading import IDENTIFIER
 
     keys = list(data["tune_params_keys"])
     for name in keys:
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
             raise InputError(f"tunable param {name!r} is not an identifier; the space cannot name it", source)
-    values = {k: list(data["tune_params"][k]) for k in keys}
-    objective = _objective(data)
-    valid = set()
-    for entry in data["cache"].values():
-        if _failure(entry, objective) != "invalid":
-            valid.add(tuple(entry[k] for k in keys))
-    if not valid:
-        raise InputError("the cache holds no valid config", source)
-    constraints: list[str] = []
-    for a, b in itertools.combinations(range(len(keys)), 2):
-        seen = {(t[a], t[b]) for t in valid}
-        missing = [(x, y) for x in values[keys[a]] for y in values[keys[b]] if (x, y) not in seen]
-        if missing:
-            constraints += _not_in([keys[a], keys[b]], missing)
+    valid = _valid_rows(data, keys, source)
+    if len(valid) > MAX_CONFIGS:
+        raise InputError(
+            f"the cache holds {len(valid):,} valid configs, more than a space lists ({MAX_CONFIGS:,})", source
+        )
     # Values no valid config uses are dropped from the params: they would only make invalid proposals.
-    params = {k: [v for v in values[k] if any(t[i] == v for t in valid)] for i, k in enumerate(keys)}
+    used = [{v for v in (row[i] for row in valid)} for i in range(len(keys))]
+    params = {
+        k: list(dict.fromkeys(v for v in data["tune_params"][k] if not isinstance(v, list | dict) and v in used[i]))
+        for i, k in enumerate(keys)
+    }
+    for k, values in params.items():
+        for v in values:
+            if v is None or (isinstance(v, str) and not IDENTIFIER.fullmatch(v)):
+                raise InputError(
+                    f"tunable param {k!r}: value {v!r} cannot be a space's value (a string must be an identifier)",
+                    source,
+                )
+    cartesian = 1
+    for values in params.values():
+        cartesian *= len(values)
+    kept, notes = carried_restrictions(_restriction_texts(data, restrictions, source), keys, valid)
     name = re.sub(r"[^A-Za-z0-9_]+", "_", str(data.get("kernel_name") or "kernel")).strip("_") or "kernel"
+    doc: dict[str, Any] = {
+        "kernel": "kt",
+        "description": f"Imported from the Kernel Tuner cache {Path(source).name} (kernel "
+        f"{data.get('kernel_name')!r} on {data.get('device_name')!r}, problem size "
+        f"{data.get('problem_size')!r}): its {len(valid):,} valid configs. Replay only: answer it with --replay on "
+        "that cache.",
+        "problem": {"name": name, "dtype": "float32"},
+        "params": params,
+        **({"constraints": kept} if kept else {}),
+        "objectives": [{"time_ms": "minimize"}],
+    }
+    rows = [list(row) for row in valid]
+    configs_text = None
+    if cartesian != len(valid) and not _restrictions_exact(kept, params, len(valid)):
+        if len(valid) <= INLINE_CONFIGS:
+            doc["configs"] = rows
+        else:
+            configs_name = f"{Path(out).stem}.configs.json"
+            doc["configs"] = configs_name
+            body = ",\n".join(json.dumps(row) for row in rows)
+            configs_text = f'{{"params": {json.dumps(keys)},\n"configs": [\n{body}\n]}}\n'
+    text = yaml.safe_dump(doc, sort_keys=False, width=10_000, default_flow_style=None)
+    return text, configs_text, len(valid), notes
 
-    def render(extra: list[str]) -> str:
-        doc = {
-            "kernel": "kt",
-            "description": f"Imported from the Kernel Tuner cache {Path(source).name} (kernel "
-            f"{data.get('kernel_name')!r} on {data.get('device_name')!r}, problem size "
-            f"{data.get('problem_size')!r}). Replay only: answer it with --replay on that cache.",
-            "problem": {"name": name, "dtype": "float32"},
-            "params": params,
-            "constraints": constraints + extra,
-            "objectives": [{"time_ms": "minimize"}],
-        }
-        return yaml.safe_dump(doc, sort_keys=False, width=10_000)
 
-    import tempfile
+def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:
+    """The space YAML of a cache whose valid configs fit inline (`space_files`), and their count."""
+    from tuner.space.configs import INLINE_CONFIGS
 
-    from tuner.space import space as space_mod
+    text, configs_text, valid, _ = space_files(data, source, "space.yaml")
+    if configs_text is not None:
+        raise InputError(f"the cache's {valid:,} valid configs do not fit inline ({INLINE_CONFIGS:,})", source)
+    return text, valid
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "space.yaml"
-        path.write_text(render([]))
-        through = {tuple(c[k] for k in keys) for c in space_mod.load(path).enumerate()}
-        extra = _not_in(keys, sorted(through - valid, key=repr)) if through - valid else []
-        path.write_text(render(extra))
-        final = {tuple(c[k] for k in keys) for c in space_mod.load(path).enumerate()}
-    if final != valid:
-        raise InputError(f"cannot express the cache's valid set as constraints ({len(final)} vs {len(valid)})", source)
-    return render(extra), len(valid)
+
+def write_space(
+    data: dict[str, Any], source: str, out: str | Path, restrictions: list[str] | None = None
+) -> tuple[int, Path | None, list[str]]:
+    """Write the space of a cache to `out` (and its configs file beside it, where it needs one), atomically; the
+    number of valid configs, the configs file written (None: none) and notes on restrictions left out."""
+    from tuner.build.files import atomic_write
+
+    out = Path(out)
+    text, configs_text, valid, notes = space_files(data, source, out, restrictions)
+    configs_path = None
+    if configs_text is not None:
+        configs_path = out.with_name(f"{out.stem}.configs.json")
+        atomic_write(configs_path, configs_text)
+    atomic_write(out, text)
+    return valid, configs_path, notes
 
 
 # ---------------------------------------------------------------------------------------------------------------

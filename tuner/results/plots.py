@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from pathlib import Path
 
 import optuna
@@ -14,7 +15,15 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT, GpuFacts
-from tuner.results.studies import gpu_facts, measured_trials, pareto_trials, threads, throughput, throughput_unit
+from tuner.results.studies import (
+    goal,
+    gpu_facts,
+    measured_trials,
+    objective_value,
+    pareto_trials,
+    threads,
+    throughput_unit,
+)
 from tuner.results.tables import pareto_frame
 
 MAX_REGISTERS_PER_THREAD = 255
@@ -87,7 +96,12 @@ def _pareto_png(study: optuna.Study) -> bytes:
     def column(ts: list[FrozenTrial], key: str) -> list[float]:
         return [float(t.user_attrs.get(key) or 0) for t in ts]
 
-    y_all, y_front = [throughput(study, t) for t in trials], [throughput(study, t) for t in front]
+    target = goal(study)
+
+    def ys(ts: list[FrozenTrial]) -> list[float]:
+        return [v if (v := objective_value(study, t, target)) is not None else math.nan for t in ts]
+
+    y_all, y_front = ys(trials), ys(front)
     regs, smem = column(trials, "registers"), column(trials, "smem_bytes")
     smem_kib = [v / 1024 for v in smem]
     # per panel: name, x of all, x of the front, colour, colour label, x label, (blocks/SM, budget), note, unit
@@ -119,7 +133,7 @@ def _pareto_png(study: optuna.Study) -> bytes:
     fig = Figure(figsize=(13, 5.2), dpi=110)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
-    ceiling = fastest.user_attrs.get("ceiling_tbps") if unit == "TB/s" else None
+    ceiling = fastest.user_attrs.get("ceiling_tbps") if unit == "TB/s" and target.unit == "TB/s" else None
     for ax, (_, xs, xs_front, colors, color_label, xlabel, budgets, note, budget_unit) in zip(
         axes, panels, strict=True
     ):
@@ -164,14 +178,14 @@ def _pareto_png(study: optuna.Study) -> bytes:
             )
         ax.set_xlim(0, hi)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"throughput ({unit})")
+        ax.set_ylabel(f"{target.label} ({target.unit})" if target.unit else target.label)
         ax.set_title(note, fontsize=9)
         ax.grid(alpha=0.25)
         ax.legend(loc="best", fontsize=8, framealpha=0.85)
     gpu = study.user_attrs.get("gpu", "")
     fig.suptitle(
         f"{study.study_name} — {len(trials)} measured configs, {gpu}; best "
-        f"{fastest.user_attrs.get('uri', '')} {throughput(study, fastest):.3g} {unit}",
+        f"{fastest.user_attrs.get('uri', '')} {target.format(objective_value(study, fastest, target))}",
         fontsize=11,
     )
     return png_bytes(fig)

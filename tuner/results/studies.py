@@ -9,7 +9,9 @@ per trial: `TrialAttr` and every field of a Measurement). Which trials count:
 - **measured**: state COMPLETE and no "failure" user attr;
 - **original**: no "duplicate_of" user attr (a duplicate re-proposed a measured config and was answered from it
   without GPU time; it must not show up twice in a front or be exported as if measured);
-- **feasible**: every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where present, <= 0.
+- **feasible**: every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where present, <= 0;
+- **best**: best for the study's first objective and its direction (`goal`, `tuner.objective.Goal`): the shortest
+  time of a time-only study (one imported from a Kernel Tuner cache), the highest throughput of a throughput one.
 
 Bad input (an unknown study or database, an empty study) raises `InputError` with a one-line message.
 """
@@ -17,7 +19,6 @@ Bad input (an unknown study or database, an empty study) raises `InputError` wit
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import sqlite3
 import weakref
@@ -31,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import InputError
 from tuner.gpufacts import GpuFacts
+from tuner.objective import Goal, figure, goal_of, has_throughput
 from tuner.result import StudyAttr, TrialAttr
 
 if TYPE_CHECKING:
@@ -262,8 +264,9 @@ def study_names(storage: str | None = None) -> list[str]:
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
     """One row per study in `storage` (a URL or .db path), or in the default storage (every `databases()`
-    file) when None: name, kernel, problem, gpu, trials (all states), measured, best (throughput of
-    `best_trial`, re-timed where the study re-timed it; None with nothing measured), unit, last_change (the
+    file) when None: name, kernel, problem, gpu, trials (all states), measured, objective and direction (the
+    study's first, `goal`), best (that objective's figure of `best_trial`, re-timed where the study re-timed it;
+    None with nothing measured), unit (the figure's), last_change (the
     latest start or end of a trial, ISO 8601; None for an empty study), storage (its URL). Oldest first per
     storage. InputError for a `storage` that is missing or not a study database; files under `studies/`
     that are not study databases are skipped."""
@@ -280,14 +283,14 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
 def _study_row(study: optuna.Study, url: str) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
-    unit = throughput_unit(study)
+    target = goal(study)
     best = None
     measured = [t for t in trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
     if measured:
         top = best_trial(study)
         final = finalist(study, top.number)
-        key = "tflops" if unit == "TFLOP/s" else "tbps"
-        best = float(final[key]) if final is not None and final.get(key) is not None else throughput(study, top)
+        best = target.value(final) if final is not None else None
+        best = best if best is not None else objective_value(study, top, target)
     stamps = [d for t in trials for d in (t.datetime_start, t.datetime_complete) if d is not None]
     return {
         "name": study.study_name,
@@ -296,8 +299,10 @@ def _study_row(study: optuna.Study, url: str) -> dict[str, Any]:
         "gpu": attrs.get("gpu"),
         "trials": len(trials),
         "measured": len(measured),
+        "objective": target.metric,
+        "direction": "minimize" if target.minimize else "maximize",
         "best": best,
-        "unit": unit,
+        "unit": target.unit,
         "last_change": max(stamps).isoformat(timespec="seconds") if stamps else None,
         "storage": url,
     }
@@ -365,61 +370,110 @@ def _state_counts(trials: Iterable[FrozenTrial]) -> str:
 
 
 def throughput_unit(study: optuna.Study) -> str:
-    """ "TB/s" or "TFLOP/s": what the study's throughput means."""
+    """ "TB/s" or "TFLOP/s": what the study's throughput means ("ms" for a family without one, such as a kernel
+    imported from a Kernel Tuner cache)."""
     return str(study.user_attrs.get("throughput_unit") or "TB/s")
 
 
-def throughput(study: optuna.Study, trial: FrozenTrial) -> float:
-    """The trial's throughput: the "throughput" objective where the study has one, else tbps/tflops by unit."""
+def replay_only(study: optuna.Study) -> bool:
+    """Whether the study's kernel has no template (a kernel known only from a Kernel Tuner cache, family
+    ``kt``): its configs cannot be rendered, compiled or exported, only replayed."""
+    from tuner import kernels
+
+    attrs = study.user_attrs
+    ref = str(attrs.get(StudyAttr.FAMILY) or attrs.get("kernel") or "")
+    if ref.startswith(kernels.SPACE_PREFIX):
+        return False
+    try:
+        return not kernels.get(ref).template
+    except KeyError:
+        return False
+
+
+def goal(study: optuna.Study) -> Goal:
+    """The study's first objective, its direction and unit (`tuner.objective.Goal`): what "best" means for it.
+    From the study's metric names and directions; for a study stored without metric names, its "objectives"
+    user attr; else throughput, maximized."""
+    names = study.metric_names
+    if names:
+        directions = [d.name.lower() for d in study.directions]
+        return goal_of(list(zip(names, directions, strict=False)), throughput_unit(study))
+    return goal_of(study.user_attrs.get("objectives"), throughput_unit(study))
+
+
+def objective_value(study: optuna.Study, trial: FrozenTrial, target: Goal | None = None) -> float | None:
+    """The trial's figure for the study's first objective (`target`, default `goal(study)`); None where the
+    trial has none."""
+    target = target or goal(study)
+    value = target.value(trial.user_attrs)
+    if value is None and trial.values and trial.user_attrs.get(target.key) is None:
+        return float(trial.values[0])
+    return value
+
+
+def throughput(study: optuna.Study, trial: FrozenTrial) -> float | None:
+    """The trial's throughput in the study's unit; None for a study without one (a replay-only family) and for
+    a trial whose bytes or FLOPs were not recorded."""
+    unit = throughput_unit(study)
+    if not has_throughput(unit):
+        return None
     names = study.metric_names or []
     if "throughput" in names and trial.values is not None:
-        return float(trial.values[names.index("throughput")])
-    key = "tflops" if throughput_unit(study) == "TFLOP/s" else "tbps"
-    value = trial.user_attrs.get(key)
-    if value is not None:
-        return float(value)
-    return float(trial.values[0]) if trial.values else math.nan
+        return figure({"tbps": trial.values[names.index("throughput")]}, "tbps")
+    return figure(trial.user_attrs, "tflops" if unit == "TFLOP/s" else "tbps")
 
 
 def finalist(study: optuna.Study, number: int) -> dict[str, Any] | None:
     """The re-timed figures of trial `number` when the study re-timed it at the end (user attr "finalists",
     written by the driver with a longer budget than screening), else None."""
     for entry in study.user_attrs.get(StudyAttr.FINALISTS) or []:
-        if entry.get("trial") == number and "tbps" in entry:
+        if entry.get("trial") == number and "median_ms" in entry:
             return entry
     return None
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial:
-    """The fastest measured, original, feasible trial. Where the study re-timed its fastest configs at the end,
-    the fastest by those figures (the screening order can differ by noise); else the fastest by `throughput`.
-    InputError when there is none."""
+    """The best measured, original, feasible trial for the study's first objective and its direction (`goal`):
+    the fastest for a time or throughput objective. Where the study re-timed its best configs at the end, the
+    best by those figures (the screening order can differ by noise). InputError when there is none."""
     measured = measured_trials(study)
+    target = goal(study)
     by_number = {t.number: t for t in measured}
     retimed = [
-        f for f in study.user_attrs.get(StudyAttr.FINALISTS) or [] if "tbps" in f and f.get("trial") in by_number
+        f
+        for f in study.user_attrs.get(StudyAttr.FINALISTS) or []
+        if f.get("trial") in by_number and target.value(f) is not None
     ]
     if retimed:
-        return by_number[retimed[0]["trial"]]  # the driver stores finalists fastest first
-    return max(measured, key=lambda t: throughput(study, t))
+        return by_number[min(retimed, key=lambda f: target.rank(target.value(f)))["trial"]]
+    return min(measured, key=lambda t: (target.rank(objective_value(study, t, target)), t.number))
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Optuna's own Pareto front (`study.best_trials`, constraint-aware) minus what must not be there: failed or
-    unverified trials, duplicates and infeasible ones. Fastest first. InputError when nothing is measured."""
+    unverified trials, duplicates and infeasible ones. Best first (by `goal`). InputError when nothing is
+    measured."""
     measured = measured_trials(study)  # raises for an empty study or one with nothing measured
     if len(study.directions) == 1:
-        # A throughput-only search: the front of throughput against registers and SMEM over every measured trial.
+        # A one-objective search: the front of that objective against registers and SMEM over every measured trial.
         front = _front(study, measured)
     else:
         front = [t for t in study.best_trials if is_measured(t) and not is_duplicate(t) and is_feasible(t)]
-    return sorted(front, key=lambda t: (-throughput(study, t), t.number))
+    target = goal(study)
+    return sorted(front, key=lambda t: (target.rank(objective_value(study, t, target)), t.number))
 
 
 def _front(study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials no other trial beats on throughput, registers and SMEM at once (ties on all three: the first)."""
+    """Trials no other trial beats on the study's objective, registers and SMEM at once (ties on all three: the
+    first)."""
+    target = goal(study)
     points = [
-        (-throughput(study, t), t.user_attrs.get("registers") or 0, t.user_attrs.get("smem_bytes") or 0) for t in trials
+        (
+            target.rank(objective_value(study, t, target)),
+            t.user_attrs.get("registers") or 0,
+            t.user_attrs.get("smem_bytes") or 0,
+        )
+        for t in trials
     ]
     front, seen = [], set()
     for i, p in enumerate(points):

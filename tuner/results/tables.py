@@ -17,15 +17,19 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.errors import InputError
 from tuner.gpufacts import fp32_peak_tflops
+from tuner.objective import RECORDED_FIGURES, Goal, figure, has_throughput
 from tuner.result import TrialAttr
 from tuner.results.studies import (
     artifact_dir_for,
     best_trial,
     finalist,
+    goal,
     gpu_facts,
     is_feasible,
+    objective_value,
     pareto_trials,
     render_command,
+    replay_only,
     storage_url,
     threads,
     throughput,
@@ -36,6 +40,7 @@ if TYPE_CHECKING:  # pandas is imported where it is used: it costs ~0.3 s at sta
     import pandas as pd
 
 PARETO_COLUMNS = (
+    "objective",
     "throughput",
     "tbps",
     "tflops",
@@ -50,26 +55,39 @@ PARETO_COLUMNS = (
 )
 
 
-def trial_record(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+def trial_record(study: optuna.Study, trial: FrozenTrial, target: Goal | None = None) -> dict[str, Any]:
     """One measured trial as a flat dict: number, uri, params (under their own names), the metrics of
-    `PARETO_COLUMNS` (None where the study did not record one)."""
+    `PARETO_COLUMNS` ("objective": the figure of the study's first objective, `goal`; None where the study did not
+    record a figure, such as the throughput, registers and SMEM of a config imported from a Kernel Tuner cache)."""
     attrs = trial.user_attrs
     record: dict[str, Any] = {"number": trial.number, "uri": attrs.get("uri", "")}
     for name, value in trial.params.items():
         record[name if name not in PARETO_COLUMNS and name not in record else f"param_{name}"] = value
+    record["objective"] = objective_value(study, trial, target)
     record["throughput"] = throughput(study, trial)
-    for key in PARETO_COLUMNS[1:]:
-        record[key] = threads(trial) if key == "threads" else attrs.get(key)
+    for key in PARETO_COLUMNS[2:]:
+        record[key] = (
+            threads(trial) if key == "threads" else figure(attrs, key) if key != "median_ms" else attrs.get(key)
+        )
     return record
 
 
 def pareto_frame(study: optuna.Study) -> pd.DataFrame:
-    """The Pareto front as a DataFrame, fastest first: number, uri, each param, then `PARETO_COLUMNS`.
-    ``frame.attrs`` carries the study name, GPU and throughput unit."""
+    """The Pareto front as a DataFrame, best first (by the study's first objective): number, uri, each param,
+    then `PARETO_COLUMNS`. ``frame.attrs`` carries the study name, GPU, throughput unit, and the objective
+    (metric, unit, direction)."""
     import pandas as pd
 
-    frame = pd.DataFrame([trial_record(study, t) for t in pareto_trials(study)])
-    frame.attrs.update(study=study.study_name, gpu=study.user_attrs.get("gpu", ""), unit=throughput_unit(study))
+    target = goal(study)
+    frame = pd.DataFrame([trial_record(study, t, target) for t in pareto_trials(study)])
+    frame.attrs.update(
+        study=study.study_name,
+        gpu=study.user_attrs.get("gpu", ""),
+        unit=throughput_unit(study),
+        objective=target.metric,
+        objective_unit=target.unit,
+        direction="minimize" if target.minimize else "maximize",
+    )
     return frame
 
 
@@ -99,6 +117,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row: dict[str, Any] = {}
         for key, value in t.user_attrs.items():
             _flatten(key, value, row)
+        for key in RECORDED_FIGURES:  # a figure the trial does not have is empty, never 0
+            if key in row:
+                row[key] = figure(t.user_attrs, key)
         if "constraint" not in row:
             row["constraint"] = max(t.constraints.values()) if t.constraints else None
         row["feasible"] = is_feasible(t)
@@ -124,8 +145,9 @@ def write_pareto(study: optuna.Study, path: str | Path) -> Path:
     if path.suffix.lower() == ".csv":
         return atomic_write(path, pareto_frame(study).to_csv(index=False))
     trials = []
+    target = goal(study)
     for t in pareto_trials(study):
-        record = trial_record(study, t)
+        record = trial_record(study, t, target)
         record = {
             "number": record["number"],
             "uri": record["uri"],
@@ -139,6 +161,7 @@ def write_pareto(study: optuna.Study, path: str | Path) -> Path:
         "gpu": attrs.get("gpu"),
         "arch": attrs.get("arch"),
         "throughput_unit": throughput_unit(study),
+        "objective": {"metric": target.metric, "unit": target.unit, "minimize": target.minimize},
         "problem": attrs.get("problem"),
         "trials": trials,
     }
@@ -176,25 +199,32 @@ def write_trials(study: optuna.Study, path: str | Path) -> Path:
 
 
 def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) -> dict[str, Any]:
-    """The fastest measured trial as a dict: study, number, uri, params, throughput (+unit), tbps, tflops,
-    fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is of), registers, smem_bytes, spill_bytes,
-    blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's max warps per SM), for a TFLOP/s family
-    fp32_peak_tflops (its roof, from the GPU's facts: `tuner.gpufacts.fp32_peak_tflops`; None where unknown), and where
-    its source is: "source_path" (its artifact, when attached and present) or "render_command" (a `tuner render` command
-    line that prints it)."""
+    """The best measured trial for the study's first objective (`best_trial`) as a dict: study, number, uri,
+    params, objective (its metric), direction, value and unit (that objective's figure), throughput (+unit; None
+    for a study without one), tbps, tflops, fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is
+    of), registers, smem_bytes, spill_bytes, blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's
+    max warps per SM), for a TFLOP/s family fp32_peak_tflops (its roof, from the GPU's facts:
+    `tuner.gpufacts.fp32_peak_tflops`; None where unknown), and where its source is: "source_path" (its artifact,
+    when attached and present) or "render_command" (a `tuner render` command line that prints it). A figure the
+    study did not record is None, never 0."""
     t = best_trial(study)
     a = t.user_attrs
-    warps = a.get("warps_per_sm")
+    target = goal(study)
+    warps = figure(a, "warps_per_sm")
     out: dict[str, Any] = {
         "study": study.study_name,
         "gpu": study.user_attrs.get("gpu"),
         "number": t.number,
         "uri": a.get("uri"),
         "params": dict(t.params),
+        "objective": target.metric,
+        "direction": "minimize" if target.minimize else "maximize",
+        "value": objective_value(study, t, target),
+        "unit": target.unit,
         "throughput": throughput(study, t),
         "throughput_unit": throughput_unit(study),
         **{
-            k: a.get(k)
+            k: figure(a, k) if k != "median_ms" else a.get(k)
             for k in (
                 "tbps",
                 "tflops",
@@ -211,6 +241,9 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         "occupancy": (float(warps) / gpu_facts(study).max_warps_per_sm) if warps is not None else None,
         "threads": threads(t),
     }
+    for k in ("registers", "smem_bytes", "spill_bytes", "blocks_per_sm", "warps_per_sm"):
+        if out[k] is not None:
+            out[k] = int(out[k])
     if throughput_unit(study) == "TFLOP/s":
         # A compute-bound family's roof: the FP32 peak from the GPU's facts and the trial's max SM clock (None
         # where the study did not record facts read from its GPU), never the copy ceiling.
@@ -218,10 +251,16 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         out["fp32_peak_tflops"] = fp32_peak_tflops(gpu_facts(study), clock)
     final = finalist(study, t.number)
     if final is not None:
-        # Report the longer re-timing, and say so; the screening figure stays alongside.
+        # Report the longer re-timing, and say so; the screening figures stay alongside.
         out["screening_tbps"] = out["tbps"]
-        out.update({k: final[k] for k in ("tbps", "tflops", "fraction_of_ceiling", "median_ms") if k in final})
+        out["screening_value"] = out["value"]
+        out.update({k: figure(final, k) for k in ("tbps", "tflops", "fraction_of_ceiling") if k in final})
+        out["median_ms"] = final.get("median_ms", out["median_ms"])
         out["throughput"] = out["tflops"] if throughput_unit(study) == "TFLOP/s" else out["tbps"]
+        if not has_throughput(throughput_unit(study)):
+            out["throughput"] = None
+        retimed = target.value(final)
+        out["value"] = retimed if retimed is not None else out["value"]
         out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
     else:
         out["timing"] = "screening"
@@ -235,6 +274,8 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
     source_path = Path(artifact_dir) / ids["source"] if artifact_dir and ids.get("source") else None
     if source_path is not None and source_path.is_file():
         out["source_path"] = str(source_path)
+    elif replay_only(study):
+        out["source_note"] = f"none: kernel {study.user_attrs.get('kernel')} has no template and can only be replayed"
     else:
         out["render_command"] = render_command(study, t)
     return out

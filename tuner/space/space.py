@@ -63,6 +63,7 @@ TOP_LEVEL_KEYS = (
     "objectives",
     "default",
     "compile_options",
+    "configs",
 )
 #: partial configs a bounded walk visits before it gives up (≈ 1 s on one core)
 WALK_BUDGET = 600_000
@@ -462,6 +463,10 @@ def load(space: str | Path) -> SearchSpace:
         family_ref=family.ref or family.name,
     )
     loaded._plan = plan(params, derived, constraints, problems, fail)  # noqa: SLF001 - the loader builds its space
+    if "configs" in data:  # an explicit list of valid configs (tuner.space.configs)
+        from tuner.space import configs
+
+        loaded = configs.listed(loaded, data["configs"], fail)
 
     _set_default(loaded, data.get("default"), fail)
     if hasattr(family, "validate_space"):  # a declarative family's expressions against this space's names

@@ -126,6 +126,11 @@ class Driver(Opening):
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = self.space.family
+        if not self.family.template and not opts.replay:
+            raise InputError(
+                f"kernel {self.space.kernel!r} has no template: this space can only be replayed (--replay CACHE)",
+                str(self.space.path),
+            )
         from tuner.kernels.custom import check_reference
 
         # Before anything is written. On a GPU the worker's first check runs the reference (once per input set,
@@ -193,7 +198,7 @@ class Driver(Opening):
         if counted >= self.opts.trials:  # complete already (its name waited for the GPU): nothing to ask or write
             self._stop_set_up()
             return self._already_complete(opened.name, counted)
-        stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu)
+        stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu, objectives=self.objectives)
         s = _Search(fast, pool, mirror, stats, self.opts.trials, counted, measured, failed, wide, submitted=counted)
         self._enqueue(s, opened)
         # A new study's first config is the space default, enqueued above: it needs no repair, so it goes out

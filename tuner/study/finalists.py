@@ -12,17 +12,21 @@ from tuner.result import StudyAttr, TrialAttr
 
 
 def retime_finalists(driver, fast, pool, set_study_attr) -> list[dict[str, Any]]:
-    """Re-time the fastest configs with a longer budget on fresh inputs (verified again), so the figure a
-    user reads or exports is not a screening figure. Recorded in the study's user attr "finalists"."""
+    """Re-time the best configs for the study's first objective (the fastest) with a longer budget on fresh
+    inputs (verified again), so the figure a user reads or exports is not a screening figure. Recorded in the
+    study's user attr "finalists"."""
     from optuna.trial import TrialState
 
+    from tuner.objective import goal_of
+
     unit_key = "tflops" if driver.family.throughput_unit == "TFLOP/s" else "tbps"
+    target = goal_of(driver.objectives, driver.family.throughput_unit)  # "fastest" is best for the first objective
     measured = [
         t
         for t in fast.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if TrialAttr.DUPLICATE_OF not in t.user_attrs and TrialAttr.FAILURE not in t.user_attrs
     ]
-    top = sorted(measured, key=lambda t: t.user_attrs[unit_key], reverse=True)[: driver.opts.finalists]
+    top = sorted(measured, key=lambda t: (target.rank(target.value(t.user_attrs)), t.number))[: driver.opts.finalists]
     if not top:
         return []
     for i, t in enumerate(top):
@@ -65,6 +69,6 @@ def retime_finalists(driver, fast, pool, set_study_attr) -> list[dict[str, Any]]
         else:
             entry.update({"failure": r.kind, "reason": r.reason})
         finalists.append(entry)
-    finalists.sort(key=lambda e: e.get(unit_key, -1.0), reverse=True)
+    finalists.sort(key=lambda e: target.rank(target.value(e)) if "failure" not in e else float("inf"))
     set_study_attr(StudyAttr.FINALISTS, finalists)
     return finalists

@@ -17,8 +17,11 @@ if TYPE_CHECKING:
 
 
 class Stats:
-    def __init__(self, unit: str, past, gpu: GpuFacts | None = None):
+    def __init__(self, unit: str, past, gpu: GpuFacts | None = None, objectives=None):
+        from tuner.objective import goal_of
+
         self.unit = unit
+        self.goal = goal_of(objectives, unit)  # the best so far is the best for the first objective
         self.gpu = gpu  # the facts of the GPU measured on (the FP32 peak of a compute-bound family's live line)
         self.measured = 0
         self.duplicates = 0
@@ -33,12 +36,8 @@ class Stats:
 
     def _consider(self, number, params, figures) -> None:
         self.sm_clock_mhz = (figures.get("clocks") or {}).get("sm_clock_max_mhz") or self.sm_clock_mhz
-        key = {"TFLOP/s": "tflops", "TB/s": "tbps"}.get(self.unit)
-        if key is None:  # a family without a throughput (replay-only): the shortest time is the best
-            better = self.best is None or figures["median_ms"] < self.best["median_ms"]
-        else:
-            better = self.best is None or figures[key] > self.best[key]
-        if better:
+        value = self.goal.value(figures)
+        if self.best is None or self.goal.better(value, self.best["value"]):
             self.best = {
                 "trial": number,
                 "params": dict(params),
@@ -49,6 +48,7 @@ class Stats:
                 "fraction_of_ceiling": figures["fraction_of_ceiling"],
                 "registers": figures["registers"],
                 "smem_bytes": figures["smem_bytes"],
+                "value": value,
             }
 
     def add(self, number, params, result) -> None:
@@ -232,7 +232,8 @@ class Progress:
         if best:
             figure = _summary_figure(self.stats.unit, best, summary, self.stats.sm_clock_mhz)
             table.add_row("best", Text(best["uri"] or str(best["params"])))
-            table.add_row("", f"{figure}, {best['registers']} registers, {best['smem_bytes']} B SMEM")
+            resources = f", {best['registers']} registers, {best['smem_bytes']} B SMEM" if best.get("registers") else ""
+            table.add_row("", figure + resources)  # no registers: not recorded (a Kernel Tuner cache's configs)
         # Wide enough for the uri and the storage whole: they are copied from here.
         width = max(self.console.width, len(str(best["uri"] if best else "")) + 30, len(summary["storage"]) + 30)
         self.console.print(table, width=width)

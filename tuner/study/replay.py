@@ -157,14 +157,19 @@ def recorded_configs(space: SearchSpace, records) -> Iterator[dict[str, Any]]:
         yield {**later_knobs(space, config), **config}
 
 
-def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None) -> RecordedSubspace:
+def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Problem | None = None) -> SearchSpace:
     """The part of `space` that a recording (params key → record, as `load_records` returns) holds: the valid
     configs it recorded (measured or failed), each param's values cut to those they use (in declared order), and
     as default the space's default when recorded, else the recorded config nearest to it (fewest steps along
     each param's values; the first in enumeration order among equals). A search replayed over a partial
     recording is a search over this subset: a config the recording lacks is neither proposed as valid nor
     counted. A recording made before a knob existed holds that knob at the space's default (`later_knobs`).
-    InputError when the recording holds none of the space's valid configs."""
+    InputError when the recording holds none of the space's valid configs. A space that lists its valid
+    configs is its list cut to the recorded ones (`tuner.space.configs.listed_subset`)."""
+    from tuner.space.configs import ListedSpace, listed_subset
+
+    if isinstance(space, ListedSpace):
+        return listed_subset(space, frozenset(records), problem)
     configs = [
         c
         for c in recorded_configs(space, records)
