@@ -2,9 +2,55 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from tuner.build.compile import CACHE_VERSION
+
+#: Modules whose tests run many studies and inspect no cache: their tests share two of the cache's folders, the
+#: valid-set listings and the replay recordings read into JSON (each keyed by the content it was derived from,
+#: written atomically), so that each study does not list the transpose space and read the H200 recording through
+#: Optuna afresh (a second or more of CPU a study). Compiles stay private to each test everywhere.
+WARM_LISTINGS = {
+    "test_api",
+    "test_cli",
+    "test_concurrency",
+    "test_custom_kernels",
+    "test_deadline",
+    "test_hostile_inputs",
+    "test_install",
+    "test_local",
+    "test_preflight",
+    "test_ray_cluster",
+    "test_screen_cutoff",
+    "test_study",
+    "test_study_summary",
+    "test_terminal",
+    "test_tune",
+}
+SHARED_FOLDERS = ("valid", "recordings")
+
+
+@pytest.fixture(scope="session")
+def _shared_listings(tmp_path_factory):
+    """One folder per test session for the shared listings: under the session's base folder, which the xdist
+    workers' own base folders sit in."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    shared = base / "shared-listings"
+    for name in SHARED_FOLDERS:
+        (shared / name).mkdir(parents=True, exist_ok=True)
+    return shared
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def _isolated_cache(request, tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.mktemp("cache")
+    if request.module.__name__.rpartition(".")[2] in WARM_LISTINGS:
+        shared = request.getfixturevalue("_shared_listings")
+        (cache / CACHE_VERSION).mkdir()
+        for name in SHARED_FOLDERS:
+            (cache / CACHE_VERSION / name).symlink_to(shared / name, target_is_directory=True)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(cache))

@@ -315,7 +315,8 @@ def test_configs_queued_behind_a_hang_run_and_only_the_hung_ones_fail(tmp_path, 
         assert worker.restarts == 2
         assert worker.slowest_s > 0  # the healthy runs measured so far lengthen the deadlines after them
         assert pool.slowest_s == max(results[n].p80_ms for n in (1, 2, 4)) / 1e3
-        assert [hang["trial"] for hang in pool.hangs] == [0, 3]  # what each hang cost, for the study's summary
+        # what each hang cost, for the study's summary (in the order the configs' compiles finished: not always 0, 3)
+        assert sorted(hang["trial"] for hang in pool.hangs) == [0, 3]
         assert all(hang["cost_s"] < 1.5 and hang["phase"] == "launch" for hang in pool.hangs)
         assert len(pool.replacements_s) == 2 and min(pool.replacements_s) >= 2.0  # timed apart from any config
 

@@ -69,7 +69,9 @@ class _Node:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)  # `ray start --block` stops the processes it started
             try:
-                self.proc.wait(30)
+                # A worker node's is gone within a second; a head's outlasts 30 s (its GCS waits), so the group
+                # it leads (every process of that node, nothing else) is killed after a short grace.
+                self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)

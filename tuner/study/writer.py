@@ -225,6 +225,8 @@ class Mirror:
         extra: tuple = (),
     ):
         self.url = url
+        #: the directory the writer started in: it opens a relative storage path from there
+        self.cwd = os.getcwd()
         self.proc = start_child(target or _writer_main, (url, os.getpid(), *extra), name="tuner-writer")
         self.outbox = Outbox(self.proc.conn)
         if study_id is not None:
@@ -232,13 +234,16 @@ class Mirror:
 
     @classmethod
     def for_storage(cls, url: str) -> Mirror:
-        """A writer for the storage at `url`: the one `launch_writer` started, if it is still running, else a new
-        one."""
+        """A writer for the storage at `url`: the one `launch_writer` started, if it is still running in this
+        directory, else a new one (a writer left by a command of this process that ended before its study, in
+        another directory, would open a relative storage path there)."""
         global _LAUNCHED
         launched, _LAUNCHED = _LAUNCHED, None
         if launched is not None and launched.proc.alive():
-            launched.url = url
-            return launched
+            if launched.cwd == os.getcwd():
+                launched.url = url
+                return launched
+            launched.close(timeout=30.0)
         return cls(url)
 
     def bind(self, study_id: int) -> None:
