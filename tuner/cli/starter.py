@@ -53,7 +53,7 @@ extern "C" __global__ void __launch_bounds__({{ block }}{{ ", %d" % min_blocks i
 SPACE = """\
 # __NAME__: a search space with a declarative kernel (no Python class needed).
 #   tuner check __NAME__.yaml                      compile every config (no GPU needed)
-#   tuner study __NAME__ --space __NAME__.yaml --trials 100        tune it on the GPUs Ray sees
+#   tuner study __NAME__ --space __NAME__.yaml --trials 100        tune it on this machine's GPUs
 kernel:
   name: __NAME__
   arguments:                        # the entry point's arguments, in order

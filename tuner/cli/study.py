@@ -76,7 +76,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """study."""
     from tuner.space.limits import ENGINES, SAMPLERS
 
-    p = sub.add_parser("study", help="run (or resume) an Optuna study over the GPUs Ray sees")
+    p = sub.add_parser("study", help="run (or resume) an Optuna study over this machine's GPUs (or a Ray cluster's)")
     p.add_argument("kernel", help="kernel family, e.g. gemm, or a space file (.yaml), whose kernel is then the family")
     p.add_argument("--space", help="space file (default: the shipped space named after the kernel)")
     p.add_argument("--trials", type=positive_int, required=True, help="trials the study should end with")
@@ -87,7 +87,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study-name", help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     p.add_argument("--seed", type=int)
-    p.add_argument("--gpus", type=positive_int, help="GPU workers (default: every GPU Ray sees)")
+    p.add_argument(
+        "--gpus",
+        type=positive_int,
+        help="GPU workers (default: every GPU this machine has; under --engine ray, every GPU Ray sees)",
+    )
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start one locally)")
     p.add_argument(
         "--timeout",
