@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import SpaceError
-from tuner.space.space import WALK_BUDGET, Problem, SearchSpace, WalkBudgetExceeded, params_key
+from tuner.space.model import WALK_BUDGET, SearchSpace, WalkBudgetExceeded, params_key
+from tuner.space.problem import Problem
 
 if TYPE_CHECKING:
     import numpy as np
