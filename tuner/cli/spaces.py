@@ -121,12 +121,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
-    from rich.text import Text
 
     from tuner.build import compile as compile_mod
     from tuner.build import compilers
     from tuner.build.render import render
-    from tuner.results.console import Column, human_seconds, print_table
     from tuner.space import limits
 
     # Loading the space imports a user's reference and checks it can take its arguments; it is not run here
@@ -177,39 +175,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        columns = [
-            Column("uri", copy=True),
-            Column("registers", "right"),
-            Column("smem", "right"),
-            Column("spills", "right"),
-            Column("status"),
-        ]
-        rows = [
-            [
-                r["uri"],
-                str(r["registers"]),
-                str(r["smem_bytes"]),
-                str(r["spill_bytes"]),
-                Text("spills", style="yellow") if r["spill_bytes"] else "ok",
-            ]
-            for r in records
-            if "failure" not in r
-        ]
-        print_table(
-            f"{s.name}: {len(records)} configs, {arch}",
-            columns,
-            rows,
-            notes=[
-                f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
-                f"({summary['configs_per_s']} configs/s)",
-                *(
-                    f"{e['configs']} config{'s' if e['configs'] > 1 else ''}: {e['reason']}"
-                    + (f" (first: {e['first']})" if e["configs"] > 1 else "")
-                    for e in errors
-                ),
-            ],
-        )
+        _print_check(s.name, summary, elapsed)
     return 1 if failed else 0
+
+
+def _print_check(name: str, summary: dict[str, Any], elapsed: float) -> None:
+    """`tuner check`'s table: each compiled config's resources, then the counts and each distinct error once."""
+    from rich.text import Text
+
+    from tuner.results.console import Column, human_seconds, print_table
+
+    columns = [
+        Column("uri", copy=True),
+        Column("registers", "right"),
+        Column("smem", "right"),
+        Column("spills", "right"),
+        Column("status"),
+    ]
+    rows = [
+        [
+            r["uri"],
+            str(r["registers"]),
+            str(r["smem_bytes"]),
+            str(r["spill_bytes"]),
+            Text("spills", style="yellow") if r["spill_bytes"] else "ok",
+        ]
+        for r in summary["configs"]
+        if "failure" not in r
+    ]
+    print_table(
+        f"{name}: {len(summary['configs'])} configs, {summary['arch']}",
+        columns,
+        rows,
+        notes=[
+            f"compiled {summary['compiled']}, failed {summary['failed']} in {human_seconds(elapsed)} "
+            f"({summary['configs_per_s']} configs/s)",
+            *(
+                f"{e['configs']} config{'s' if e['configs'] > 1 else ''}: {e['reason']}"
+                + (f" (first: {e['first']})" if e["configs"] > 1 else "")
+                for e in summary["errors"]
+            ),
+        ],
+    )
 
 
 def distinct_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:

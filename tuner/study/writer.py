@@ -81,7 +81,6 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
             storage, study_id, lease = _create_study(url, first[1])
         except InputError as exc:
             _report_and_leave(conn, {"refused": exc.message, "where": exc.where})
-    writer = TrialWriter(storage)  # held trials that are ready go in one transaction (tuner.study.trialwriter)
     # what the driver's summary reports of the writer (`perf_counter` stamps: the driver makes them relative)
     stats: dict[str, Any] = {
         "started_at": started_at,
@@ -91,11 +90,9 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
         "trials": 0,
         "write_s": 0.0,
     }
-    trial_ids: dict[int, int] = {}
-    held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
-    finals: dict[int, Any] = {}  # results of held trials
+    mirroring = _Mirroring(TrialWriter(storage), storage, study_id, stats)
     stop = gone = False
-    while not (stop and not held) and not gone:
+    while not (stop and not mirroring.held) and not gone:
         batch: list[tuple] = []
         message = _next(conn, parent, WRITER_HOLD_S / 4)
         while message:
@@ -103,38 +100,7 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
             message = _next(conn, parent, 0.0)
         # The driver is gone: what it sent is written below, the trials still held are not (the rerun asks afresh).
         gone = message is None
-        now = time.monotonic()
-        finishing: list[tuple[int, Any]] = []  # (trial id, frozen): written RUNNING in an earlier pass
-        for msg in batch:
-            kind = msg[0]
-            if kind == "stop":
-                stop = True
-            elif kind == "study_attr":
-                storage.set_study_user_attr(study_id, msg[1], msg[2])
-            elif kind == "start":
-                held[msg[1]] = (msg[2], now)
-            elif kind == "finish" and msg[1] in held:
-                finals[msg[1]] = msg[2]
-            elif kind == "finish":
-                finishing.append((trial_ids[msg[1]], msg[2]))
-        if finishing:  # completed together, in one transaction (tuner.study.trialwriter)
-            started = time.perf_counter()
-            writer.finish(study_id, finishing)
-            stats["write_s"] += time.perf_counter() - started
-        ready: list[tuple[int, Any]] = []  # written in this pass, in ask order, in one transaction
-        while held:
-            number, (frozen, since) = next(iter(held.items()))
-            if number not in finals and not stop and now - since < WRITER_HOLD_S:
-                break  # later trials wait behind it: numbers must agree with the driver's
-            del held[number]
-            ready.append((number, finals.pop(number, frozen)))
-        if ready:
-            started = time.perf_counter()
-            ids = writer.write(study_id, [frozen for _, frozen in ready])
-            trial_ids.update(zip((number for number, _ in ready), ids, strict=True))
-            stats["write_s"] += time.perf_counter() - started
-            stats["trials"] += len(ready)
-            stats.setdefault("first_write_at", time.perf_counter())
+        stop = mirroring.take(batch, time.monotonic(), stop)
     if gone and not stop:
         return  # nobody to report to; a lease of a killed driver is taken over by the rerun
     if lease is not None:
@@ -142,6 +108,57 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
     storage.engine.dispose()  # closes the database (SQLite folds its write-ahead log back in)
     stats["done_at"] = time.perf_counter()
     _report_and_leave(conn, stats)
+
+
+class _Mirroring:
+    """The writer's loop state: trials held in ask order until they finish (or `WRITER_HOLD_S` passes), the
+    storage ids of those written RUNNING, and the writer's timings."""
+
+    def __init__(self, writer, storage, study_id: int, stats: dict[str, Any]):
+        self.writer, self.storage, self.study_id, self.stats = writer, storage, study_id, stats
+        self.trial_ids: dict[int, int] = {}
+        self.held: dict[int, tuple[Any, float]] = {}  # started, not yet written, in ask order: number → (frozen, since)
+        self.finals: dict[int, Any] = {}  # results of held trials
+
+    def take(self, batch: list[tuple], now: float, stop: bool) -> bool:
+        """Apply one pass's messages and write what is due; True once the driver has said stop (`stop`: it had)."""
+        finishing: list[tuple[int, Any]] = []  # (trial id, frozen): written RUNNING in an earlier pass
+        for msg in batch:
+            kind = msg[0]
+            if kind == "stop":
+                stop = True
+            elif kind == "study_attr":
+                self.storage.set_study_user_attr(self.study_id, msg[1], msg[2])
+            elif kind == "start":
+                self.held[msg[1]] = (msg[2], now)
+            elif kind == "finish" and msg[1] in self.held:
+                self.finals[msg[1]] = msg[2]
+            elif kind == "finish":
+                finishing.append((self.trial_ids[msg[1]], msg[2]))
+        if finishing:  # completed together, in one transaction (tuner.study.trialwriter)
+            started = time.perf_counter()
+            self.writer.finish(self.study_id, finishing)
+            self.stats["write_s"] += time.perf_counter() - started
+        self._write_ready(now, stop)
+        return stop
+
+    def _write_ready(self, now: float, stop: bool) -> None:
+        """Write the held trials that are due, in ask order, in one transaction: finished ones, and running ones
+        held for `WRITER_HOLD_S` (all of them once the driver stops). A trial not due holds back those after it."""
+        ready: list[tuple[int, Any]] = []
+        while self.held:
+            number, (frozen, since) = next(iter(self.held.items()))
+            if number not in self.finals and not stop and now - since < WRITER_HOLD_S:
+                break  # later trials wait behind it: numbers must agree with the driver's
+            del self.held[number]
+            ready.append((number, self.finals.pop(number, frozen)))
+        if ready:
+            started = time.perf_counter()
+            ids = self.writer.write(self.study_id, [frozen for _, frozen in ready])
+            self.trial_ids.update(zip((number for number, _ in ready), ids, strict=True))
+            self.stats["write_s"] += time.perf_counter() - started
+            self.stats["trials"] += len(ready)
+            self.stats.setdefault("first_write_at", time.perf_counter())
 
 
 def _next(conn: Connection, parent: int | None, timeout: float) -> tuple | None:
