@@ -29,6 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "uniform-repair": {"opts": {"repair": False}},  # an unmeasurable proposal → a uniform draw, not the nearest
     "startup20": {"tpe": {"n_startup_trials": 20}},
+    "candidates24": {"tpe": {"n_ei_candidates": 24}},  # Optuna's 24 candidates with several in flight too
     "independent": {"tpe": {"multivariate": False, "group": False}},
     "categorical": {"opts": {"ordered": False}},
     "nowrap": {"opts": {"inside_valid_set": False}},  # the driver screens and repairs every proposal
