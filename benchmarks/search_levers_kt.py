@@ -30,6 +30,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "uniform-repair": {"opts": {"repair": False}},  # an unmeasurable proposal → a uniform draw, not the nearest
     "startup20": {"tpe": {"n_startup_trials": 20}},
     "candidates24": {"tpe": {"n_ei_candidates": 24}},  # Optuna's 24 candidates with several in flight too
+    "wide50": {"patch": "wide", "until": 50},  # 128 candidates in flight for the first 50 configs, not 100
     "independent": {"tpe": {"multivariate": False, "group": False}},
     "categorical": {"opts": {"ordered": False}},
     "nowrap": {"opts": {"inside_valid_set": False}},  # the driver screens and repairs every proposal
@@ -63,6 +64,8 @@ def _apply_patch(variant: dict[str, Any]) -> None:
             return self._tell_sampler(fast, trial, state=TrialState.FAIL)
 
         driver.Driver._tell_failure = tell_failure  # type: ignore[method-assign]
+    elif kind == "wide":
+        driver.TPE_WIDE_UNTIL = variant["until"]  # type: ignore[misc]
     elif kind == "worst":
         driver.tells_failures_as_worst = opening.tells_failures_as_worst = lambda *args: True
     elif kind == "mix":
