@@ -343,7 +343,8 @@ class ValidSetSampler:
       nothing has completed are drawn inside the valid set.
 
     Screened proposals never reach the study, so the base learns only from evaluated configs (and failures,
-    told as before). The contract of `repair`: ``contains(key)``, ``nearest(params, exclude)`` and
+    told as `tells_failures_as_worst` says). The contract of `repair`: ``contains(key)``,
+    ``nearest(params, exclude)`` and
     ``draw(exclude)`` (real-valued configs, None when nothing is left); `explored()` gives the keys
     (`space.params_key`) of the configs measured, failed or in flight. It implements the public methods of
     `optuna.samplers.BaseSampler` and calls only those of the base (duck-typed: importing this module does not
