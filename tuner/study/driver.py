@@ -44,6 +44,7 @@ from tuner.study.search import (
     ValidSetSampler,
     counts,
     make_sampler,
+    tells_failures_as_worst,
     valid_index,
     worst_values,
 )
@@ -495,9 +496,9 @@ class Driver(Opening):
     def _tell_failure(self, fast, trial, kind: str):
         from optuna.trial import TrialState
 
-        if self.worst is not None:
+        if self.worst is not None and tells_failures_as_worst(self.opts.sampler, self.opts.inside_valid_set, kind):
             return self._tell_sampler(fast, trial, list(self.worst))
-        # nothing measured yet: no value to tell; the sampler skips the trial
+        # nothing measured yet, or a failure this sampler does not model: the sampler skips the trial
         return self._tell_sampler(fast, trial, state=TrialState.PRUNED if kind == Invalid.kind else TrialState.FAIL)
 
     def _tell_duplicate(self, fast, mirror, trial, original: int, stats: Stats) -> int:

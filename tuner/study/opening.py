@@ -29,7 +29,16 @@ from tuner.space.space import params_key
 from tuner.study.engines import Engine
 from tuner.study.options import StudyOptions, default_study_name
 from tuner.study.preflight import complete_line, counted_trials
-from tuner.study.search import SCREENED, Codec, ValidSetSampler, counts, evaluation_failed, make_sampler, worst_values
+from tuner.study.search import (
+    SCREENED,
+    Codec,
+    ValidSetSampler,
+    counts,
+    evaluation_failed,
+    make_sampler,
+    tells_failures_as_worst,
+    worst_values,
+)
 from tuner.study.writer import Mirror, new_study
 
 if TYPE_CHECKING:
@@ -334,7 +343,14 @@ class Opening:
             elif evaluation_failed(t):
                 failed.setdefault(params_key(t.params), t.number)
         self.worst = worst_values(measured_values, [o.direction for o in self.objectives])
-        fast.add_trials([s for s in (self.codec.sampler_trial(t, self.worst) for t in opened.past) if s is not None])
+        sampler, inside = self.opts.sampler, self.opts.inside_valid_set
+
+        def worst_for(t) -> list[float] | None:  # the worst values, for a failure this sampler is told as such
+            kind = t.user_attrs.get(TrialAttr.FAILURE)
+            return self.worst if kind is None or tells_failures_as_worst(sampler, inside, kind) else None
+
+        told = (self.codec.sampler_trial(t, worst_for(t)) for t in opened.past)
+        fast.add_trials([s for s in told if s is not None])
         opened.stamps["sampler_study_s"] = since_command()
         return measured, failed, sum(1 for t in opened.past if counts(t))
 

@@ -13,7 +13,8 @@ Two things the study driver (`tuner.study.driver`) needs from here:
   PRUNED ones too), so a sampler told only "failed" proposes the same config again and again. A failure is
   told COMPLETE with the worst value of each objective measured so far and constraint 1.0 (infeasible), which
   every sampler learns from; the durable record keeps its true state (PRUNED for a constraint violation, FAIL
-  for a kernel failure) and its `failure` attr.
+  for a kernel failure) and its `failure` attr. TPE proposing inside the valid set is told only constraint
+  violations so (`tells_failures_as_worst`).
 - `ValidIndex`: the valid configs of a space for one problem on one GPU, as rows of value indices, which the
   driver's repair of unmeasurable proposals searches. Listing a large space takes seconds (gemm.yaml: 268k valid
   configs of 960k), so the index is kept on disk under the tuner cache dir, keyed by what validity depends on
@@ -123,6 +124,20 @@ class Codec:
             user_attrs=dict(frozen.user_attrs),
             system_attrs=dict(frozen.system_attrs),
         )
+
+
+def tells_failures_as_worst(sampler: str, inside_valid_set: bool, kind: str) -> bool:
+    """Whether a failure of kind `kind` is told to the sampler `sampler` as COMPLETE with the worst values so far
+    (infeasible, see `worst_values`), or left out of what it models (told FAIL: Optuna's samplers skip it).
+
+    TPE inside the valid set leaves a failed evaluation (compile, launch, wrong result, timeout) out. It needs no
+    failure to keep away from a config: `ValidSetSampler` never proposes an explored one again. And TPE counts
+    every infeasible trial among its bad configs, so a region that holds the optimum next to many failures (a
+    resource limit: shared-memory staging whose large tiles fail to compile) looks bad and is left for good; on
+    such a space (benchmarks/data/kt/stencil_like, 22% of its configs failing) TPE fell below uniform random
+    sampling of the valid set at every budget. A constraint violation (``invalid``) is still told: it says where
+    the valid set ends, which no later proposal should cross."""
+    return kind == "invalid" or not (sampler == "tpe" and inside_valid_set)
 
 
 def worst_values(values: list[list[float]], directions: Sequence[str]) -> list[float] | None:
@@ -329,7 +344,8 @@ class ValidSetSampler:
       nothing has completed are drawn inside the valid set.
 
     Screened proposals never reach the study, so the base learns only from evaluated configs (and failures,
-    told as before). The contract of `repair`: ``contains(key)``, ``nearest(params, exclude)`` and
+    told as `tells_failures_as_worst` says). The contract of `repair`: ``contains(key)``,
+    ``nearest(params, exclude)`` and
     ``draw(exclude)`` (real-valued configs, None when nothing is left); `explored()` gives the keys
     (`space.params_key`) of the configs measured, failed or in flight. It implements the public methods of
     `optuna.samplers.BaseSampler` and calls only those of the base (duck-typed: importing this module does not
