@@ -298,3 +298,18 @@ def test_array_listing_runs_out_of_budget_where_the_walk_does(tmp_path):
     walks = [completes(lambda b: list(space.enumerate(budget=b)), b) for b in range(1, 120)]
     assert not walks[0] and walks[-1]  # the walk needs more than 1 partial config, and fewer than 120
     assert [completes(lambda b: space.valid_positions(budget=b), b) for b in range(1, 120)] == walks
+
+
+def test_shipped_files_are_found_where_they_are_and_not_in_an_empty_leftover_folder(tmp_path, monkeypatch):
+    """A wheel holds them inside the package; a source tree at its top, even beside an empty tuner/templates that
+    an older checkout (or a copy that dropped files but kept folders) left behind."""
+    from tuner import shipped
+
+    package = tmp_path / "tuner"
+    (package / "templates").mkdir(parents=True)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "gemm.cu.j2").write_text("// top\n")
+    monkeypatch.setattr(shipped, "PACKAGE", package)
+    assert shipped.shipped_dir("templates") == tmp_path / "templates"
+    (package / "templates" / "gemm.cu.j2").write_text("// packaged\n")
+    assert shipped.shipped_dir("templates") == package / "templates"

@@ -16,4 +16,8 @@ PACKAGE = Path(__file__).resolve().parent
 def shipped_dir(name: str) -> Path:
     """The folder of shipped files `name` (``templates`` or ``search_spaces``)."""
     packaged = PACKAGE / name
-    return packaged if packaged.is_dir() else PACKAGE.parent / name
+    # A folder that holds files: an empty one left in a source tree (a checkout from before the move, a copy that
+    # dropped the files but kept the folders) is not the wheel's
+    if packaged.is_dir() and any(f.is_file() for f in packaged.iterdir()):
+        return packaged
+    return PACKAGE.parent / name
