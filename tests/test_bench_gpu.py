@@ -149,9 +149,7 @@ def test_default_config_of_each_shipped_family_verifies_and_times(name, isolated
     from tuner.gpu.evaluate import evaluate_config
     from tuner.space.space import SPACES_DIR, load
 
-    path = SPACES_DIR / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} not written yet")
+    path = SPACES_DIR / f"{name}.yaml"  # shipped: a missing one is a fault of the install, not a reason to skip
     space = load(path)
     result = evaluate_config(space, space.default, evaluator=isolated)
     assert isinstance(result, Measurement), result
