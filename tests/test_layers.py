@@ -4,6 +4,8 @@ importing each other in a circle. Imports inside functions and under TYPE_CHECKI
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tuner
@@ -27,3 +29,22 @@ def test_the_api_calls_stay_functions_whatever_is_imported():
 
     assert callable(tuner.study) and tuner.study.__module__ == "tuner.api"
     assert callable(tuner.bench) and tuner.bench.__module__ == "tuner.api"
+
+
+def test_cuda_is_reached_through_one_module():
+    """tuner.cudalib gives CuPy's runtime, driver and NVRTC bindings; no other module of the package imports
+    cupy_backends, so a CuPy that moves them is mended in one place."""
+    import cupy_backends.cuda.api.driver
+    import cupy_backends.cuda.api.runtime
+    import cupy_backends.cuda.libs.nvrtc
+
+    from tuner import cudalib
+
+    assert cudalib.runtime is cupy_backends.cuda.api.runtime
+    assert cudalib.driver is cupy_backends.cuda.api.driver
+    assert cudalib.nvrtc is cupy_backends.cuda.libs.nvrtc
+    with pytest.raises(AttributeError):
+        cudalib.cublas  # noqa: B018 - not one of the three
+    package = Path(cudalib.__file__).parent
+    others = [p for p in package.rglob("*.py") if p.name != "cudalib.py" and "cupy_backends" in p.read_text()]
+    assert others == []

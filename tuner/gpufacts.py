@@ -50,7 +50,8 @@ class GpuFacts:
     def from_device(cls, device: int = 0) -> GpuFacts:
         """Read the facts of CUDA device `device` (of the current process's visible devices)."""
         import cupy
-        from cupy_backends.cuda.api import runtime
+
+        from tuner.cudalib import runtime
 
         def attr(name: str) -> int:
             return int(runtime.deviceGetAttribute(getattr(runtime, name), device))

@@ -130,7 +130,7 @@ def parse_ptxas(log: str) -> dict[str, FunctionResources]:
 
 
 def nvrtc_version() -> str:
-    from cupy_backends.cuda.libs import nvrtc
+    from tuner.cudalib import nvrtc
 
     major, minor = nvrtc.getVersion()
     return f"{major}.{minor}"
@@ -149,7 +149,8 @@ def default_arch() -> str:
     """The arch of GPU 0 when there is one, else `tuner.gpufacts.DEFAULT_ARCH` (sm_90, H100/H200)."""
     ensure_writable(cupy_only=True)
     import cupy
-    from cupy_backends.cuda.api import runtime
+
+    from tuner.cudalib import runtime
 
     try:
         return f"sm_{cupy.cuda.Device(0).compute_capability}"
@@ -161,7 +162,7 @@ def nvrtc_compile(text: str, name: str, options: Iterable[str]) -> tuple[int, st
     """Compile CUDA `text` (file name `name` in messages) with NVRTC: (status, log, cubin, ptx). Status 0 is
     success; otherwise NVRTC's error status, with the log and no binaries. The cubin is empty for a virtual
     arch (compute_XX)."""
-    from cupy_backends.cuda.libs import nvrtc
+    from tuner.cudalib import nvrtc
 
     opts = list(options)
     prog = nvrtc.createProgram(text, name, [], [])

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cupy_backends.cuda.api import runtime as _runtime
-
+from tuner.cudalib import runtime as _runtime
 from tuner.gpu.timing import Timing, benchmark
 
 GiB = 1 << 30

@@ -12,8 +12,7 @@ import os
 import time
 from typing import Any
 
-from cupy_backends.cuda.api import runtime as _runtime
-
+from tuner.cudalib import runtime as _runtime
 from tuner.gpu import verify
 from tuner.gpu.ceiling import ceiling_cache_key, measure_ceiling, read_cached_ceiling, store_ceiling
 from tuner.gpu.timing import L2_FLUSH, LAUNCH_HOLD

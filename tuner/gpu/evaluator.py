@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from cupy_backends.cuda.api import driver as _driver
-from cupy_backends.cuda.api import runtime as _runtime
 
 from tuner import families
+from tuner.cudalib import driver as _driver
+from tuner.cudalib import runtime as _runtime
 from tuner.exprops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB

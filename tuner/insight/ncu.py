@@ -430,7 +430,7 @@ def profile_config(
 
 def device_facts() -> dict[str, Any]:
     """Facts about GPU 0 that the roofline needs, read from the GPU: name, SM count, max SM clock, arch."""
-    from cupy_backends.cuda.api import runtime
+    from tuner.cudalib import runtime
 
     props = runtime.getDeviceProperties(0)
     name = props.get("name", b"")

@@ -112,7 +112,7 @@ def no_gpu_reason() -> str:
     if visible is not None and local_gpus() == 0:
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
     try:
-        from cupy_backends.cuda.api import runtime
+        from tuner.cudalib import runtime
     except ImportError:
         return "CuPy (cupy-cuda13x) is not installed"
     driver = runtime.driverGetVersion()  # 0 where no driver is loaded; needs none to answer
