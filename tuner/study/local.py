@@ -206,8 +206,8 @@ class _Gpu:
             pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
         elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
             hang = {
-                # a speculation's trial is known when a trial claims it (`LocalPool._deliver`); None if none does
-                "trial": job.number if job.speculation is None else job.speculation.claimed_by,
+                # a speculation's trial is filled in when a trial claims it (`LocalPool._deliver`): None till then
+                "trial": job.number if job.speculation is None else None,
                 "gpu_index": self.index,
                 "cost_s": round(time.perf_counter() - evaluating, 3),
                 "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
@@ -383,13 +383,13 @@ class LocalPool:
 
     def _deliver(self, number: int, job: _Job, speculation: _Speculation) -> None:
         """Hand a claimed speculation to trial `number`: its result, or (dropped) a fresh compile and evaluation."""
+        if speculation.hang is not None:  # what its hang cost is this trial's, reported or not
+            speculation.hang["trial"] = number
         if self.closing:  # the driver has stopped asking: nothing more to compile or report
             return
         if speculation.dropped:
             self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
             return
-        if speculation.hang is not None:
-            speculation.hang["trial"] = number
         if speculation.gpu_index is not None:
             self.ran_on[number] = speculation.gpu_index
         if speculation.worker is not None:
