@@ -297,24 +297,28 @@ def _drain(pool: LocalPool, want: int, limit_s: float = 180.0) -> dict[int, obje
 
 
 def test_configs_queued_behind_a_hang_run_and_only_the_hung_ones_fail(tmp_path, monkeypatch):
-    """Five configs on one GPU, the first and the fourth hang. The ceiling (1.5 s) is shorter than a worker's
-    start (2 s): a start-up charged to the config after a hang would make it time out too."""
+    """Five configs on one GPU (and a sixth after them), the first and the fourth hang. The ceiling (1.5 s) is
+    shorter than a worker's start (2 s): a start-up charged to the config after a hang would make it time out too."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     space = space_mod.load(SPACE)
-    configs = list(space.enumerate())[:5]
+    configs = list(space.enumerate())[:6]
     hang = [configs[0], configs[3]]
     with _spinning_pool(space, hang, gpus=1, timeout_s=1.5, start_s=2.0) as pool:
         pool.wait_ready()
-        for number, params in enumerate(configs):
+        for number, params in enumerate(configs[:5]):
             pool.submit(number, params)
-        results = _drain(pool, len(configs))
+        results = _drain(pool, 5)
+        # Configs run in the order their compiles finish, so a hang may come last; a replacement is started
+        # before the next config, so one more config, after all five, makes both replacements start.
+        pool.submit(5, configs[5])
+        results.update(_drain(pool, 1))
         assert {n for n, r in results.items() if not r.ok} == {0, 3}, results
         assert all(results[n].kind == "timed_out" for n in (0, 3))
         assert all(results[n].details["deadline_s"] < 1.5 for n in (0, 3))
         worker = pool._workers[0].evaluator
         assert worker.restarts == 2
         assert worker.slowest_s > 0  # the healthy runs measured so far lengthen the deadlines after them
-        assert pool.slowest_s == max(results[n].p80_ms for n in (1, 2, 4)) / 1e3
+        assert pool.slowest_s == max(results[n].p80_ms for n in (1, 2, 4, 5)) / 1e3
         # what each hang cost, for the study's summary (in the order the configs' compiles finished: not always 0, 3)
         assert sorted(hang["trial"] for hang in pool.hangs) == [0, 3]
         assert all(hang["cost_s"] < 1.5 and hang["phase"] == "launch" for hang in pool.hangs)
