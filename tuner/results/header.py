@@ -437,7 +437,8 @@ def header_context(
     - ``params``, ``derived``: ``[{"name", "type"}]`` the members of `Params` and `Derived` (C++ names and types);
     - ``studies``: per study ``{"name", "gpu", "arch", "problem_name", "dtype", "sizes" (text), "configs"}``,
       its configs (`ConfigData`) fastest first;
-    - ``configs``: every `ConfigData`, in the order of ``studies``.
+    - ``configs``: every `ConfigData`, in the order of ``studies``;
+    - ``shapes``: each tuned shape once, as text (problem name, sizes, GPU).
 
     InputError as `write_header`.
     """
@@ -474,7 +475,19 @@ def header_context(
             for study in studies
         ],
         "configs": configs,
+        "shapes": _shapes(studies),
     }
+
+
+def _shapes(studies: Sequence[optuna.Study]) -> list[str]:
+    """Each tuned shape once, as ``name (M=1 N=8192 K=8192, GPU)``, in the studies' order."""
+    seen = []
+    for study in studies:
+        data = _study_data(study, [])
+        shape = f"{data['problem_name']} ({data['sizes']}, {data['gpu']})"
+        if shape not in seen:
+            seen.append(shape)
+    return seen
 
 
 #: The header's template: package data next to the kernel templates' directory, not in it (it is no kernel).

@@ -57,11 +57,23 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# storage
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the driver
+
+
+@dataclass
+class Prelude:
+    """What a study run as one of several (`tuner.study.shapes`: one per problem of a space) is given besides its
+    options: the configs a new study measures first, in this order, instead of the space's default (the best
+    configs of the problems tuned before it: they are also the sampler's first trials, so TPE models from them
+    at once), the label of its progress bar, and whether it prints its own end-of-study table (the runner prints
+    one table for all problems instead), and whether another study follows it."""
+
+    first: list[dict[str, Any]] = field(default_factory=list)
+    label: str = "study"
+    table: bool = True
+    #: start the next study's writer process as soon as this one has taken its own (its imports then overlap
+    #: this study instead of the next one's start)
+    spare_writer: bool = False
 
 
 def _values(result, objectives, family) -> list[float]:
@@ -100,7 +112,7 @@ class _Search:
 class Driver(Opening):
     """Runs one study to N counted trials. Construct, then `run()`; `summary` holds the outcome."""
 
-    def __init__(self, opts: StudyOptions):
+    def __init__(self, opts: StudyOptions, prelude: Prelude | None = None):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -108,6 +120,8 @@ class Driver(Opening):
         self.t0 = time.perf_counter()
         self.t_imports = since_command()
         self.opts = opts
+        self.prelude = prelude or Prelude()
+        self.spare_writer = self.prelude.spare_writer
         if opts.trials < 1:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:
@@ -211,7 +225,14 @@ class Driver(Opening):
             assert opened.study_id is not None
             s.mirror = InlineMirror(self._opened_storage(), opened.study_id)
         self._setting_up = None
-        s.progress = Progress(self.opts.progress, s.target, counted, stats, where=study_location(opened.name, self.url))
+        s.progress = Progress(
+            self.opts.progress,
+            s.target,
+            counted,
+            stats,
+            where=study_location(opened.name, self.url),
+            label=self.prelude.label,
+        )
         self._set_cutoff(pool, stats)  # a resumed study screens against its best so far from the start
         # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
         ran: dict[str, Any] = {"loop_started": time.perf_counter()}
@@ -230,7 +251,8 @@ class Driver(Opening):
             ran["flush_started"] = time.perf_counter()
             writer = s.mirror.close()
         summary = self._summary(s, opened, ran, finalists, writer)
-        s.progress.final(summary)
+        if self.prelude.table:
+            s.progress.final(summary)
         return summary
 
     # -- the loop -----------------------------------------------------------------------------------------------
@@ -248,8 +270,13 @@ class Driver(Opening):
                 fast.enqueue_trial(self.codec.encode(params))
         if not opened.past and self.opts.sampler != "grid":
             # A new study measures the space's default (a known-good config) first: a baseline the search
-            # must beat, and a floor under what it reports.
-            fast.enqueue_trial(self.codec.encode(dict(self.space.default)))
+            # must beat, and a floor under what it reports. One given configs to start from (`Prelude.first`:
+            # the best of other problems' studies) measures those instead: they are the better floor.
+            for params in self.prelude.first or [dict(self.space.default)]:
+                key = params_key(params)
+                if key not in queued:
+                    queued.add(key)
+                    fast.enqueue_trial(self.codec.encode(dict(params)))
         s.index_pending = self.opts.sampler != "grid"
         if self.opts.sampler == "grid":
             from optuna.trial import TrialState
@@ -550,5 +577,5 @@ def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 # progress and summary
 
 
-def run_study(opts: StudyOptions) -> dict[str, Any]:
-    return Driver(opts).run()
+def run_study(opts: StudyOptions, prelude: Prelude | None = None) -> dict[str, Any]:
+    return Driver(opts, prelude).run()

@@ -31,6 +31,7 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue
@@ -47,7 +48,7 @@ from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
 
-__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator", "shared_workers"]
 
 #: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
 QUEUE_DEPTH = 2
@@ -61,6 +62,15 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _park(gpu_index: int, evaluator: Evaluator) -> bool:
+    """Keep a GPU worker that is up for the next study (`shared_workers`); False if it is none to keep."""
+    from tuner.gpu.worker import IsolatedEvaluator, park
+
+    if not isinstance(evaluator, IsolatedEvaluator) or not evaluator.alive() or not evaluator.info:
+        return False
+    return park(gpu_index, evaluator)
+
+
 def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
     """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker),
     the one `tuner.gpu.worker.launch_gpu_workers` started if there is one."""
@@ -71,6 +81,47 @@ def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator
         launched.timeout_s = timeout_s
         return launched
     return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
+
+
+@dataclass
+class _Shared:
+    """What the pools of one command's studies hand on to each other (`shared_workers`)."""
+
+    compilers: CompileProcesses | None = None
+
+
+#: set while `shared_workers` is in force
+_SHARED: _Shared | None = None
+
+
+@contextlib.contextmanager
+def shared_workers():
+    """One set of processes for several studies run one after another (`tuner.study.shapes`: one per problem):
+    within it, a pool that closes leaves its GPU workers running, handed back as `launch_gpu_workers` hands them
+    out (`tuner.gpu.worker.park`), and its compile processes to the next pool, so a study after the first starts
+    with its GPUs up and its compilers warm. On exit every process still kept is stopped."""
+    from tuner.gpu.worker import close_launched
+
+    global _SHARED
+    outer, _SHARED = _SHARED, _Shared()
+    try:
+        yield
+    finally:
+        shared, _SHARED = _SHARED, outer
+        if shared.compilers is not None:
+            shared.compilers.close()
+        if outer is None:
+            close_launched()
+
+
+def _compile_processes(slots: int) -> CompileProcesses:
+    """The compile processes kept by `shared_workers` if there are as many, else new ones."""
+    if _SHARED is not None and _SHARED.compilers is not None:
+        kept, _SHARED.compilers = _SHARED.compilers, None
+        if kept.slots == max(1, slots) and not kept.closed:
+            return kept
+        kept.close()
+    return CompileProcesses(slots)
 
 
 @dataclass
@@ -284,7 +335,7 @@ class LocalPool:
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
-        self._compilers = CompileProcesses(self.compile_slots) if self.measures_hint else None
+        self._compilers = _compile_processes(self.compile_slots) if self.measures_hint else None
         self.startup: dict[str, Any] = {
             "engine": "local",
             "pool_start_s": round(time.perf_counter() - t0, 3),
@@ -520,10 +571,15 @@ class LocalPool:
             self.ready.put(None)
         self._compiler.shutdown(wait=False, cancel_futures=True)
         if self._compilers is not None:
-            self._compilers.close()
+            if _SHARED is not None and _SHARED.compilers is None:
+                _SHARED.compilers = self._compilers  # the next study's pool takes them (`shared_workers`)
+            else:
+                self._compilers.close()
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=5.0)
+            if _SHARED is not None and not worker.thread.is_alive() and _park(worker.index, worker.evaluator):
+                continue
             try:
                 worker.evaluator.close()
             except Exception:  # closing a worker that never started

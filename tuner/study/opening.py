@@ -39,7 +39,7 @@ from tuner.study.search import (
     tells_failures_as_worst,
     worst_values,
 )
-from tuner.study.writer import Mirror, new_study
+from tuner.study.writer import Mirror, launch_writer, new_study
 
 if TYPE_CHECKING:
     import optuna
@@ -83,6 +83,8 @@ class Opening:
     objectives: list[Objective]
     t0: float
     codec: Codec
+    #: start a writer process for the study that follows this one (`tuner.study.driver.Prelude.spare_writer`)
+    spare_writer: bool = False
     engine: Engine
     lease: Lease | None
     sampler: Any
@@ -249,6 +251,8 @@ class Opening:
         if not self.opts.in_process:
             mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.study.writer.launch_writer`)
             self._setting_up = (None, mirror)
+            if self.spare_writer:
+                launch_writer()  # for the study that follows this one (`tuner.study.driver.Prelude`)
         pool = self.engine.pool(self.space, self.problem, self._new_storage)
         self._setting_up = (pool, mirror)
         return pool, mirror

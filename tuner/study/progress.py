@@ -156,15 +156,16 @@ class Progress:
     """A rich progress bar: trials done/N, best so far, trials/s, failures by kind; `where` (where the trials
     go) is printed above it as the study starts."""
 
-    def __init__(self, enabled: bool, total: int, done: int, stats: Stats, where: str = ""):
+    def __init__(self, enabled: bool, total: int, done: int, stats: Stats, where: str = "", label: str = "study"):
         from rich.console import Console
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = Console(stderr=True)
         self.stats, self.started, self.done0 = stats, time.perf_counter(), done
         self.enabled, self.where = enabled, where
         self.bar = Progress(
-            TextColumn("[bold]study"),
+            TextColumn(f"[bold]{escape(label)}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),

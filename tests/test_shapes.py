@@ -1,0 +1,237 @@
+"""Studies over several problems in one command (`tuner.study.shapes`), replayed on CPU from complete H200
+recordings: benchmarks/data/grid/gemv_m1.db.gz and gemv_m64.db.gz hold every valid config of the GEMV grid space
+at M = 1 and at M = 64 (benchmarks/data/grid/README.md); benchmarks/spaces/grid_gemv_shapes.yaml is that space with
+both problems (its W cache policy na, the m1 recording's: every one of its configs at either problem is recorded)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.errors import InputError
+from tuner.results import export
+from tuner.space import space as space_mod
+from tuner.space.space import params_key
+from tuner.study.options import StudyOptions
+from tuner.study.replay import load_recording
+from tuner.study.shapes import FIRST_LIMIT, Source, first_configs, match_replays, problem_list, run_problems
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE = str(ROOT / "benchmarks" / "spaces" / "grid_gemv_shapes.yaml")
+GRID = ROOT / "benchmarks" / "data" / "grid"
+REPLAYS = {"m1": str(GRID / "gemv_m1.db.gz"), "m64": str(GRID / "gemv_m64.db.gz")}
+TRIALS = 12
+
+
+def _opts(tmp_path, **kw) -> StudyOptions:
+    base = dict(kernel="gemv", space=SPACE, trials=TRIALS, storage=f"sqlite:///{tmp_path}/shapes.db", seed=3)
+    return StudyOptions(**{**base, "progress": False, **kw})
+
+
+def _trials(db: str, study: str):
+    return optuna.load_study(study_name=study, storage=db).get_trials(deepcopy=False)
+
+
+@pytest.fixture(scope="module")
+def space():
+    return space_mod.load(SPACE)
+
+
+def test_every_problem_gets_its_own_study_and_learns_from_the_ones_before(tmp_path, space):
+    opts = _opts(tmp_path)
+    out = run_problems(opts, "all", replays=[REPLAYS["m64"], REPLAYS["m1"]])  # matched by problem, not by order
+    rows = {r["problem"]: r for r in out["problems"]}
+    assert list(rows) == ["m1", "m64"]  # the space's order
+    names = {study.study_name for study in optuna.get_all_study_summaries(opts.storage)}
+    assert names == {r["study"] for r in rows.values()} and len(names) == 2
+    for name, row in rows.items():
+        assert row["trials"] == TRIALS and row["study"].startswith(f"gemv-{name}_bfloat16")
+        recorded = load_recording(REPLAYS[name])[0]
+        best = row["best"]
+        # the best of each study is its recording's figure for that config at that problem
+        assert best["tbps"] == pytest.approx(recorded[params_key(best["params"])][1]["tbps"])
+    # m1 came first: nothing to learn from, so its first trial is the space's default
+    assert rows["m1"]["first_from_other_problems"] == 0
+    assert _trials(opts.storage, rows["m1"]["study"])[0].params == space.default
+    # m64 measured m1's best configs first (those valid at M = 64), in the order m1 ranked them
+    m1 = export.open_study(rows["m1"]["study"], opts.storage)
+    ranked = [t.params for t in sorted(export.measured_trials(m1), key=lambda t: -t.user_attrs["tbps"])]
+    expected = [p for p in ranked if space.validate(p, space.problem("m64")) is None][:3]
+    assert rows["m64"]["first_from_other_problems"] == len(expected) > 0
+    got = [t.params for t in _trials(opts.storage, rows["m64"]["study"])[: len(expected)]]
+    assert got == expected
+
+
+def test_the_command_resumes_as_a_whole(tmp_path):
+    opts = _opts(tmp_path)
+    first = run_problems(dataclasses.replace(opts, trials=6), ["m1"], replays=[REPLAYS["m1"]])
+    assert [r["trials"] for r in first["problems"]] == [6]
+    again = run_problems(opts, "m1,m64", replays=list(REPLAYS.values()))
+    rows = {r["problem"]: r for r in again["problems"]}
+    assert rows["m1"]["trials"] == TRIALS and rows["m64"]["trials"] == TRIALS
+    done = run_problems(opts, "all", replays=list(REPLAYS.values()))
+    assert all(r["complete_before_run"] for r in done["problems"])
+    assert all(r["study"] == rows[r["problem"]]["study"] for r in done["problems"])  # the same studies
+    # a finished study's row still shows its best (read from the database)
+    assert [r["best"]["uri"] for r in done["problems"]] == [rows[p]["best"]["uri"] for p in ("m1", "m64")]
+
+
+def test_warm_start_from_a_study_of_the_same_space_elsewhere(tmp_path, space):
+    elsewhere = _opts(tmp_path, storage=f"sqlite:///{tmp_path}/other_gpu.db")
+    run_problems(elsewhere, ["m64"], replays=[REPLAYS["m64"]])
+    (source,) = export.open_studies(str(tmp_path / "other_gpu.db"))
+    best3 = [t.params for t in sorted(export.measured_trials(source), key=lambda t: -t.user_attrs["tbps"])[:3]]
+    out = run_problems(_opts(tmp_path), ["m64"], replays=[REPLAYS["m64"]], warm_start=str(tmp_path / "other_gpu.db"))
+    (row,) = out["problems"]
+    assert row["first_from_other_problems"] == 3
+    assert [t.params for t in _trials(_opts(tmp_path).storage, row["study"])[:3]] == best3
+
+
+def test_warm_start_from_another_space_says_which_knobs_differ(tmp_path):
+    with pytest.raises(InputError, match=r"another space: knob \w+ is not in this space"):
+        run_problems(
+            _opts(tmp_path), ["m1"], replays=[REPLAYS["m1"]], warm_start=str(ROOT / "tests/data/transpose_h200.db")
+        )
+    assert not (tmp_path / "shapes.db").exists()  # refused before anything was written
+
+
+def test_first_configs_come_from_the_nearest_problems_first(space):
+    m1 = space.problem("m1")
+    valid = list(space.valid_configs(m1))[:12]
+
+    def source(name, m, configs):
+        return Source(study=name, problem=name, sizes={"M": m, "N": 8192, "K": 8192}, gpu="g", configs=configs)
+
+    far = source("m64", 64, valid[0:4])
+    near = source("m2", 2, valid[4:8])
+    mid = source("m8", 8, [valid[8], valid[4]])  # its second config is near's first: taken once
+    chosen = first_configs(space, m1, [far, mid, near])
+    assert chosen == [valid[4], valid[5], valid[6], valid[8], valid[0]]
+    assert len(first_configs(space, m1, [far, mid, near], limit=2)) == 2 <= FIRST_LIMIT
+    # a config that is not valid at this problem is skipped, not measured
+    m64 = space.problem("m64")
+    only_m1 = [c for c in valid if space.validate(c, m64) is not None]
+    assert first_configs(space, m64, [source("m1", 1, only_m1)]) == []
+
+
+def test_problems_the_space_does_not_have_are_one_line(space):
+    with pytest.raises(InputError, match=r"no problem 'm3' \(its problems: m1, m64\)"):
+        problem_list(space, "m1,m3")
+    assert [p.name for p in problem_list(space, ["m64", "m1", "m64"])] == ["m64", "m1"]
+    with pytest.raises(InputError, match="name problems, or all"):
+        problem_list(space, "m1,")
+
+
+def test_recordings_are_matched_to_their_problems(space):
+    problems = problem_list(space, "all")
+    assert match_replays(problems, [REPLAYS["m64"], REPLAYS["m1"]]) == REPLAYS
+    with pytest.raises(InputError, match="two recordings of problem m1"):
+        match_replays(problems, [REPLAYS["m1"], REPLAYS["m1"]])
+    with pytest.raises(InputError, match="no recording of problem m64"):
+        match_replays(problems, [REPLAYS["m1"]])
+    with pytest.raises(InputError, match="a recording of problem 'n16384', not of m1, m64"):
+        match_replays(problems, [str(ROOT / "tests/data/transpose_h200.db")])
+
+
+def test_options_that_name_one_study_are_refused(tmp_path):
+    with pytest.raises(InputError, match="--study-name names one study"):
+        run_problems(_opts(tmp_path, study_name="x"), "all", replays=list(REPLAYS.values()))
+    with pytest.raises(InputError, match="--problem or --problems"):
+        run_problems(_opts(tmp_path, problem="m1"), "all", replays=list(REPLAYS.values()))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_one_header_for_every_tuned_shape(tmp_path):
+    opts = _opts(tmp_path)
+    out = run_problems(opts, "all", replays=list(REPLAYS.values()))
+    uris = {r["problem"]: r["best"]["uri"] for r in out["problems"]}
+    header = tmp_path / "gemv_tuned.h"
+    export.write_header(export.open_studies(str(tmp_path / "shapes.db")), str(header))
+    text = header.read_text()
+    assert "// Shapes tuned (2):" in text
+    assert (
+        "//   m1 (M=1 N=8192 K=8192, replay:gemv_m1.db.gz)\n//   m64 (M=64 N=8192 K=8192, replay:gemv_m64.db.gz)"
+        in text
+    )
+    assert "a shape outside them gets" in text
+    main = tmp_path / "pick.cpp"
+    main.write_text(
+        '#include <cstdio>\n#include "gemv_tuned.h"\nnamespace g = tuned::gemv;\n'
+        "int main() {\n"
+        '    std::printf("%s\\n", g::select(1, 8192, 8192)->uri);\n'
+        '    std::printf("%s\\n", g::select(64, 8192, 8192)->uri);\n'
+        '    std::printf("%s\\n", g::select(2, 8192, 8192)->uri);\n'  # untuned: nearest is M = 1
+        '    std::printf("%s\\n", g::select(48, 8192, 8192)->uri);\n'  # untuned: nearest is M = 64
+        "}\n"
+    )
+    exe = tmp_path / "pick"
+    subprocess.run(["g++", "-std=c++17", "-o", str(exe), str(main)], check=True, capture_output=True, timeout=120)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert lines == [uris["m1"], uris["m64"], uris["m1"], uris["m64"]]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one set of processes for all problems
+
+
+class RecordedChild:
+    """A GPU worker child's evaluator that answers from the transpose H200 recording (no GPU needed)."""
+
+    def __init__(self):
+        from tuner.study.replay import ReplayEvaluator
+
+        self.inner = ReplayEvaluator(str(ROOT / "tests" / "data" / "transpose_h200.db"), None, 0.0)
+        self.ceiling_tbps = None
+        self.poisoned = False
+
+    def start(self):
+        return self.inner.start()
+
+    def set_deadline(self, deadline) -> None:
+        pass
+
+    def evaluate(self, compiled, family, config, *args, **kwargs):
+        return self.inner.evaluate(compiled, family, config, *args, **kwargs)
+
+
+def _recorded_worker(gpu_index: int):
+    """As `tuner.study.local.isolated_gpu_evaluator`: the worker handed back, else a new one."""
+    from tuner.gpu.worker import IsolatedEvaluator, take_launched
+
+    return take_launched(gpu_index) or IsolatedEvaluator(
+        gpu=gpu_index, timeout_s=30.0, start_timeout_s=120.0, evaluator_factory=RecordedChild
+    )
+
+
+def _measure_one(pool, number: int, params) -> None:
+    pool.wait_ready()
+    pool.submit(number, params)
+    results = {}
+    while not results:
+        results.update(pool.poll(0.2))
+    assert results[number].ok, results
+
+
+def test_studies_within_shared_workers_keep_one_gpu_worker_and_one_set_of_compilers():
+    from tuner.study.local import LocalPool, shared_workers
+
+    space = space_mod.load("transpose")
+    configs = list(space.enumerate())[:2]
+    with shared_workers():
+        first = LocalPool(space, space.problem(), _recorded_worker, gpus=1, arch="sm_90", compile_slots=1)
+        _measure_one(first, 0, configs[0])
+        worker, compilers = first._workers[0].evaluator, first._compilers
+        pid = worker.pid
+        first.close()
+        assert worker.alive() and compilers is not None and not compilers.closed  # kept for the next study
+        second = LocalPool(space, space.problem(), _recorded_worker, gpus=1, arch="sm_90", compile_slots=1)
+        _measure_one(second, 0, configs[1])
+        assert second._workers[0].evaluator is worker and worker.pid == pid and worker.restarts == 0
+        assert second._compilers is compilers
+        second.close()
+    assert not worker.alive() and compilers.closed  # the last study's end stops them

@@ -1,0 +1,294 @@
+"""Studies over several problems of one space in one command: ``tuner study KERNEL --problems all``.
+
+An LLM runs a kernel at many shapes. `run_problems` runs one study per problem of the space, one after another, in
+one database and over one set of GPU workers and compile processes (`tuner.study.local.shared_workers`: a study
+after the first starts with its GPUs up). Each is the study ``tuner study KERNEL --problem P`` would run, under
+its default name, so the command resumes as a whole (a finished problem's study is said to be complete and costs
+nothing) and every other command (``best``, ``export``, the dashboard) reads each study as usual.
+
+Transfer between shapes: a new problem's study first measures the best configs of the studies of the same space
+already tuned — in its database, and in ``--warm-start``'s (the same space tuned on another GPU, say) — the
+problems nearest in log space of their sizes first (`first_configs`). They are its first trials, so they are
+also what the sampler starts from: TPE models from them at once (its start-up draws are as many as they are),
+instead of from random draws. A problem with nothing to learn from starts from the space's default as usual.
+
+Replays: `match_replays` pairs each recording (``--replay`` given once per problem) with its problem by the
+problem each recording's study was made for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import InputError
+from tuner.gpu.clock import since_command
+from tuner.space import space as space_mod
+from tuner.space.space import params_key
+from tuner.study.options import StudyOptions, default_storage
+
+__all__ = ["FIRST_LIMIT", "Source", "first_configs", "match_replays", "problem_list", "run_problems"]
+
+#: the most configs a new problem's study measures first from other problems' studies: as many as TPE's start-up
+#: draws (`tuner.study.search.TPE_STARTUP`), which they replace, so TPE models from them at once
+FIRST_LIMIT = 5
+#: configs taken from the nearest problem's study (the rest: the best of each next nearest)
+FROM_NEAREST = 3
+
+
+@dataclass
+class Source:
+    """A study to learn from: its problem's sizes and its measured configs, best first."""
+
+    study: str
+    problem: str
+    sizes: dict[str, Any]
+    gpu: str
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def problem_list(space: space_mod.SearchSpace, problems: str | Sequence[str]) -> list[space_mod.Problem]:
+    """The problems named by `problems`: "all" (every problem of the space, in its order), a comma-separated
+    string, or a list of names. InputError, listing the space's problems, for a name it does not have."""
+    names = [p.name for p in space.problems]
+    if isinstance(problems, str):
+        wanted = names if problems.strip() == "all" else [n.strip() for n in problems.split(",")]
+    else:
+        wanted = [str(n) for n in problems]
+    if not wanted or any(not n for n in wanted):
+        raise InputError(f"--problems {problems!r}: name problems, or all (the space's: {', '.join(names)})")
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        raise InputError(
+            f"--problems: the space has no problem {', '.join(map(repr, unknown))} (its problems: {', '.join(names)})",
+            str(space.path),
+        )
+    return [space.problem(n) for n in dict.fromkeys(wanted)]
+
+
+def match_replays(problems: Sequence[space_mod.Problem], replays: Sequence[str]) -> dict[str, str]:
+    """Problem name → the recording that answers its study: each recording goes to the problem its study was
+    made for (by name, else by sizes); one recording of no known problem may answer a single problem. InputError
+    for a recording of no problem listed, two recordings of one problem, or a problem left without one."""
+    from tuner.study.replay import load_recording
+
+    matched: dict[str, str] = {}
+    for path in replays:
+        attrs = load_recording(str(path))[1]
+        recorded = attrs.get("problem") if isinstance(attrs.get("problem"), dict) else None
+        if recorded is None:
+            if len(problems) == 1 and len(replays) == 1:
+                return {problems[0].name: str(path)}
+            raise InputError("--replay: the recording does not say which problem it holds; give one per problem", path)
+        hits = [p for p in problems if p.name == recorded.get("name")] or [
+            p for p in problems if dict(p.sizes) == dict(recorded.get("sizes") or {})
+        ]
+        if not hits:
+            listed = ", ".join(p.name for p in problems)
+            raise InputError(f"--replay: a recording of problem {recorded.get('name')!r}, not of {listed}", path)
+        if hits[0].name in matched:
+            raise InputError(f"--replay: two recordings of problem {hits[0].name}: {matched[hits[0].name]}", path)
+        matched[hits[0].name] = str(path)
+    missing = [p.name for p in problems if p.name not in matched]
+    if missing:
+        raise InputError(f"--replay: no recording of problem {', '.join(missing)} (give --replay once per problem)")
+    return matched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what other studies know
+
+
+def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far two problems' sizes are apart in log space: the sum over their common numeric sizes of |log a/b|,
+    the measure an exported header's `select` uses (the log of its product of max/min ratios)."""
+    common = [k for k in a if k in b and isinstance(a[k], int | float) and isinstance(b[k], int | float)]
+    return sum(abs(math.log(max(a[k], 1)) - math.log(max(b[k], 1))) for k in common)
+
+
+def _source(study) -> Source | None:
+    """What `study` (an optuna.Study) offers: its measured configs, best first (by its objective); None for one
+    with none measured."""
+    from tuner.results import studies
+
+    try:
+        measured = studies.measured_trials(study)
+    except InputError:
+        return None
+    goal = studies.goal(study)
+    ranked = sorted(measured, key=lambda t: (goal.rank(studies.objective_value(study, t, goal)), t.number))
+    problem = study.user_attrs.get("problem") or {}
+    return Source(
+        study=study.study_name,
+        problem=str(problem.get("name") or ""),
+        sizes=dict(problem.get("sizes") or {}),
+        gpu=str(study.user_attrs.get("gpu") or ""),
+        configs=[dict(t.params) for t in ranked],
+    )
+
+
+def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
+    """The studies in the storage at `url` made with this space file (its content hash), as Sources; none where
+    the storage does not exist yet."""
+    import optuna
+
+    from tuner.results.dbfiles import plain_sqlite_file
+    from tuner.results.studies import get_storage
+
+    path = plain_sqlite_file(url)
+    if url == ":memory:" or (path is not None and not path.exists()):
+        return []
+    storage = get_storage(url)
+    found = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        attrs = summary.user_attrs
+        if attrs.get("space_hash") != space.content_hash():
+            continue
+        source = _source(optuna.load_study(study_name=summary.study_name, storage=storage))
+        if source is not None:
+            found.append(source)
+    return found
+
+
+def warm_sources(spec: str, storage: str | None, space: space_mod.SearchSpace) -> list[Source]:
+    """The studies ``--warm-start SPEC`` names (a study, a kernel or a .db file, as ``tuner best`` finds them), as
+    Sources. InputError for a study of another space: one whose knobs, or their values, this space lacks."""
+    from tuner.results.studies import open_studies
+
+    found = []
+    for study in open_studies(spec, storage):
+        source = _source(study)
+        if source is None:
+            continue
+        differ = _knobs_differ(space, source.configs)
+        if differ:
+            raise InputError(f"--warm-start {spec}: study {study.study_name} is of another space: {differ}")
+        found.append(source)
+    if not found:
+        raise InputError(f"--warm-start {spec}: no study there has a measured config")
+    return found
+
+
+def _knobs_differ(space: space_mod.SearchSpace, configs: list[dict[str, Any]]) -> str:
+    """What keeps `configs` (another study's) out of this space, in words; "" when nothing does."""
+    names = set().union(*(c.keys() for c in configs)) if configs else set()
+    faults = [f"knob {n} is not in this space" for n in sorted(names - set(space.params))]
+    faults += [f"this space's knob {n} is not in that study" for n in space.params if n not in names]
+    for name in sorted(names & set(space.params)):
+        foreign = sorted({c[name] for c in configs if name in c} - set(space.params[name]), key=str)
+        if foreign:
+            faults.append(f"{name} takes {', '.join(map(str, foreign[:4]))} there, not a value of this space")
+    return "; ".join(faults)
+
+
+def first_configs(
+    space: space_mod.SearchSpace, problem: space_mod.Problem, sources: Sequence[Source], limit: int = FIRST_LIMIT
+) -> list[dict[str, Any]]:
+    """The configs a new study of `problem` measures first: from the nearest source (in log space of the sizes;
+    the same problem on another GPU is nearest of all) its best `FROM_NEAREST`, then the best of each next
+    nearest, up to `limit`; each valid for `problem` and once."""
+    ranked = sorted(sources, key=lambda s: (_distance(dict(problem.sizes), s.sizes), s.problem != problem.name))
+    chosen: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for rank, source in enumerate(ranked):
+        taken = 0
+        for params in source.configs:
+            if len(chosen) >= limit or taken >= (FROM_NEAREST if rank == 0 else 1):
+                break
+            key = params_key(params)
+            if key in seen or set(params) != set(space.params) or space.validate(params, problem) is not None:
+                continue
+            seen.add(key)
+            chosen.append(dict(params))
+            taken += 1
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run
+
+
+def run_problems(
+    opts: StudyOptions,
+    problems: str | Sequence[str],
+    replays: Sequence[str] = (),
+    warm_start: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) one study per problem of `problems` (see `problem_list`) to `opts.trials` trials each, with
+    transfer between them (module docstring); `replays` answer from recordings, one per problem (`match_replays`).
+    Returns {"problems": a row per problem (name, sizes, study, trials, best, fraction of the ceiling, wall,
+    configs transferred), "studies": each problem's study summary, "wall_s", "command_wall_s"}."""
+    from tuner.study.driver import Prelude, run_study
+    from tuner.study.local import shared_workers
+
+    if opts.study_name:
+        raise InputError("--study-name names one study; with --problems each problem's study has its default name")
+    if opts.problem:
+        raise InputError("give --problem or --problems, not both")
+    space = space_mod.load(opts.space)
+    chosen = problem_list(space, problems)
+    recordings = match_replays(chosen, replays) if replays else {}
+    if opts.replay and not replays:
+        raise InputError("with --problems, --replay is given once per problem")
+    url = opts.storage or default_storage(opts.kernel)
+    warm = warm_sources(warm_start, None, space) if warm_start else []
+    t0 = time.perf_counter()
+    rows, summaries = [], {}
+    with shared_workers():
+        for i, problem in enumerate(chosen):
+            started = time.perf_counter()
+            # Every study of this space in the database but this problem's own (by its default name: any GPU).
+            sources = [s for s in stored_sources(url, space) if s.problem != problem.name] + warm
+            first = first_configs(space, problem, sources)
+            prelude = Prelude(
+                first=first,
+                label=f"{problem.name} ({i + 1}/{len(chosen)})",
+                table=False,
+                spare_writer=i + 1 < len(chosen),
+            )
+            summary = run_study(
+                dataclasses.replace(opts, problem=problem.name, replay=recordings.get(problem.name)), prelude
+            )
+            summaries[problem.name] = summary
+            rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
+    return {
+        "problems": rows,
+        "studies": summaries,
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "command_wall_s": since_command(),
+    }
+
+
+def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int) -> dict[str, Any]:
+    best = summary.get("best") or (_stored_best(summary) if summary.get("complete_before_run") else {})
+    return {
+        "problem": problem.name,
+        "sizes": dict(problem.sizes),
+        "study": summary.get("study"),
+        "trials": summary.get("trials"),
+        "best": best,
+        "fraction_of_ceiling": best.get("fraction_of_ceiling"),
+        "wall_s": round(wall_s, 3),
+        "first_from_other_problems": transferred,
+        "complete_before_run": bool(summary.get("complete_before_run")),
+    }
+
+
+def _stored_best(summary: dict[str, Any]) -> dict[str, Any]:
+    """The best config's figures of a study that was complete before this run (its summary holds none)."""
+    import optuna
+
+    from tuner.results import studies
+
+    study = optuna.load_study(study_name=summary["study"], storage=studies.get_storage(summary["storage"]))
+    try:
+        trial = studies.best_trial(study)
+    except InputError:
+        return {}
+    figures = studies.finalist(study, trial.number) or trial.user_attrs
+    keep = ("uri", "tbps", "tflops", "median_ms", "fraction_of_ceiling")
+    return {"trial": trial.number, "params": dict(trial.params), **{k: figures[k] for k in keep if k in figures}}
