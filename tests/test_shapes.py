@@ -6,6 +6,7 @@ both problems (its W cache policy na, the m1 recording's: every one of its confi
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,7 +94,9 @@ def test_warm_start_from_a_study_of_the_same_space_elsewhere(tmp_path, space):
 
 
 def test_warm_start_from_another_space_says_which_knobs_differ(tmp_path):
-    with pytest.raises(InputError, match=r"another space: knob \w+ is not in this space"):
+    with pytest.raises(
+        InputError, match=r"another space: knobs only there: order, pad, rows_per_thread, tile; knobs only here: mma"
+    ):
         run_problems(
             _opts(tmp_path), ["m1"], replays=[REPLAYS["m1"]], warm_start=str(ROOT / "tests/data/transpose_h200.db")
         )
@@ -235,3 +238,83 @@ def test_studies_within_shared_workers_keep_one_gpu_worker_and_one_set_of_compil
         assert second._compilers is compilers
         second.close()
     assert not worker.alive() and compilers.closed  # the last study's end stops them
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the command and the API
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from tuner.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _one_line_error(rc: int, err: str, fragment: str) -> None:
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("tuner: error: ") and fragment in lines[0], err
+
+
+def test_the_command_runs_every_problem_and_prints_a_row_each(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["study", "gemv", "--space", SPACE, "--problems", "all", "--trials", "6", "--seed", "1"]
+    rc, out, err = _cli(*argv, "--replay", REPLAYS["m64"], "--replay", REPLAYS["m1"], "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert [r["problem"] for r in summary["problems"]] == ["m1", "m64"]
+    assert all(r["trials"] == 6 for r in summary["problems"])
+    assert sorted(summary["studies"]) == ["m1", "m64"]
+    assert (tmp_path / "studies" / "gemv.db").is_file()
+    # with progress: one table, a row per problem, and each problem's progress line named
+    rc, out, err = _cli(
+        *argv[:-2], "--seed", "2", "--trials", "8", "--replay", REPLAYS["m1"], "--replay", REPLAYS["m64"]
+    )
+    assert rc == 0, err
+    assert "m1 (1/2)" in err and "m64 (2/2)" in err and "gemv: 2 problems in" in err
+    assert re.search(r"│ m64 +│ M=64 N=8192 K=8192 │ +\d\.\d\d TB/s │ +0\.\d{3} │ +8 │", err), err
+
+
+def test_bad_problems_and_replays_are_one_line_and_write_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["study", "gemv", "--space", SPACE, "--trials", "4"]
+    rc, _, err = _cli(*base, "--problems", "m1,m3", "--replay", REPLAYS["m1"], "--replay", REPLAYS["m64"])
+    _one_line_error(rc, err, "no problem 'm3' (its problems: m1, m64)")
+    rc, _, err = _cli(*base, "--replay", REPLAYS["m1"], "--replay", REPLAYS["m64"])
+    _one_line_error(rc, err, "--replay is given once, or once per problem with --problems")
+    rc, _, err = _cli(*base, "--problems", "all", "--replay", REPLAYS["m1"])
+    _one_line_error(rc, err, "no recording of problem m64")
+    transpose = str(ROOT / "tests" / "data" / "transpose_h200.db")
+    rc, _, err = _cli(*base, "--problems", "m1", "--replay", REPLAYS["m1"], "--warm-start", transpose)
+    _one_line_error(rc, err, "is of another space: knobs only there: order, pad, rows_per_thread, tile")
+    assert not (tmp_path / "studies").exists() or not list((tmp_path / "studies").iterdir())
+
+
+def test_the_api_returns_a_result_per_problem(tmp_path):
+    import tuner
+
+    result = tuner.study(
+        SPACE, 6, problems="all", replay=list(REPLAYS.values()), storage=str(tmp_path / "s.db"), seed=4
+    )
+    assert isinstance(result, tuner.ProblemsResult) and list(result) == ["m1", "m64"] and len(result) == 2
+    for name in result:
+        best = result[name].best
+        assert best["params"] and result[name].study.user_attrs["problem"]["name"] == name
+    # a one-problem study started from another database's studies of the same space
+    warm = tuner.study(
+        SPACE,
+        4,
+        problem="m64",
+        replay=REPLAYS["m64"],
+        storage=str(tmp_path / "w.db"),
+        warm_start=str(tmp_path / "s.db"),
+    )
+    first = warm.study.get_trials(deepcopy=False)[0].params
+    assert first == result["m64"].best["params"]  # the same problem elsewhere is nearest of all

@@ -38,6 +38,7 @@ from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
 
 __all__ = [
+    "ProblemsResult",
     "StudyResult",
     "bench",
     "load_space",
@@ -97,6 +98,26 @@ class StudyResult:
         return export.write_header(self.study, path, pick=pick, namespace=namespace, with_source=with_source)
 
 
+@dataclass
+class ProblemsResult:
+    """A study per problem (`study` with ``problems=``): `results` by problem name, in the order they ran, and
+    `summary` (``summary["problems"]``: a row per problem with its best, its share of the copy ceiling, trials,
+    wall and how many first configs came from the other problems' studies; ``summary["studies"]``: each study's
+    own summary)."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, StudyResult] = field(default_factory=dict)
+
+    def __getitem__(self, problem: str) -> StudyResult:
+        return self.results[problem]
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+
 def open_study(name: str | None = None, storage: str | None = None) -> StudyResult:
     """A stored study, as ``tuner best NAME`` finds it: `name` is a study's name, its kernel's, or a .db path
     (None: the only one); `storage` a URL or .db path to look in (default: every studies/*.db here)."""
@@ -123,11 +144,13 @@ def study(
     ray_address: str | None = None,
     engine: str | None = None,
     timeout: float = 60.0,
-    replay: str | Path | None = None,
+    replay: str | Path | Sequence[str | Path] | None = None,
     replay_study: str | None = None,
     replay_delay: float = 0.0,
     in_process: bool = False,
     problem: str | None = None,
+    problems: str | Sequence[str] | None = None,
+    warm_start: str | None = None,
     objectives: str = "first",
     repair: str = "nearest",
     ordered: bool = True,
@@ -135,7 +158,7 @@ def study(
     screen_ms: float = 5.0,
     takeover: bool = False,
     progress: bool = False,
-) -> StudyResult:
+) -> StudyResult | ProblemsResult:
     """Run (or resume) a study of `space` (a SearchSpace, a space file or a shipped space's name) until it holds
     `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments (each
     keyword is the flag of that name: ``--replay-delay`` is `replay_delay`, ``--categorical`` is
@@ -145,10 +168,16 @@ def study(
     (`tuner.study.options.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
     Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
-    down before it returns."""
+    down before it returns.
+
+    `problems` ("all", or names) runs a study per problem with transfer between them (`tuner.study.shapes`) and
+    returns a `ProblemsResult` instead of a StudyResult; `replay` is then a list, one recording per problem.
+    `warm_start` (a study, kernel or .db, as ``tuner best`` finds it) starts the study, or each problem's, from
+    the best configs of the studies of the same space found there."""
     from tuner.build.cachedirs import ensure_writable
     from tuner.study.driver import run_study
     from tuner.study.options import StudyOptions
+    from tuner.study.shapes import warm_prelude
 
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
     if repair not in ("nearest", "random"):
@@ -165,47 +194,60 @@ def study(
         # A shipped space's name (`where == kernel`) needs no include check: the driver finds it, or refuses an
         # unknown kernel in its own words.
         loaded = load_space(where) if kernel is None or (replay is None and where != kernel) else None
+    replays = [] if replay is None else [str(replay)] if isinstance(replay, str | Path) else [str(r) for r in replay]
+    if len(replays) > 1 and problems is None:
+        raise InputError("give one replay recording, or one per problem with problems=")
     if loaded is not None:
         kernel = kernel or loaded.kernel
-        if replay is None:
+        if not replays:
             _check_includes(loaded, problem)
     assert kernel is not None  # given, or the loaded space's
     # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
     # not started.
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     try:
-        summary = run_study(
-            StudyOptions(
-                kernel=kernel,
-                space=where,
-                trials=trials,
-                storage=storage,
-                study_name=study_name,
-                sampler=sampler,
-                seed=seed,
-                gpus=gpus,
-                ray_address=ray_address,
-                timeout=timeout,
-                replay=None if replay is None else str(replay),
-                problem=problem,
-                replay_delay_s=replay_delay,
-                takeover=takeover,
-                replay_study=replay_study,
-                progress=progress,
-                repair=repair != "random",
-                ordered=ordered,
-                screen_cutoff=screen_cutoff,
-                screen_budget_ms=screen_ms,
-                in_process=in_process,
-                objectives=objectives,
-                engine=engine,
-            )
+        opts = StudyOptions(
+            kernel=kernel,
+            space=where,
+            trials=trials,
+            storage=storage,
+            study_name=study_name,
+            sampler=sampler,
+            seed=seed,
+            gpus=gpus,
+            ray_address=ray_address,
+            timeout=timeout,
+            replay=replays[0] if replays and problems is None else None,
+            problem=problem,
+            replay_delay_s=replay_delay,
+            takeover=takeover,
+            replay_study=replay_study,
+            progress=progress,
+            repair=repair != "random",
+            ordered=ordered,
+            screen_cutoff=screen_cutoff,
+            screen_budget_ms=screen_ms,
+            in_process=in_process,
+            objectives=objectives,
+            engine=engine,
         )
+        if problems is not None:
+            return _study_problems(opts, problems, replays, warm_start)
+        summary = run_study(opts, warm_prelude(opts, warm_start) if warm_start else None)
     finally:
         ray = sys.modules.get("ray")
         if started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
     return StudyResult(summary=summary)
+
+
+def _study_problems(opts, problems: str | Sequence[str], replays: list[str], warm_start: str | None) -> ProblemsResult:
+    """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
+    from tuner.study.shapes import run_problems
+
+    out = run_problems(opts, problems, replays, warm_start)
+    results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
+    return ProblemsResult(summary=out, results=results)
 
 
 def _check_includes(space: SearchSpace, problem: str | None) -> None:
@@ -463,7 +505,7 @@ def tune(
     tolerance: float | None = None,
     directory: str | Path | None = None,
     **options: Any,
-) -> StudyResult:
+) -> StudyResult | ProblemsResult:
     """Tune kernel `name` in one call, in the spirit of Kernel Tuner's ``tune_kernel``: write its space
     directory (`tune_space`, which documents every argument), then run `study` on it with `trials` and
     `options` (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study is stored

@@ -7,6 +7,7 @@ import json
 import sys
 
 from tuner.cli.args import positive_float, positive_int, screen_cutoff, seconds
+from tuner.errors import InputError
 
 
 def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> None:
@@ -39,7 +40,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         _start_gpu_workers_early(args, kernel)
     from tuner.api import study
 
-    summary = study(
+    if args.replay and len(args.replay) > 1 and not args.problems:
+        raise InputError("--replay is given once, or once per problem with --problems")
+    result = study(
         args.space or kernel,
         args.trials,
         kernel=kernel,
@@ -51,11 +54,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         engine=args.engine,
         timeout=args.timeout,
-        replay=args.replay,
+        replay=args.replay if args.problems else (args.replay or [None])[0],
         replay_study=args.replay_study,
         replay_delay=args.replay_delay,
         in_process=args.in_process,
         problem=args.problem,
+        problems=args.problems,
+        warm_start=args.warm_start,
         objectives=args.objectives,
         repair=args.repair,
         ordered=not args.categorical,
@@ -63,7 +68,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         screen_ms=args.screen_ms,
         takeover=args.takeover,
         progress=not args.json,
-    ).summary
+    )
+    summary = result.summary
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     # The study has closed its GPU workers, its writer and its database; without Ray (whose exit handler stops the
@@ -105,7 +111,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="local: GPU worker processes and compile threads on this machine, no Ray (the default "
         "without --ray-address); ray: Ray actors and tasks (the default with --ray-address)",
     )
-    p.add_argument("--replay", metavar="PATH", help="answer from a recorded study instead of a GPU")
+    p.add_argument(
+        "--replay",
+        metavar="PATH",
+        action="append",
+        help="answer from a recorded study instead of a GPU (with --problems: once per problem)",
+    )
     p.add_argument(
         "--replay-delay",
         type=seconds,
@@ -156,6 +167,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="MS",
         help="timed work per config while screening, at least 10 launches (default 5); finalists get more",
     )
-    p.add_argument("--problem")
+    p.add_argument("--problem", help="the space's problem to tune (default: its first)")
+    p.add_argument(
+        "--problems",
+        metavar="all|P,Q,...",
+        help="a study per problem of the space (all, or names), one after another over the same GPU workers, "
+        "each starting from the best configs of the problems nearest it",
+    )
+    p.add_argument(
+        "--warm-start",
+        metavar="STUDY",
+        help="start from the best configs of the studies of this space in STUDY (a study, kernel or .db: "
+        "the same space tuned elsewhere, on another GPU say)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON, no progress bar")
     p.set_defaults(func=cmd_study)

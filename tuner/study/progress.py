@@ -303,3 +303,36 @@ def _time_in_text(summary: dict[str, Any]) -> str:
     else:
         parts.append("check and timing n/a (the evaluator reported no stages)")
     return " · ".join(parts)
+
+
+def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
+    """The end of a study over several problems (`tuner.study.shapes.run_problems`'s result): a row per problem
+    (its best in the family's unit and, for a memory-bound family, its share of the same-bytes copy ceiling, its
+    trials, its wall, how many first configs came from other problems' studies), printed to stderr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.results.console import human_seconds
+
+    rows = out["problems"]
+    table = Table(title=f"{kernel}: {len(rows)} problems in {human_seconds(out['command_wall_s'])}")
+    table.add_column("problem", no_wrap=True)
+    table.add_column("sizes", no_wrap=True)
+    table.add_column("best", justify="right", no_wrap=True)
+    table.add_column("× ceiling", justify="right")
+    for name in ("trials", "wall", "from others"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        best = row["best"] or {}
+        figure = _live_figure(unit, best).split(" (")[0] if best.get("median_ms") or best.get("tbps") else "-"
+        share = row["fraction_of_ceiling"]
+        table.add_row(
+            row["problem"],
+            " ".join(f"{k}={v}" for k, v in row["sizes"].items()),
+            figure,
+            f"{share:.3f}" if share is not None and unit == "TB/s" else "-",
+            str(row["trials"]),
+            "complete before" if row["complete_before_run"] else human_seconds(row["wall_s"]),
+            str(row["first_from_other_problems"]),
+        )
+    Console(stderr=True).print(table)

@@ -27,11 +27,20 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
+from tuner.results.dbfiles import storage_url
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study.options import StudyOptions, default_storage
 
-__all__ = ["FIRST_LIMIT", "Source", "first_configs", "match_replays", "problem_list", "run_problems"]
+__all__ = [
+    "FIRST_LIMIT",
+    "Source",
+    "first_configs",
+    "match_replays",
+    "problem_list",
+    "run_problems",
+    "warm_prelude",
+]
 
 #: the most configs a new problem's study measures first from other problems' studies: as many as TPE's start-up
 #: draws (`tuner.study.search.TPE_STARTUP`), which they replace, so TPE models from them at once
@@ -176,12 +185,17 @@ def warm_sources(spec: str, storage: str | None, space: space_mod.SearchSpace) -
 def _knobs_differ(space: space_mod.SearchSpace, configs: list[dict[str, Any]]) -> str:
     """What keeps `configs` (another study's) out of this space, in words; "" when nothing does."""
     names = set().union(*(c.keys() for c in configs)) if configs else set()
-    faults = [f"knob {n} is not in this space" for n in sorted(names - set(space.params))]
-    faults += [f"this space's knob {n} is not in that study" for n in space.params if n not in names]
+    faults = []
+    there = sorted(names - set(space.params))
+    here = [n for n in space.params if n not in names]
+    if there:
+        faults.append(f"knobs only there: {', '.join(there)}")
+    if here:
+        faults.append(f"knobs only here: {', '.join(here)}")
     for name in sorted(names & set(space.params)):
         foreign = sorted({c[name] for c in configs if name in c} - set(space.params[name]), key=str)
         if foreign:
-            faults.append(f"{name} takes {', '.join(map(str, foreign[:4]))} there, not a value of this space")
+            faults.append(f"{name} takes {', '.join(map(str, foreign[:4]))} there, which this space does not")
     return "; ".join(faults)
 
 
@@ -212,6 +226,14 @@ def first_configs(
 # the run
 
 
+def warm_prelude(opts: StudyOptions, warm_start: str):
+    """The `tuner.study.driver.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
+    from tuner.study.driver import Prelude
+
+    space = space_mod.load(opts.space)
+    return Prelude(first=first_configs(space, space.problem(opts.problem), warm_sources(warm_start, None, space)))
+
+
 def run_problems(
     opts: StudyOptions,
     problems: str | Sequence[str],
@@ -224,6 +246,7 @@ def run_problems(
     configs transferred), "studies": each problem's study summary, "wall_s", "command_wall_s"}."""
     from tuner.study.driver import Prelude, run_study
     from tuner.study.local import shared_workers
+    from tuner.study.progress import problems_table
 
     if opts.study_name:
         raise InputError("--study-name names one study; with --problems each problem's study has its default name")
@@ -234,7 +257,7 @@ def run_problems(
     recordings = match_replays(chosen, replays) if replays else {}
     if opts.replay and not replays:
         raise InputError("with --problems, --replay is given once per problem")
-    url = opts.storage or default_storage(opts.kernel)
+    url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
     warm = warm_sources(warm_start, None, space) if warm_start else []
     t0 = time.perf_counter()
     rows, summaries = [], {}
@@ -255,12 +278,15 @@ def run_problems(
             )
             summaries[problem.name] = summary
             rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
-    return {
+    out = {
         "problems": rows,
         "studies": summaries,
         "wall_s": round(time.perf_counter() - t0, 3),
         "command_wall_s": since_command(),
     }
+    if opts.progress:
+        problems_table(out, space.family.throughput_unit, space.kernel)
+    return out
 
 
 def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int) -> dict[str, Any]:

@@ -1,0 +1,222 @@
+"""Every shape in one command: ``tuner study gemv --problems all`` (transfer between shapes) against the same
+problems tuned one command at a time.
+
+    python benchmarks/shapes.py --gpu [--trials 30] [--out DIR]        # on a GPU: the shipped GEMV space
+    python benchmarks/shapes.py --replay [--trials 30] [--seeds 20]    # on CPU: the recorded GEMV grids
+
+``--gpu`` runs, on this machine's GPUs and from cold caches (a fresh cache folder per command): (1) ``tuner study
+gemv --problems all --trials T`` over the shipped space's 11 problems (GEMV at M = 1 … 64 on N = K = 8192 and the
+four Llama-70B projections); (2) the same problems one command each, ``--problem P --trials T``; (3) the same with
+``--trials 3T``. Each command's whole wall is what a user waits, start-up included. Per problem it records the best
+throughput of each run, the best known (the best of these runs and of the recorded studies listed in
+``BEST_KNOWN_RESULTS``), and the trial at which each run first reached 0.99 of it. The record
+(benchmarks/results/shapes-DATE.json) carries ``gpu``, ``problems``, ``wall_ratio_vs_independent`` (the one
+command's wall over the sum of the independent commands' at the same trials per problem) and
+``min_fraction_of_best_known`` (the worst problem's best over its best known).
+
+``--replay`` needs no GPU: the space of the complete H200 grids at M = 1 and M = 64
+(benchmarks/spaces/grid_gemv_shapes.yaml, answered by benchmarks/data/grid/gemv_m1.db.gz and gemv_m64.db.gz), over
+``--seeds`` seeds; the optimum of each problem is known exactly (every valid config is recorded). Walls of a replay
+say nothing of a GPU and are not compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GRID = ROOT / "benchmarks" / "data" / "grid"
+REPLAY_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_shapes.yaml"
+REPLAYS = {"m1": GRID / "gemv_m1.db.gz", "m64": GRID / "gemv_m64.db.gz"}
+#: earlier H200 results whose per-problem best (impl "tuner") counts as best known, beside this run's own
+BEST_KNOWN_RESULTS = ("decode-2026-12-01-gemv-300.json", "decode-2026-12-01-gemv-llama.json")
+REACH = 0.99
+
+
+def _curve(storage: str, study: str) -> list[float]:
+    """The study's throughput per trial number (0 for a trial without one), in trial order."""
+    import optuna
+
+    trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+    return [float(t.user_attrs.get("tbps") or 0.0) for t in sorted(trials, key=lambda t: t.number)]
+
+
+def _reached(curve: list[float], target: float) -> int | None:
+    """The number of trials after which the running best first reached `target` (None: never)."""
+    best = 0.0
+    for i, value in enumerate(curve):
+        best = max(best, value)
+        if best >= target:
+            return i + 1
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replay (CPU)
+
+
+def replay(trials: int, seeds: int) -> dict:
+    from tuner.space import space as space_mod
+    from tuner.space.space import params_key
+    from tuner.study.driver import run_study
+    from tuner.study.options import StudyOptions
+    from tuner.study.replay import load_recording
+    from tuner.study.shapes import run_problems
+
+    space = space_mod.load(REPLAY_SPACE)
+    optimum = {}
+    for problem in space.problems:
+        records = load_recording(str(REPLAYS[problem.name]))[0]
+        valid = {params_key(c) for c in space.valid_configs(problem)}
+        optimum[problem.name] = max(float(a.get("tbps") or 0) for k, (_, a) in records.items() if k in valid)
+    runs: dict[str, dict[str, list]] = {"transfer": {}, "independent": {}, "independent_3x": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in range(seeds):
+            base = StudyOptions(
+                kernel="gemv", space=str(REPLAY_SPACE), trials=trials, seed=seed, progress=False, storage=""
+            )
+            db = f"sqlite:///{scratch}/transfer-{seed}.db"
+            out = run_problems(dataclasses.replace(base, storage=db), "all", [str(p) for p in REPLAYS.values()])
+            for row in out["problems"]:
+                runs["transfer"].setdefault(row["problem"], []).append(_curve(db, row["study"]))
+            for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
+                for name, recording in REPLAYS.items():
+                    db = f"sqlite:///{scratch}/{label}-{name}-{seed}.db"
+                    opts = dataclasses.replace(base, storage=db, trials=budget, problem=name, replay=str(recording))
+                    summary = run_study(opts)
+                    runs[label].setdefault(name, []).append(_curve(db, summary["study"]))
+    problems = []
+    for name, best in optimum.items():
+        row: dict = {"problem": name, "optimum_tbps": best}
+        for label, curves in runs.items():
+            reached = [_reached(c, REACH * best) for c in curves[name]]
+            row[label] = {
+                "trials": len(curves[name][0]),
+                "mean_fraction_of_optimum": statistics.mean(max(c) / best for c in curves[name]),
+                "min_fraction_of_optimum": min(max(c) / best for c in curves[name]),
+                f"seeds_reaching_{REACH}": sum(r is not None for r in reached),
+                f"median_trials_to_{REACH}": statistics.median(r if r is not None else float("inf") for r in reached),
+            }
+        problems.append(row)
+    return {
+        "mode": "replay",
+        "gpu": "NVIDIA H200 (replay of benchmarks/data/grid/gemv_m1.db.gz, gemv_m64.db.gz)",
+        "space": str(REPLAY_SPACE.relative_to(ROOT)),
+        "trials_per_problem": trials,
+        "seeds": seeds,
+        "problems": problems,
+        "min_fraction_of_best_known": min(p["transfer"]["min_fraction_of_optimum"] for p in problems),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+
+
+def _study(argv: list[str], workdir: Path) -> tuple[dict, float]:
+    """One ``tuner study`` command from cold caches (its own cache folder); its --json summary and whole wall."""
+    env = {**os.environ, "TUNER_CACHE_DIR": str(workdir / f"cache-{time.monotonic_ns()}")}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "study", *argv, "--json"], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"tuner study {' '.join(argv)}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout), wall
+
+
+def _best_known_recorded() -> dict[str, float]:
+    best: dict[str, float] = {}
+    for name in BEST_KNOWN_RESULTS:
+        path = ROOT / "benchmarks" / "results" / name
+        if not path.exists():
+            continue
+        for row in json.loads(path.read_text()):
+            if row.get("impl") == "tuner" and row.get("problem") and row.get("TBps"):
+                best[row["problem"]] = max(best.get(row["problem"], 0.0), float(row["TBps"]))
+    return best
+
+
+def gpu(trials: int) -> dict:
+    from tuner.space import space as space_mod
+
+    problems = [p.name for p in space_mod.load("gemv").problems]
+    work = Path(tempfile.mkdtemp(prefix="shapes-"))
+    runs: dict[str, dict] = {}
+    together, wall = _study(["gemv", "--problems", "all", "--trials", str(trials), "--storage", "all.db"], work)
+    runs["transfer"] = {"wall_s": wall, "db": f"sqlite:///{work}/all.db", "studies": {}}
+    for row in together["problems"]:
+        runs["transfer"]["studies"][row["problem"]] = row["study"]
+    for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
+        runs[label] = {"wall_s": 0.0, "db": f"sqlite:///{work}/{label}.db", "studies": {}}
+        for name in problems:
+            argv = ["gemv", "--problem", name, "--trials", str(budget), "--storage", f"{label}.db"]
+            summary, wall = _study(argv, work)
+            runs[label]["wall_s"] += wall
+            runs[label]["studies"][name] = summary["study"]
+    recorded = _best_known_recorded()
+    rows = []
+    for name in problems:
+        curves = {label: _curve(run["db"], run["studies"][name]) for label, run in runs.items()}
+        known = max([recorded.get(name, 0.0), *(max(c) for c in curves.values())])
+        row = {"problem": name, "best_known_tbps": known, "recorded_best_tbps": recorded.get(name)}
+        for label, curve in curves.items():
+            row[label] = {
+                "trials": len(curve),
+                "best_tbps": max(curve),
+                "fraction_of_best_known": max(curve) / known,
+                f"trials_to_{REACH}": _reached(curve, REACH * known),
+            }
+        rows.append(row)
+    return {
+        "mode": "gpu",
+        "gpu": together["studies"][problems[0]]["gpus"][0]["gpu"],
+        "problems": problems,
+        "trials_per_problem": trials,
+        "walls_s": {label: round(run["wall_s"], 2) for label, run in runs.items()},
+        "wall_ratio_vs_independent": runs["transfer"]["wall_s"] / runs["independent"]["wall_s"],
+        "wall_ratio_vs_independent_3x": runs["transfer"]["wall_s"] / runs["independent_3x"]["wall_s"],
+        "min_fraction_of_best_known": min(r["transfer"]["fraction_of_best_known"] for r in rows),
+        "rows": rows,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--gpu", action="store_true")
+    mode.add_argument("--replay", action="store_true")
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials)
+    record.update(
+        command="python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]),
+        date=dt.date.today().isoformat(),
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "-replay" if args.replay else ""
+    path = out / f"shapes{suffix}-{record['date']}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k not in ("rows", "problems")} | {"written": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
