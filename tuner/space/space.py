@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpaceError
+from tuner.kernels import plain
 from tuner.space.model import (  # noqa: F401 - the space's model, named from here by most callers
     PACKAGE_ROOT,
     SAMPLE_DRAWS,
@@ -113,6 +114,8 @@ def load(space: str | Path) -> SearchSpace:
             raise fail(f"derived value {name!r} has the name of a parameter", "derived", name)
         if any(name in p.expression_env for p in problems) or name in ("ctype", "entry"):
             raise fail(f"derived value {name!r} has the name of a problem symbol", "derived", name)
+    if plain.is_plain(family.template):  # each param and derived value becomes a #define
+        plain.check_define_names(params, derived, fail)
     objectives = _load_objectives(data.get("objectives"), fail)
 
     loaded = SearchSpace(
