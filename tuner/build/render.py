@@ -12,6 +12,10 @@ compile options (`Family.compile_options`).
 What a template sees: every param and derived value of the config, the problem's sizes, ``dtype``, ``ctype``
 (the C type of the dtype), ``elem_bytes``, and ``entry``, the name its ``extern "C" __global__`` entry point must
 have (extra kernels of the same config are named ``entry`` + "_" + suffix).
+
+A template whose name does not end in ``.j2`` is a plain source (`tuner.kernels.plain`, Kernel Tuner's convention):
+no Jinja2 runs over it; the config arrives as ``#define`` lines ahead of the file's text, and its entry point is the
+``__global__`` function named as the family, the same for every config (`entry_name`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import jinja2
 
 from tuner.errors import TemplateError
 from tuner.kernels import base as kbase
+from tuner.kernels import plain
 from tuner.shipped import shipped_dir
 
 #: The shipped templates (`tuner.shipped`): an installed wheel finds them from any directory.
@@ -116,6 +121,12 @@ def uri(family: kbase.Family, params: dict[str, Any]) -> str:
     return "_".join(parts)
 
 
+def entry_name(family: kbase.Family, params: dict[str, Any]) -> str:
+    """The C name of a config's entry point: its uri, or a plain source's one ``__global__`` function (named as
+    the family) for every config."""
+    return family.name if plain.is_plain(family.template) else uri(family, params)
+
+
 def render(
     family: kbase.Family,
     params: dict[str, Any],
@@ -136,6 +147,8 @@ def render(
                 family.template,
             )
     name = uri(family, params)
+    if plain.is_plain(family.template):
+        return _plain_source(family, name, config, problem_env)
     context = {
         **problem_env,
         **config,
@@ -172,6 +185,30 @@ def render(
         uri=name,
         template=family.template,
         include_dirs=include_dirs(family, template.filename),
+        options=tuple(family.compile_options),
+    )
+
+
+def _plain_source(family: kbase.Family, name: str, config: dict[str, Any], problem_env: dict[str, Any]) -> Source:
+    """A plain source's `Source`: the config's defines (with the grid and block of its first launch) ahead of the
+    file's text, as `tuner.kernels.plain` says. TemplateError for a value that has no C literal."""
+    path = template_file(family)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TemplateError(f"cannot read: {exc}", str(path)) from None
+    launch = family.launches(family.name, config, problem_env)[0]
+    try:
+        named = plain.defines(config, launch.grid, launch.block)
+    except ValueError as exc:
+        raise TemplateError(f"cannot define the config {_describe(config)}: {exc}", str(path)) from None
+    return Source(
+        kernel=family.name,
+        text=plain.source_text(text, named),
+        entry=family.name,
+        uri=name,
+        template=family.template,
+        include_dirs=include_dirs(family, path),
         options=tuple(family.compile_options),
     )
 

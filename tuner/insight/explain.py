@@ -455,7 +455,7 @@ def explain_study(
             resolved = ctx.space.resolve(params, ctx.problem)
             launches = len(ctx.family.launches(source.entry, resolved, ctx.problem.env))
             run = ncu_mod.profile_config(
-                ctx.space.path, ctx.problem.name, params, source.uri, launches, timeout_s=timeout_s
+                ctx.space.path, ctx.problem.name, params, source.uri, launches, timeout_s=timeout_s, entry=source.entry
             )
             fresh[n] = {
                 "uri": source.uri,

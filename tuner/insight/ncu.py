@@ -287,27 +287,29 @@ def target_command(
     return argv
 
 
-def kernel_regex(uri: str) -> str:
-    """The config's kernels: the entry (= uri) and its suffixed extra entries (``uri_gelu``, ``uri_scale``)."""
-    return f"regex:^{re.escape(uri)}(_[A-Za-z0-9]+)?$"
+def kernel_regex(entry: str) -> str:
+    """The config's kernels: its entry and the entry's suffixed extra entries (``uri_gelu``, ``uri_scale``). The
+    entry is the config's uri, or a plain source's fixed ``__global__`` name (`tuner.build.render.entry_name`)."""
+    return f"regex:^{re.escape(entry)}(_[A-Za-z0-9]+)?$"
 
 
 def ncu_command(
     target: Sequence[str],
-    uri: str,
+    entry: str,
     launches_per_call: int,
     log_file: str | Path,
     ncu: str = "ncu",
     metrics: Sequence[str] = METRICS,
 ) -> list[str]:
     """The ncu argv that profiles the second call of the config (its timing warm-up) and writes the raw CSV to
-    `log_file`. `launches_per_call` = len(family.launches(...))."""
+    `log_file`. `entry` is the config's entry point (`kernel_regex`); `launches_per_call` =
+    len(family.launches(...))."""
     return [
         ncu,
         "--clock-control",
         "none",
         "--kernel-name",
-        kernel_regex(uri),
+        kernel_regex(entry),
         "--launch-skip",
         str(launches_per_call),
         "--launch-count",
@@ -409,14 +411,16 @@ def profile_config(
     launches_per_call: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     outside_space: bool = False,
+    entry: str = "",
 ) -> ProfileRun:
     """Profile one config under ncu (see the module docstring). NcuError on any failure; NcuConfigError when
-    the failure is this config's own (see `target_command` for `outside_space`)."""
+    the failure is this config's own (see `target_command` for `outside_space`). `entry`: the config's entry
+    point where it is not its `uri` (a plain source's fixed name)."""
     ncu = find_ncu()
     with tempfile.TemporaryDirectory(prefix="tuner-ncu-") as tmp:
         log_file = Path(tmp) / "raw.csv"
         target = target_command(space_path, problem, params, outside_space=outside_space)
-        argv = ncu_command(target, uri, launches_per_call, log_file, ncu=ncu)
+        argv = ncu_command(target, entry or uri, launches_per_call, log_file, ncu=ncu)
         where = f"ncu on {uri}"
         text, stdout = run_ncu(argv, log_file, timeout_s=timeout_s, where=where)
     profile = parse_raw_csv(text, where=where)

@@ -10,7 +10,9 @@ A space file chooses its family with one of
   (`tuner.kernels.declarative`): data only, no code runs but AST-checked expressions (and the reference, if the
   block names one, which is again the user's choice).
 
-``template: FILE.cu.j2`` (next to the space) gives the family a template of its own, and ``compile_options:``
+``template: FILE.cu.j2`` (next to the space) gives the family a template of its own (``template: FILE.cu``, a plain
+source whose config arrives as ``#define``s: `tuner.kernels.plain`; it must declare the ``__global__`` function
+named as the family), and ``compile_options:``
 NVRTC options of its own (checked: `tuner.kernels.compile_options`). A family a space defines searches the space's
 folder (and its ``-I`` folders) for local ``#include`` files. Every fault is an InputError that names the file
 and, where there is one, the line.
@@ -25,6 +27,7 @@ from typing import Any
 
 from tuner import kernels
 from tuner.errors import InputError, SpaceError
+from tuner.kernels import plain
 from tuner.kernels.base import Family, ReferenceFailed
 from tuner.kernels.usercode import guarded, import_user, user_error
 
@@ -80,6 +83,8 @@ def space_family(data: dict[str, Any], path: Path, fail) -> Family:
             f"template {family.template!r} not found in {family.template_dir}",
             "template" if template is not None else ("family" if spec is not None else "kernel"),
         )
+    if family.template_dir is not None and plain.is_plain(family.template):
+        plain.check_entry(Path(family.template_dir) / family.template, family.name)
     family.compile_options = (*family.compile_options, *options.options)
     family.include_dirs = tuple(dict.fromkeys([*family.include_dirs, *options.include_dirs, str(directory)]))
     return kernels.register(kernels.SPACE_PREFIX + str(path.resolve()), family)

@@ -16,6 +16,8 @@ expressions of the problem's sizes and the config. A space file says so in its `
         grid: ["ceil_div(n, block * vec)"]   # expressions of problem sizes, params and derived values
         block: [block]
         smem: 0                              # dynamic shared memory, bytes (default 0)
+        # or Kernel Tuner's form instead of grid: problem_size: [n], grid_div_x: [block_size_x, vec], and no
+        # block (block_size_x/y/z of the config, else 256, 1, 1): `tuner.kernels.ktgeometry`
       bytes: 3 * n * elem_bytes              # minimal traffic (default: each input read once, each output
       flops: 2 * n                           #   written once); useful FLOPs (default 0)
       tolerance: 1.0e-5                      # default: by dtype (1e-4 float32, 5e-3 float16, 2e-2 bfloat16)
@@ -45,6 +47,11 @@ read from the function when not given):
   DLPack (bf16 as ``torch.bfloat16``, no bit patterns), CPU tensors where there is no GPU; it may return
   tensors. Without a reference, ``tuner render`` and ``tuner check`` work, but results cannot be verified, so a
 study on a GPU refuses to start. One launch per config (a kernel that needs several is a `Family` subclass).
+
+The template is a Jinja2 template (``kernel.cu.j2``) whose entry point is ``{{ entry }}``, or a plain source
+(``kernel.cu``) whose ``__global__`` function is the block's ``name`` and whose config arrives as ``#define``s
+(`tuner.kernels.plain`): a Kernel Tuner kernel runs as it is, with ``arguments`` for Kernel Tuner's argument list and
+Kernel Tuner's launch form.
 """
 
 from __future__ import annotations
@@ -59,14 +66,14 @@ from typing import Any
 import numpy as np
 
 from tuner.expr import Expr, ExprError
-from tuner.kernels import bf16, usercode
+from tuner.kernels import bf16, ktgeometry, usercode
 from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
 
 FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference", "reference_arrays")
 REQUIRED = ("name", "arguments", "launch")
 ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value")
 ROLES = ("input", "output", "scalar")
-LAUNCH_FIELDS = ("grid", "block", "smem")
+LAUNCH_FIELDS = ("grid", "block", "smem", *ktgeometry.KEYS)
 ARRAY_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 #: The CUDA types a kernel's pointer arguments name, as the array dtypes that launch them.
 CUDA_TYPES = {
@@ -108,8 +115,8 @@ class DeclarativeFamily(Family):
         name: str,
         dtypes: tuple[str, ...],
         arguments: tuple[Argument, ...],
-        grid: tuple[Expr, ...],
-        block: tuple[Expr, ...],
+        grid: tuple[Expr, ...] | ktgeometry.KtGrid,
+        block: tuple[Expr, ...] | None,
         smem: Expr,
         bytes_expr: Expr | None,
         flops_expr: Expr | None,
@@ -143,23 +150,7 @@ class DeclarativeFamily(Family):
         if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
             raise fail(f"kernel: dtypes must be a list of {', '.join(DTYPES)}", "kernel", "dtypes")
         arguments = _arguments(block["arguments"], fail)
-        launch = block["launch"]
-        if not isinstance(launch, dict):
-            raise fail("kernel: launch must be a mapping of grid, block (and smem)", "kernel", "launch")
-        for key in launch:
-            if key not in LAUNCH_FIELDS:
-                raise fail(
-                    f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LAUNCH_FIELDS)})",
-                    "kernel",
-                    "launch",
-                    key,
-                )
-        for key in ("grid", "block"):
-            if key not in launch:
-                raise fail(f"kernel: launch: missing field {key!r}", "kernel", "launch")
-        grid = _dims(launch["grid"], fail, "kernel", "launch", "grid")
-        threads = _dims(launch["block"], fail, "kernel", "launch", "block")
-        smem = _expr(launch.get("smem", 0), fail, "kernel", "launch", "smem")
+        grid, threads, smem = _launch(block["launch"], fail)
         bytes_expr = _expr(block["bytes"], fail, "kernel", "bytes") if "bytes" in block else None
         flops_expr = _expr(block["flops"], fail, "kernel", "flops") if "flops" in block else None
         tolerance = block.get("tolerance")
@@ -217,9 +208,8 @@ class DeclarativeFamily(Family):
                 check(expr, problem_names, "shape", "arguments", i, "shape")
             if arg.value is not None:
                 check(arg.value, problem_names, "value", "arguments", i, "value")
-        for key, exprs in (("grid", self.grid), ("block", self.block), ("smem", (self.smem,))):
-            for expr in exprs:
-                check(expr, config_names, key, "launch", key)
+        for key, expr in self._launch_expressions():
+            check(expr, config_names, key, "launch", key)
         for key, optional in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
             if optional is not None:
                 check(optional, problem_names, key, key)
@@ -233,19 +223,30 @@ class DeclarativeFamily(Family):
                     )
             config = space.resolve(space.default or next(space.enumerate(problem)), problem)
             launch_env = {**env, **config}
-            for key, exprs in (("grid", self.grid), ("block", self.block)):
-                for expr in exprs:
-                    _positive(
-                        expr,
-                        launch_env,
-                        fail,
-                        f"launch {key} for the default config on problem {problem.name!r}",
+            for key, expr in self._launch_expressions():
+                if key != "smem":
+                    what = f"launch {key} for the default config on problem {problem.name!r}"
+                    _positive(expr, launch_env, fail, what, "launch", key)
+            for name in ktgeometry.BLOCK_NAMES if self.block is None else ():
+                value = config.get(name, 1)
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise fail(
+                        f"kernel: launch: the block is block_size_x/y/z, but {name}={value!r} in the default "
+                        "config is not a positive integer (or give 'block:')",
+                        "kernel",
                         "launch",
-                        key,
                     )
         fault = self._reference_call_fault()
         if fault is not None:
             raise fail(f"kernel: reference {self.reference_name!r} {fault}", "kernel", "reference")
+
+    def _launch_expressions(self) -> list[tuple[str, Expr]]:
+        """(launch key, expression) of every expression of the launch."""
+        if isinstance(self.grid, ktgeometry.KtGrid):
+            grid = self.grid.expressions()
+        else:
+            grid = [("grid", e) for e in self.grid]
+        return [*grid, *(("block", e) for e in self.block or ()), ("smem", self.smem)]
 
     def _reference_call_fault(self) -> str | None:
         """Why the reference cannot take, by name, the arguments `reference` passes it, or None."""
@@ -260,7 +261,8 @@ class DeclarativeFamily(Family):
     # -- the Family contract ------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
         env = {**problem, **config}
-        grid, block = _dim3(self.grid, env), _dim3(self.block, env)
+        grid = self.grid(env, config) if isinstance(self.grid, ktgeometry.KtGrid) else _dim3(self.grid, env)
+        block = ktgeometry.default_block(config) if self.block is None else _dim3(self.block, env)
         return [
             Launch(
                 entry=entry,
@@ -377,6 +379,41 @@ def _expr(text: Any, fail, *keys) -> Expr:
         return Expr.parse(text)
     except ExprError as exc:
         raise fail(f"{': '.join(str(k) for k in keys if isinstance(k, str))}: {exc}", *keys) from None
+
+
+def _launch(launch: Any, fail) -> tuple[tuple[Expr, ...] | ktgeometry.KtGrid, tuple[Expr, ...] | None, Expr]:
+    """(grid, block, smem) of a ``launch:`` mapping: ``grid`` and ``block`` expressions, or Kernel Tuner's
+    ``problem_size`` and ``grid_div_x/y/z`` with an optional ``block`` (None: the config's block_size_x/y/z)."""
+    if not isinstance(launch, dict):
+        raise fail("kernel: launch must be a mapping of grid, block (and smem), or problem_size", "kernel", "launch")
+    for key in launch:
+        if key not in LAUNCH_FIELDS:
+            raise fail(
+                f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LAUNCH_FIELDS)})", "kernel", "launch", key
+            )
+    smem = _expr(launch.get("smem", 0), fail, "kernel", "launch", "smem")
+    if "problem_size" in launch:
+        if "grid" in launch:
+            raise fail(
+                "kernel: launch: either grid or problem_size (Kernel Tuner's, with grid_div_x/y/z), not both",
+                "kernel",
+                "launch",
+                "grid",
+            )
+        block = _dims(launch["block"], fail, "kernel", "launch", "block") if "block" in launch else None
+        return ktgeometry.from_launch(launch, fail), block, smem
+    for key in ktgeometry.GRID_DIV_KEYS:
+        if key in launch:
+            raise fail(f"kernel: launch: {key} divides problem_size, which the launch lacks", "kernel", "launch", key)
+    for key in ("grid", "block"):
+        if key not in launch:
+            also = " (or Kernel Tuner's problem_size)" if key == "grid" else ""
+            raise fail(f"kernel: launch: missing field {key!r}{also}", "kernel", "launch")
+    return (
+        _dims(launch["grid"], fail, "kernel", "launch", "grid"),
+        _dims(launch["block"], fail, "kernel", "launch", "block"),
+        smem,
+    )
 
 
 def _dim3(exprs: tuple[Expr, ...], env: dict[str, Any]) -> tuple[int, int, int]:

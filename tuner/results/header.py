@@ -24,11 +24,12 @@ from optuna.trial import FrozenTrial
 
 from tuner.build.compile import target_arch
 from tuner.build.files import atomic_write, check_writable
-from tuner.build.render import environment
+from tuner.build.render import entry_name, environment
 from tuner.build.render import uri as kernel_uri
 from tuner.errors import InputError
 from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT_ARCH
+from tuner.kernels.plain import is_plain
 from tuner.results.studies import (
     StudyContext,
     _first_line,
@@ -290,9 +291,12 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
                 resolved = ctx.space.resolve(params, ctx.problem)
                 derived = {k: v for k, v in resolved.items() if k not in params}
             source = render_trial(ctx, t) if with_source else None
-            entry = source.entry if source is not None else str(t.user_attrs.get("uri") or "")
-            if not entry:
-                entry = kernel_uri(ctx.family, params)
+            if source is not None:
+                entry = source.entry
+            elif is_plain(ctx.family.template):  # a plain source's one __global__ function, whatever the config
+                entry = entry_name(ctx.family, params)
+            else:
+                entry = str(t.user_attrs.get("uri") or "") or kernel_uri(ctx.family, params)
             launches, note = _launch_specs(ctx, t, params, derived, entry)
             text = source.text if source is not None else render_trial(ctx, t).text if ctx.space is not None else ""
             note = "; ".join(n for n in (note, compile_target_note(text, str(study.user_attrs.get("arch") or ""))) if n)
@@ -321,7 +325,7 @@ def _exported_configs(studies: Sequence[optuna.Study], pick: str, with_source: b
     # unique C++ names: the uri, then + problem, + arch, + a counter
     taken: set[str] = set()
     for e in out:
-        uri = str(e.trial.user_attrs.get("uri") or e.launches[0].entry)
+        uri = str(e.trial.user_attrs.get("uri") or kernel_uri(e.ctx.family, e.params))
         arch = str(e.study.user_attrs.get("arch") or "")
         for candidate in (uri, f"{uri}_{e.ctx.problem.name}", f"{uri}_{e.ctx.problem.name}_{arch}"):
             name = _cpp_name(candidate)
@@ -385,7 +389,7 @@ def _config_data(e: _Exported, param_types: dict[str, str], derived_types: dict[
     attrs = e.study.user_attrs
     sizes = e.ctx.problem.sizes
     init = {
-        "uri": c_string(str(a.get("uri") or e.launches[0].entry)),
+        "uri": c_string(str(a.get("uri") or kernel_uri(e.ctx.family, e.params))),
         "study": c_string(str(e.study.study_name)),
         "gpu": c_string(str(attrs.get("gpu") or "")),
         "arch": c_string(str(attrs.get("arch") or "")),

@@ -173,11 +173,11 @@ def _restriction_texts(data: dict[str, Any], given: list[str] | None, source: st
     ``"restrictions"`` (a list of strings), where it has one."""
     if given is not None:
         return list(given)
-    own = data.get("restrictions")
-    if own is None:
-        return []
+    from tuner.space.reading import constraint_list
+
+    own = constraint_list(data.get("restrictions"))
     if not isinstance(own, list) or not all(isinstance(r, str) for r in own):
-        raise InputError("'restrictions' must be a list of expression strings", source)
+        raise InputError("'restrictions' must be a list of expression strings (or one)", source)
     return own
 
 

@@ -213,6 +213,15 @@ def _load_exprs(spec: Any, key: str, fail) -> dict[str, Expr] | list[Expr] | Any
     return spec
 
 
+def constraint_list(spec: Any) -> Any:
+    """``constraints:`` (or a Kernel Tuner cache's ``restrictions``) as a list: Kernel Tuner's restrictions are
+    Python-expression strings, a list of them or one, and read as our expressions as they are written
+    (``block_size_x*tile_size_x <= 1024``, with ``and``/``or``). Anything else is returned for the caller to refuse."""
+    if not spec:  # absent, empty or null, as before Kernel Tuner's form
+        return []
+    return [spec] if isinstance(spec, str) else spec
+
+
 def _load_objectives(spec: Any, fail) -> list[Objective]:
     if spec is None:
         return [Objective(n, d) for n, d in DEFAULT_OBJECTIVES]

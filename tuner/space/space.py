@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpaceError
+from tuner.kernels import plain
 from tuner.space.model import (  # noqa: F401 - the space's model, named from here by most callers
     PACKAGE_ROOT,
     SAMPLE_DRAWS,
@@ -46,7 +47,14 @@ from tuner.space.model import (  # noqa: F401 - the space's model, named from he
     params_key,
 )
 from tuner.space.problem import Objective, Problem  # noqa: F401
-from tuner.space.reading import _load_exprs, _load_objectives, _load_params, _load_problems, read_document
+from tuner.space.reading import (
+    _load_exprs,
+    _load_objectives,
+    _load_params,
+    _load_problems,
+    constraint_list,
+    read_document,
+)
 from tuner.space.walk import plan
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,14 +106,16 @@ def load(space: str | Path) -> SearchSpace:
     derived = _load_exprs(data.get("derived") or {}, "derived", fail)
     if not isinstance(derived, dict):
         raise fail("'derived' must be a mapping of name: expression", "derived")
-    constraints = _load_exprs(data.get("constraints") or [], "constraints", fail)
+    constraints = _load_exprs(constraint_list(data.get("constraints")), "constraints", fail)
     if not isinstance(constraints, list):
-        raise fail("'constraints' must be a list of expressions", "constraints")
+        raise fail("'constraints' must be a list of expressions (or one)", "constraints")
     for name in derived:
         if name in params:
             raise fail(f"derived value {name!r} has the name of a parameter", "derived", name)
         if any(name in p.expression_env for p in problems) or name in ("ctype", "entry"):
             raise fail(f"derived value {name!r} has the name of a problem symbol", "derived", name)
+    if plain.is_plain(family.template):  # each param and derived value becomes a #define
+        plain.check_define_names(params, derived, fail)
     objectives = _load_objectives(data.get("objectives"), fail)
 
     loaded = SearchSpace(
