@@ -44,7 +44,7 @@ from tuner.gpu.ceiling import GiB
 from tuner.gpu.checks import Verification
 from tuner.gpu.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.gpu.device import Device
-from tuner.gpu.protocol import PHASES, fresh_seed
+from tuner.gpu.protocol import PHASES, EvaluateRequest, fresh_seed
 from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
 from tuner.gpu.timing import benchmark
 from tuner.kernels import bf16
@@ -187,7 +187,7 @@ class GpuEvaluator(Device, Verification):
             self._ahead.shutdown(wait=False, cancel_futures=True)
 
     def reserve(self, seed: int) -> None:
-        """A later `evaluate(seed=seed)` will come (the study's finalists): where the reference runs on the host,
+        """A later request with `seed` will come (the study's finalists): where the reference runs on the host,
         its input set is computed ahead, in the background, beside a problem's first set."""
         self._reserved = seed
         if self._started:
@@ -245,35 +245,24 @@ class GpuEvaluator(Device, Verification):
         return loaded
 
     # -- evaluation ------------------------------------------------------------------------------------------
-    def evaluate(
-        self,
-        compiled,
-        family: Family | str,
-        config: dict[str, Any],
-        problem,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-    ) -> Result:
-        """Check, then time one compiled config (`benchmark`'s protocol: `budget_ms`, `min_reps`, `cutoff_ms`).
-        `family` is a Family or a registered family's name; `config` the resolved config (params + derived);
-        `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed, WrongResult or
-        TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and anything else that
-        is a bug."""
+    def evaluate(self, request: EvaluateRequest) -> Result:
+        """Check, then time one compiled config (`benchmark`'s protocol: the request's `budget_ms`, `min_reps`,
+        `cutoff_ms`). Its `family` is a Family or a registered family's name; `config` the resolved config (params +
+        derived); `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed,
+        WrongResult or TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and
+        anything else that is a bug."""
         if self.poisoned:
             raise EvaluatorPoisoned(
                 f"GPU {self.gpu_index}: CUDA context lost earlier "
                 f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})"
             )
-        if isinstance(family, str):
-            family = families.get(family)
-        problem = _problem_dict(problem)
+        family = families.get(request.family) if isinstance(request.family, str) else request.family
+        problem = _problem_dict(request.problem)
         self.start()
         phase = ["load"]
         try:
             with self._device:
-                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase)
+                return self._evaluate(request, family, problem, phase)
         except CUDA_ERRORS as exc:
             failure = cuda_failure(exc, phase[0])
             if failure is None:
@@ -302,10 +291,10 @@ class GpuEvaluator(Device, Verification):
         self.poisoned, self.poisoned_by = True, failure
         return failure
 
-    def _evaluate(
-        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase: list[str]
-    ) -> Result:
+    def _evaluate(self, request: EvaluateRequest, family: Family, problem: dict[str, Any], phase: list[str]) -> Result:
         import cupy
+
+        compiled, config, seed = request.compiled, request.config, request.seed
 
         launches: list[Launch] = family.launches(compiled.entry, config, problem)
         if not launches:
@@ -466,12 +455,12 @@ class GpuEvaluator(Device, Verification):
         timing = benchmark(
             run,
             stream=stream,
-            budget_ms=budget_ms,
-            min_reps=min_reps,
+            budget_ms=request.budget_ms,
+            min_reps=request.min_reps,
             max_reps=self.max_reps,
             flush=self._flush,
             sync=self._sync,
-            cutoff_ms=cutoff_ms,
+            cutoff_ms=request.cutoff_ms,
             warm=True,  # the correctness launch above ran every launch of the config once
             hold=self.hold,
         )
