@@ -276,18 +276,18 @@ class IsolatedEvaluator:
         if deadline == self._deadline:
             return
         self._deadline = deadline
-        if self.info and self.alive() and self._conn is not None:
-            try:
-                self._conn.send(("deadline", deadline))
-            except OSError:
-                pass  # the child is gone; its replacement is told at its start
+        self._tell(("deadline", deadline))
 
     def reserve(self, seed: int) -> None:
         """GpuEvaluator.reserve in the child (and in every child that replaces it)."""
         self._reserved = seed
+        self._tell(("reserve", seed))
+
+    def _tell(self, message: tuple) -> None:
+        """Send a one-way message to a child that is up; a child not up yet, or gone, hears it from `start`."""
         if self.info and self.alive() and self._conn is not None:
             try:
-                self._conn.send(("reserve", seed))
+                self._conn.send(message)
             except OSError:
                 pass  # the child is gone; its replacement is told at its start
 
