@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tuner.build.compile import compile_source  # noqa: E402
 from tuner.build.render import render  # noqa: E402
 from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
+from tuner.gpu.protocol import EvaluateRequest  # noqa: E402
 from tuner.space.space import load  # noqa: E402
 from tuner.study.search import valid_index  # noqa: E402
 
@@ -39,14 +40,15 @@ def main() -> None:
         compiled.append((resolved, compile_source(render(space.family, c, resolved, problem.env), "sm_90")))
     evaluator = GpuEvaluator(0)
     evaluator.start()
-    evaluator.evaluate(compiled[0][1], space.family, compiled[0][0], problem.env, cutoff_ms=0.0)  # CuPy's first use
+    # CuPy's first use
+    evaluator.evaluate(EvaluateRequest(compiled[0][1], space.family, compiled[0][0], problem.env, cutoff_ms=0.0))
     rows = []
     profile = cProfile.Profile()
     for resolved, cubin in compiled[1:]:
         for cutoff in (0.0, None):
             started = time.perf_counter()
             profile.enable()
-            result = evaluator.evaluate(cubin, space.family, resolved, problem.env, cutoff_ms=cutoff)
+            result = evaluator.evaluate(EvaluateRequest(cubin, space.family, resolved, problem.env, cutoff_ms=cutoff))
             profile.disable()
             wall = (time.perf_counter() - started) * 1e3
             if result.ok:

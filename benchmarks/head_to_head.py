@@ -98,6 +98,7 @@ def main() -> int:
     from tuner.build.compile import compile_source
     from tuner.build.render import render
     from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.protocol import EvaluateRequest
     from tuner.gpu.timing import LAUNCH_HOLD, benchmark
     from tuner.space import space as space_mod
 
@@ -135,7 +136,9 @@ def main() -> int:
             for name in order:
                 gave_up = ev.hold.timeouts
                 if name == "tuner":
-                    result = ev.evaluate(compiled, family, config, problem.env, budget_ms=args.budget_ms)
+                    result = ev.evaluate(
+                        EvaluateRequest(compiled, family, config, problem.env, budget_ms=args.budget_ms)
+                    )
                     if not result.ok:
                         print(f"{kernel} {problem_name}: our config failed: {result.reason}", file=sys.stderr)
                         return 1

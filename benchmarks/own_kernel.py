@@ -683,6 +683,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
 
     from tuner.gpu.ceiling import measure_ceiling
     from tuner.gpu.evaluator import GpuEvaluator
+    from tuner.gpu.protocol import EvaluateRequest
     from tuner.gpu.timing import LAUNCH_HOLD, benchmark
     from tuner.space import space as space_mod
 
@@ -693,7 +694,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
     compiled, config = compile_ours(space, params, problem, ev.arch)
     if not compiled.ok:
         return {"error": f"our config does not compile: {compiled.reason}"}
-    verified = ev.evaluate(compiled, space.family, config, problem.env, budget_ms=budget_ms)
+    verified = ev.evaluate(EvaluateRequest(compiled, space.family, config, problem.env, budget_ms=budget_ms))
     if not verified.ok:
         return {"error": f"our config failed its check: {verified.kind}: {verified.reason}"}
     nbytes = space.family.bytes_moved(problem.env)

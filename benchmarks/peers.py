@@ -34,6 +34,7 @@ from tuner import kernels  # noqa: E402
 from tuner.build.compilers import compile_many  # noqa: E402
 from tuner.build.render import render  # noqa: E402
 from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
+from tuner.gpu.protocol import EvaluateRequest  # noqa: E402
 from tuner.gpu.timing import benchmark  # noqa: E402
 from tuner.space import space as space_mod  # noqa: E402
 
@@ -49,7 +50,9 @@ def sweep(ev: GpuEvaluator, space, configs, problem=None, budget_ms: float = 25.
         zip(configs, resolved, strict=True), compile_many(sources, arch=ev.arch, jobs=16), strict=True
     ):
         result = (
-            compiled if not compiled.ok else ev.evaluate(compiled, family, config, problem.env, budget_ms=budget_ms)
+            compiled
+            if not compiled.ok
+            else ev.evaluate(EvaluateRequest(compiled, family, config, problem.env, budget_ms=budget_ms))
         )
         out.append((params, result))
     return out

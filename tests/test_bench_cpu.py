@@ -8,7 +8,9 @@ dies, poisons itself or raises, and the same `IsolatedEvaluator` goes on with a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import time
 
 import numpy as np
@@ -23,6 +25,7 @@ from tuner.gpu import evaluator as gpu_evaluator
 from tuner.gpu import status as cuda_status
 from tuner.gpu import timing as gpu_timing
 from tuner.gpu.evaluate import evaluate_config
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 from tuner.kernels.base import Family, Launch
 from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut
@@ -212,7 +215,7 @@ def test_a_poisoned_evaluator_refuses_work_without_touching_cuda():
     evaluator = gpu_evaluator.GpuEvaluator()
     evaluator.poisoned = True
     with pytest.raises(cuda_status.EvaluatorPoisoned):
-        evaluator.evaluate(None, "copy", {}, {})
+        evaluator.evaluate(EvaluateRequest(None, "copy", {}, {}))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -272,8 +275,8 @@ class RecordingEvaluator:
     def __init__(self):
         self.calls = []
 
-    def evaluate(self, compiled, family, config, problem, **kwargs):
-        self.calls.append((compiled, family, config, problem, kwargs))
+    def evaluate(self, request):
+        self.calls.append(request)
         return "measured"
 
 
@@ -309,12 +312,13 @@ def test_evaluate_config_hands_the_compiled_config_to_the_evaluator(toy_space):
         space, {"block": 128, "broken": False}, evaluator=evaluator, env=env, seed=5, budget_ms=50.0
     )
     assert result == "measured"
-    ((compiled, family, config, problem, kwargs),) = evaluator.calls
+    (request,) = evaluator.calls
+    compiled = request.compiled
     assert compiled.ok and compiled.arch == "sm_90" and compiled.entry == "toy_block128_brokenFalse"
-    assert family is FAMILY
-    assert config == {"block": 128, "broken": False, "grid": 32}
-    assert problem == {"n": 4096, "dtype": "float32", "elem_bytes": 4}
-    assert kwargs == {"seed": 5, "budget_ms": 50.0, "min_reps": 10, "cutoff_ms": None}
+    assert request.family is FAMILY
+    assert request.config == {"block": 128, "broken": False, "grid": 32}
+    assert request.problem == {"n": 4096, "dtype": "float32", "elem_bytes": 4}
+    assert (request.seed, request.budget_ms, request.min_reps, request.cutoff_ms) == (5, 50.0, 10, None)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -353,8 +357,8 @@ class FakeEvaluator:
     def start(self):
         return {"gpu": "fake", "arch": "sm_90", "ceiling_tbps": self.ceiling_tbps, "pid": os.getpid()}
 
-    def evaluate(self, compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms=None):
-        mode = config["mode"]
+    def evaluate(self, request):
+        mode = request.config["mode"]
         if mode == "hang":
             time.sleep(3600)
         if mode == "die":
@@ -366,6 +370,7 @@ class FakeEvaluator:
             )
         if mode == "bug":
             raise ZeroDivisionError("a bug in the evaluator")
+        family = request.family
         family_seen = family if isinstance(family, str) else type(family).__name__
         return _measurement(f"{family_seen}:{os.getpid()}")
 
@@ -384,9 +389,25 @@ def _isolated(**kwargs) -> IsolatedEvaluator:
 
 
 def _ok(evaluator, family="copy"):
-    result = evaluator.evaluate(None, family, {"mode": "ok"}, {"n": 1})
+    result = evaluator.evaluate(EvaluateRequest(None, family, {"mode": "ok"}, {"n": 1}))
     assert isinstance(result, Measurement), result
     return result
+
+
+def test_an_evaluate_request_is_a_value_that_pickles():
+    # what crosses the worker's pipe and Ray, as it is
+    request = EvaluateRequest(None, Toy(), {"mode": "ok"}, {"n": 1}, seed=5, cutoff_ms=1.5)
+    again = pickle.loads(pickle.dumps(request))
+    assert (again.config, again.problem, again.seed, again.budget_ms, again.min_reps) == (
+        {"mode": "ok"},
+        {"n": 1},
+        5,
+        25.0,
+        10,
+    )
+    assert again.cutoff_ms == 1.5 and type(again.family) is Toy
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.seed = 6  # type: ignore[misc]
 
 
 def test_worker_answers_and_stays_alive_across_calls():
@@ -407,7 +428,7 @@ def test_worker_hang_times_out_and_a_fresh_child_takes_over():
         evaluator.start()
         hung_pid = evaluator.pid
         started = time.monotonic()
-        result = evaluator.evaluate(None, "copy", {"mode": "hang"}, {"n": 1})
+        result = evaluator.evaluate(EvaluateRequest(None, "copy", {"mode": "hang"}, {"n": 1}))
         assert isinstance(result, TimedOut) and "1 s" in result.reason
         assert time.monotonic() - started < 10.0
         assert result.details["timeout_s"] == 1.0
@@ -420,7 +441,7 @@ def test_worker_death_is_a_launch_failure_and_a_fresh_child_takes_over():
     with _isolated(timeout_s=30.0) as evaluator:
         evaluator.start()
         dead_pid = evaluator.pid
-        result = evaluator.evaluate(None, "copy", {"mode": "die"}, {"n": 1})
+        result = evaluator.evaluate(EvaluateRequest(None, "copy", {"mode": "die"}, {"n": 1}))
         assert isinstance(result, LaunchFailed) and result.reason.startswith("worker died")
         assert result.details["exitcode"] == 7
         _ok(evaluator)
@@ -431,7 +452,7 @@ def test_sticky_failure_retires_the_child_and_the_next_call_succeeds():
     with _isolated(timeout_s=30.0) as evaluator:
         evaluator.start()
         poisoned_pid = evaluator.pid
-        result = evaluator.evaluate(None, "copy", {"mode": "sticky"}, {"n": 1})
+        result = evaluator.evaluate(EvaluateRequest(None, "copy", {"mode": "sticky"}, {"n": 1}))
         assert isinstance(result, LaunchFailed) and result.details["sticky"] is True
         assert not evaluator.alive() and _gone(poisoned_pid)
         _ok(evaluator)
@@ -441,7 +462,7 @@ def test_sticky_failure_retires_the_child_and_the_next_call_succeeds():
 def test_a_bug_in_the_child_raises_and_the_next_call_succeeds():
     with _isolated(timeout_s=30.0) as evaluator:
         with pytest.raises(WorkerError, match="ZeroDivisionError") as info:
-            evaluator.evaluate(None, "copy", {"mode": "bug"}, {"n": 1})
+            evaluator.evaluate(EvaluateRequest(None, "copy", {"mode": "bug"}, {"n": 1}))
         assert "Traceback" in info.value.remote
         _ok(evaluator)
 

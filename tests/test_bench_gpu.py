@@ -16,6 +16,7 @@ import pytest
 from tuner import kernels
 from tuner.build.compile import compile_source
 from tuner.build.render import environment, render
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.kernels.base import Family, Launch
 from tuner.result import LaunchFailed, Measurement, TimedOut, WrongResult
 
@@ -137,7 +138,7 @@ def probes(tmp_path_factory, isolated):
 
 
 def _evaluate(evaluator, probes, mode, **kwargs):
-    return evaluator.evaluate(probes[mode], PROBE, {"mode": mode}, PROBLEM, **kwargs)
+    return evaluator.evaluate(EvaluateRequest(probes[mode], PROBE, {"mode": mode}, PROBLEM, **kwargs))
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 from tuner import families, kernels
 from tuner.errors import InputError
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.kernels.base import ReferenceFailed
 from tuner.space import space as space_mod
 
@@ -547,9 +548,10 @@ class ResolvingEvaluator:
     def start(self):
         return {"gpu": "fake", "ceiling_tbps": 1.0}
 
-    def evaluate(self, compiled, family, config, problem, *args):
+    def evaluate(self, request):
         from tuner.result import Invalid
 
+        family = request.family
         resolved = families.get(family) if isinstance(family, str) else family
         return Invalid(reason=f"{type(family).__name__}:{resolved.name}:{resolved.template_dir}")
 
@@ -559,5 +561,5 @@ def test_the_worker_process_loads_a_user_family_by_reference():
 
     space = space_mod.load(EXAMPLE / "scale_add.yaml")
     with IsolatedEvaluator(evaluator_factory=ResolvingEvaluator, start_timeout_s=60.0) as evaluator:
-        result = evaluator.evaluate(None, space.family, space.default, space.problem())
+        result = evaluator.evaluate(EvaluateRequest(None, space.family, space.default, space.problem()))
     assert result.reason == f"str:scale_add:{EXAMPLE.resolve()}"

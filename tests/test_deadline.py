@@ -26,6 +26,7 @@ from tuner.gpu.deadline import (
     wait_until_done,
 )
 from tuner.gpu.evaluator import GpuEvaluator
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.gpu.worker import IsolatedEvaluator
 from tuner.result import Measurement, TimedOut
 from tuner.space import space as space_mod
@@ -191,7 +192,8 @@ class DeadlineChild:
     def set_deadline(self, deadline: Deadline) -> None:
         self.deadline = deadline
 
-    def evaluate(self, compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms=None):
+    def evaluate(self, request):
+        config = request.config
         if config["mode"] == "spin":
             self.poisoned = True
             return _spin(self.deadline)
@@ -201,6 +203,10 @@ class DeadlineChild:
         )
 
 
+def _request(config: dict) -> EvaluateRequest:
+    return EvaluateRequest(None, "copy", config, {"n": 1})
+
+
 def _isolated(**kwargs) -> IsolatedEvaluator:
     kwargs.setdefault("evaluator_factory", DeadlineChild)
     return IsolatedEvaluator(start_timeout_s=60.0, **kwargs)
@@ -208,34 +214,34 @@ def _isolated(**kwargs) -> IsolatedEvaluator:
 
 def test_the_child_is_told_the_deadline_and_the_slowest_healthy_run_so_far():
     with _isolated(timeout_s=30.0, floor_s=0.5) as evaluator:
-        first = evaluator.evaluate(None, "copy", {"mode": "ok", "p80_ms": 40.0}, {"n": 1})
+        first = evaluator.evaluate(_request({"mode": "ok", "p80_ms": 40.0}))
         assert first.uri == "30.0:0.0:0.5"
-        second = evaluator.evaluate(None, "copy", {"mode": "ok", "p80_ms": 1.0}, {"n": 1})
+        second = evaluator.evaluate(_request({"mode": "ok", "p80_ms": 1.0}))
         assert second.uri == "30.0:0.04:0.5"  # the first run's p80, in seconds
         evaluator.note_healthy(0.1)  # another GPU's slower run
-        assert evaluator.evaluate(None, "copy", {"mode": "ok"}, {"n": 1}, timeout_s=5.0).uri == "5.0:0.1:0.5"
+        assert evaluator.evaluate(_request({"mode": "ok"}), timeout_s=5.0).uri == "5.0:0.1:0.5"
 
 
 def test_a_hang_fails_at_its_deadline_and_the_replacement_hears_the_deadline():
     with _isolated(timeout_s=30.0, floor_s=0.5) as evaluator:
-        evaluator.evaluate(None, "copy", {"mode": "ok", "p80_ms": 2.0}, {"n": 1})
+        evaluator.evaluate(_request({"mode": "ok", "p80_ms": 2.0}))
         hung_pid = evaluator.pid
         started = time.monotonic()
-        result = evaluator.evaluate(None, "copy", {"mode": "spin"}, {"n": 1})
+        result = evaluator.evaluate(_request({"mode": "spin"}))
         elapsed = time.monotonic() - started
         assert isinstance(result, TimedOut) and result.details["sticky"] is True
         assert result.details["deadline_s"] == pytest.approx(0.5 + SLOWEST_SLACK * 0.002)
         assert elapsed < 10.0  # the deadline (~0.5 s) and the kill, far below the 30 s ceiling
         assert not evaluator.alive()  # killed at once: its kernel would never have ended
-        after = evaluator.evaluate(None, "copy", {"mode": "ok"}, {"n": 1})
+        after = evaluator.evaluate(_request({"mode": "ok"}))
         assert after.uri == "30.0:0.002:0.5" and evaluator.pid != hung_pid and evaluator.restarts == 1
 
 
 def test_the_replacements_start_up_is_charged_to_no_deadline():
     # every start takes 3 s, longer than the whole 2 s ceiling: the config after a hang still answers
     with _isolated(timeout_s=2.0, floor_s=0.3, evaluator_kwargs={"start_s": 3.0}) as evaluator:
-        assert isinstance(evaluator.evaluate(None, "copy", {"mode": "spin"}, {"n": 1}), TimedOut)
-        assert isinstance(evaluator.evaluate(None, "copy", {"mode": "ok"}, {"n": 1}), Measurement)
+        assert isinstance(evaluator.evaluate(_request({"mode": "spin"})), TimedOut)
+        assert isinstance(evaluator.evaluate(_request({"mode": "ok"})), Measurement)
         assert evaluator.restarts == 1
 
 
@@ -261,11 +267,11 @@ class SpinningReplay:
     def set_deadline(self, deadline: Deadline) -> None:
         self.deadline = deadline
 
-    def evaluate(self, compiled, family, config, *args):
-        if any(all(config.get(k) == v for k, v in params.items()) for params in self.hang):
+    def evaluate(self, request):
+        if any(all(request.config.get(k) == v for k, v in params.items()) for params in self.hang):
             self.poisoned = True
             return _spin(self.deadline)
-        return self.inner.evaluate(compiled, family, config, *args)
+        return self.inner.evaluate(request)
 
 
 @contextlib.contextmanager

@@ -38,8 +38,8 @@ class _ReplayChild:
     def start(self):
         return self.inner.start()
 
-    def evaluate(self, *args):
-        return self.inner.evaluate(*args)
+    def evaluate(self, request):
+        return self.inner.evaluate(request)
 
 
 def _child_factory(delay_s: float, timeout_s: float = 30.0):

@@ -32,9 +32,10 @@ class CutoffProbe(ReplayEvaluator):
     calls: list[tuple[str, float | None, float]] = []
     lock = threading.Lock()
 
-    def evaluate(self, compiled, family, config, problem, seed=None, budget_ms=25.0, min_reps=10, cutoff_ms=None):
-        assert compiled is not None and compiled.ok  # a measuring evaluator gets the real cubin
-        result = super().evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
+    def evaluate(self, request):
+        assert request.compiled is not None and request.compiled.ok  # a measuring evaluator gets the real cubin
+        budget_ms, min_reps, cutoff_ms = request.budget_ms, request.min_reps, request.cutoff_ms
+        result = super().evaluate(request)
         if result.ok and result.repetitions < min_reps:
             # the recording was made with the cut-off on: its cut-short configs stand for full timings here
             result = dataclasses.replace(result, repetitions=min_reps)

@@ -20,6 +20,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tuner.build import compile as compile_mod
 from tuner.cli.main import main as cli_main
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.results import kt
 from tuner.space import space as space_mod
 from tuner.study.driver import Driver
@@ -501,9 +502,9 @@ def test_a_recording_older_than_a_knob_stands_for_its_default_only(tmp_path):
     assert {c["min_blocks"] for c in subset.enumerate(problem)} == {0}
     assert subset.count_valid(problem) == 468  # every config of the recording
     config = {**space.default, "tile": 64, "rows_per_thread": 2, "pad": 1, "vec": 4, "order": "col"}
-    kept = replay.evaluate(None, "transpose", config, problem)
+    kept = replay.evaluate(EvaluateRequest(None, "transpose", config, problem))
     assert kept.ok and kept.tbps > 4.1  # among the recording's fastest configs
-    other = replay.evaluate(None, "transpose", {**config, "min_blocks": 2}, problem)
+    other = replay.evaluate(EvaluateRequest(None, "transpose", {**config, "min_blocks": 2}, problem))
     assert not other.ok and "not in the replay recording" in other.reason
 
 

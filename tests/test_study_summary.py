@@ -68,7 +68,8 @@ class HostBoundEvaluator:
             "gpu_facts": facts,
         }
 
-    def evaluate(self, compiled, family, config, problem, seed=None, budget_ms=25.0, min_reps=10, cutoff_ms=None):
+    def evaluate(self, request):
+        compiled, config = request.compiled, request.config
         assert compiled is not None and compiled.ok  # a measuring evaluator gets the real cubin
         time.sleep(HOST_S)
         self.evaluations += 1

@@ -15,6 +15,7 @@ import pytest
 
 from tuner.build.compile import compile_source
 from tuner.build.render import environment, render
+from tuner.gpu.protocol import EvaluateRequest
 from tuner.gpu.verify import POOL_SIZE, InputPool, pool_key
 from tuner.kernels.base import Family, Launch
 from tuner.kernels.declarative import reference_arrays_of
@@ -286,7 +287,7 @@ def binaries(tmp_path_factory, evaluator):
 
 
 def _run(evaluator, binaries, family, mode="good", **kwargs):
-    return evaluator.evaluate(binaries[mode], family, {"mode": mode}, PROBLEM, budget_ms=1.0, **kwargs)
+    return evaluator.evaluate(EvaluateRequest(binaries[mode], family, {"mode": mode}, PROBLEM, budget_ms=1.0, **kwargs))
 
 
 @pytest.mark.gpu

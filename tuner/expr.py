@@ -136,20 +136,7 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
             return lambda env: all(p(env) for p in parts)
         return lambda env: any(p(env) for p in parts)
     if isinstance(node, ast.Compare) and all(type(o) in COMPARE for o in node.ops):
-        first = _build(node.left, names, source)
-        ops = [COMPARE[type(o)] for o in node.ops]
-        rest = [_build(c, names, source) for c in node.comparators]
-
-        def compare(env):
-            left = first(env)
-            for op, right_fn in zip(ops, rest, strict=True):
-                right = right_fn(env)
-                if not op(left, right):
-                    return False
-                left = right
-            return True
-
-        return compare
+        return _build_compare(node, names, source)
     if isinstance(node, ast.IfExp):
         test, body, orelse = (_build(n, names, source) for n in (node.test, node.body, node.orelse))
         return lambda env: body(env) if test(env) else orelse(env)
@@ -157,41 +144,73 @@ def _build(node: ast.AST, names: set[str], source: str) -> Callable[[Env], Any]:
         items = [_build(e, names, source) for e in node.elts]
         return lambda env: tuple(i(env) for i in items)
     if isinstance(node, ast.Call):
-        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-            what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
-            allowed = ", ".join(sorted(FUNCTIONS))
-            raise ExprError(f"call of {what!r} is not allowed in {source!r} (allowed: {allowed})")
-        if node.keywords:
-            raise ExprError(f"keyword arguments are not allowed in {source!r}")
-        func = FUNCTIONS[node.func.id]
-        args = [_build(a, names, source) for a in node.args]
-        return lambda env: func(*(a(env) for a in args))
-    construct = {
-        ast.JoinedStr: "f-strings",
-        ast.FormattedValue: "f-strings",
-        ast.Set: "set literals",
-        ast.Dict: "dict literals",
-        ast.Slice: "slices",
-        ast.Await: "await",
-        ast.Yield: "yield",
-        ast.YieldFrom: "yield",
-        ast.Attribute: "attribute access",
-        ast.Lambda: "lambda",
-        ast.ListComp: "comprehension",
-        ast.SetComp: "comprehension",
-        ast.DictComp: "comprehension",
-        ast.GeneratorExp: "comprehension",
-        ast.Subscript: "subscript",
-        ast.NamedExpr: "assignment",
-        ast.Starred: "starred argument",
-    }.get(type(node))
+        return _build_call(node, names, source)
+    raise _refusal(node, source)
+
+
+def _build_compare(node: ast.Compare, names: set[str], source: str) -> Callable[[Env], Any]:
+    """A chain ``a < b <= c``: each comparison in turn, stopping at the first that fails (as Python does)."""
+    first = _build(node.left, names, source)
+    ops = [COMPARE[type(o)] for o in node.ops]
+    rest = [_build(c, names, source) for c in node.comparators]
+
+    def compare(env):
+        left = first(env)
+        for op, right_fn in zip(ops, rest, strict=True):
+            right = right_fn(env)
+            if not op(left, right):
+                return False
+            left = right
+        return True
+
+    return compare
+
+
+def _build_call(node: ast.Call, names: set[str], source: str) -> Callable[[Env], Any]:
+    """A call of a whitelisted function (`tuner.exprops.FUNCTIONS`) by name, with positional arguments only."""
+    if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+        what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+        allowed = ", ".join(sorted(FUNCTIONS))
+        raise ExprError(f"call of {what!r} is not allowed in {source!r} (allowed: {allowed})")
+    if node.keywords:
+        raise ExprError(f"keyword arguments are not allowed in {source!r}")
+    func = FUNCTIONS[node.func.id]
+    args = [_build(a, names, source) for a in node.args]
+    return lambda env: func(*(a(env) for a in args))
+
+
+#: what a refused node is called in the error that names it
+_CONSTRUCTS: dict[type, str] = {
+    ast.JoinedStr: "f-strings",
+    ast.FormattedValue: "f-strings",
+    ast.Set: "set literals",
+    ast.Dict: "dict literals",
+    ast.Slice: "slices",
+    ast.Await: "await",
+    ast.Yield: "yield",
+    ast.YieldFrom: "yield",
+    ast.Attribute: "attribute access",
+    ast.Lambda: "lambda",
+    ast.ListComp: "comprehension",
+    ast.SetComp: "comprehension",
+    ast.DictComp: "comprehension",
+    ast.GeneratorExp: "comprehension",
+    ast.Subscript: "subscript",
+    ast.NamedExpr: "assignment",
+    ast.Starred: "starred argument",
+}
+
+
+def _refusal(node: ast.AST, source: str) -> ExprError:
+    """The ExprError of a node outside the whitelist, naming its construct in words."""
+    construct = _CONSTRUCTS.get(type(node))
     if construct is None and isinstance(node, ast.Compare):
         construct = "identity comparison (is, is not)"
     if construct is None:
         what = type(getattr(node, "op", None) or node).__name__
         construct = f"the {_OPERATOR_WORDS.get(what, what)} operator" if hasattr(node, "op") else f"a {what} node"
     verb = "are" if construct in _PLURALS else "is"
-    raise ExprError(f"{construct} {verb} not allowed in {_short(source)}")
+    return ExprError(f"{construct} {verb} not allowed in {_short(source)}")
 
 
 _PLURALS = {"f-strings", "set literals", "dict literals", "slices"}

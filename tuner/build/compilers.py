@@ -1,9 +1,8 @@
 """Compiles in child processes, one per compile slot.
 
-NVRTC runs one compile at a time per process, however many threads call it: on a 16-core H200 host a bf16 kernel
-that includes cuda_bf16.h compiled at 0.046 s per compile from one thread, 0.037 s from 16 threads, and 0.0032 s
-from 16 processes (benchmarks/nvrtc_threads.py, 2026-12-02; CuPy's binding and a ctypes call alike). A study whose
-configs compile faster than the GPU measures them was bound by its compiles in series. So `CompileProcesses`
+NVRTC runs one compile at a time per process, however many threads call it, while processes scale with the cores
+(benchmarks/results/nvrtc_threads-2026-12-02.md, CuPy's binding and a ctypes call alike). A study whose configs
+compile faster than the GPU measures them was bound by its compiles in series. So `CompileProcesses`
 keeps `slots` child processes (`tuner.build.child`: fresh interpreters that import tuner's code and never re-run the
 caller's ``__main__``), each compiling one config at a time through `tuner.build.compile.compile_source` (the cache
 included: its writes are atomic and locked across processes). A thread that calls `compile` takes an idle child,

@@ -54,8 +54,9 @@ _REF_DTYPES = {"float32": "float", "float64": "double"}
 CHECK_PAIRS = tuple((o, r) for o in CHECK_DTYPES for r in _REF_DTYPES)
 #: The pairs the GPU worker compiles before its first trial, beside the random-input kernels: every shipped
 #: family's outputs are float32 or are decoded to it for the check (bf16, fp8 codes), against float32 or float64
-#: references. The other pairs compile afterwards in the background (the whole module took 0.55-0.9 s of NVRTC
-#: on a fresh H200 host, this part ~0.15 s), and a check that needs one waits for them.
+#: references. The other pairs compile afterwards in the background, so that the first trial waits for a fraction
+#: of the whole module's NVRTC time (benchmarks/results/startup-2026-12-01-read-flush.md); a check that needs one
+#: of them waits for it.
 FIRST_CHECKS = (("float32", "float32"), ("float32", "float64"))
 #: The pairs compiled behind the first trials.
 LATER_CHECKS = tuple(pair for pair in CHECK_PAIRS if pair not in FIRST_CHECKS)

@@ -13,7 +13,7 @@ import jinja2
 
 from tuner.build.compile import compile_source, default_arch
 from tuner.build.render import render
-from tuner.gpu.protocol import Evaluator
+from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.kernels.base import Family
 from tuner.result import Invalid, Result
 from tuner.space.problem import Problem
@@ -71,7 +71,7 @@ def evaluate_config(
         compiled = compile_source(source, arch)
         if not compiled.ok:
             return compiled
-        return evaluator.evaluate(
+        request = EvaluateRequest(
             compiled,
             family,
             resolved,
@@ -81,6 +81,7 @@ def evaluate_config(
             min_reps=min_reps,
             cutoff_ms=cutoff_ms,
         )
+        return evaluator.evaluate(request)
     finally:
         if owned:
             evaluator.close()

@@ -29,6 +29,7 @@ import functools
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +42,10 @@ from tuner.cudalib import runtime as _runtime
 from tuner.exprops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB
-from tuner.gpu.checks import Verification
+from tuner.gpu.checks import OutputCheck, Verification
 from tuner.gpu.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.gpu.device import Device
-from tuner.gpu.protocol import PHASES, fresh_seed
+from tuner.gpu.protocol import PHASES, EvaluateRequest, fresh_seed
 from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
 from tuner.gpu.timing import benchmark
 from tuner.kernels import bf16
@@ -66,15 +67,7 @@ _ATTR_MAX_DYNAMIC_SMEM = _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 # ------------------------------------------------------------------------------------------------------------
-# status codes → failures
-
-
-# ------------------------------------------------------------------------------------------------------------
-# timing
-
-
-# ------------------------------------------------------------------------------------------------------------
-# correctness
+# kernel arguments
 
 
 def _scalar(value: Any):
@@ -115,6 +108,45 @@ def _problem_dict(problem) -> dict[str, Any]:
 class _Loaded:
     module: Any
     functions: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Resources:
+    """What the driver reports of a config's functions, read before any launch."""
+
+    attrs: dict[str, dict[str, int]]  # per entry: max_threads, regs, smem_static, local
+    main_threads: int  # threads per block of the config's main launch
+    blocks_per_sm: int  # of the main launch, resident at once
+    warps_per_sm: int
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A config whose outputs matched their reference: its run (for the timing) and the checks."""
+
+    run: Callable[[], None]
+    checks: list[OutputCheck]
+    verification: str  # how the check was made, as the Measurement records it
+
+
+def _wrong_result(bad: list[OutputCheck], seed: int, verification: str, phases: dict[str, float]) -> WrongResult:
+    """The WrongResult of the checks that failed, with the figures of the first."""
+    worst = bad[0]
+    return WrongResult(
+        reason="; ".join(check.describe() for check in bad),
+        details={
+            "output": worst.name,
+            "max_abs_error": worst.max_abs_error,
+            "max_rel_error": worst.max_rel_error,
+            "mismatches": worst.mismatches,
+            "elements": worst.elements,
+            "nan_count": worst.nan_count,
+            "tolerance": worst.tolerance,
+            "seed": seed,
+            "verification": verification,
+            "phases_s": _rounded(phases),
+        },
+    )
 
 
 class GpuEvaluator(Device, Verification):
@@ -187,7 +219,7 @@ class GpuEvaluator(Device, Verification):
             self._ahead.shutdown(wait=False, cancel_futures=True)
 
     def reserve(self, seed: int) -> None:
-        """A later `evaluate(seed=seed)` will come (the study's finalists): where the reference runs on the host,
+        """A later request with `seed` will come (the study's finalists): where the reference runs on the host,
         its input set is computed ahead, in the background, beside a problem's first set."""
         self._reserved = seed
         if self._started:
@@ -245,35 +277,24 @@ class GpuEvaluator(Device, Verification):
         return loaded
 
     # -- evaluation ------------------------------------------------------------------------------------------
-    def evaluate(
-        self,
-        compiled,
-        family: Family | str,
-        config: dict[str, Any],
-        problem,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-    ) -> Result:
-        """Check, then time one compiled config (`benchmark`'s protocol: `budget_ms`, `min_reps`, `cutoff_ms`).
-        `family` is a Family or a registered family's name; `config` the resolved config (params + derived);
-        `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed, WrongResult or
-        TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and anything else that
-        is a bug."""
+    def evaluate(self, request: EvaluateRequest) -> Result:
+        """Check, then time one compiled config (`benchmark`'s protocol: the request's `budget_ms`, `min_reps`,
+        `cutoff_ms`). Its `family` is a Family or a registered family's name; `config` the resolved config (params +
+        derived); `problem` a Problem or its env dict (sizes, dtype). Returns a Measurement, LaunchFailed,
+        WrongResult or TimedOut; raises EvaluatorPoisoned once a sticky error has destroyed the context, and
+        anything else that is a bug."""
         if self.poisoned:
             raise EvaluatorPoisoned(
                 f"GPU {self.gpu_index}: CUDA context lost earlier "
                 f"({self.poisoned_by.reason if self.poisoned_by else 'unknown'})"
             )
-        if isinstance(family, str):
-            family = families.get(family)
-        problem = _problem_dict(problem)
+        family = families.get(request.family) if isinstance(request.family, str) else request.family
+        problem = _problem_dict(request.problem)
         self.start()
         phase = ["load"]
         try:
             with self._device:
-                return self._evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase)
+                return self._evaluate(request, family, problem, phase)
         except CUDA_ERRORS as exc:
             failure = cuda_failure(exc, phase[0])
             if failure is None:
@@ -302,11 +323,10 @@ class GpuEvaluator(Device, Verification):
         self.poisoned, self.poisoned_by = True, failure
         return failure
 
-    def _evaluate(
-        self, compiled, family: Family, config, problem, seed, budget_ms, min_reps, cutoff_ms, phase: list[str]
-    ) -> Result:
-        import cupy
-
+    def _evaluate(self, request: EvaluateRequest, family: Family, problem: dict[str, Any], phase: list[str]) -> Result:
+        """One config through the protocol: its functions' resources and launch limits (no launch yet), the
+        correctness check, the timing. `phase[0]` names the stage under way, for a failure raised in it."""
+        compiled, config = request.compiled, request.config
         launches: list[Launch] = family.launches(compiled.entry, config, problem)
         if not launches:
             raise ValueError(f"{family.name}: launches() returned no launch")
@@ -318,8 +338,42 @@ class GpuEvaluator(Device, Verification):
         self._expected_s = expected_seconds(family, problem, config, self._ceiling_tbps) + flush_s
         self._runs = 0
 
-        # -- resources and launch limits (no launch yet) --
         phase[0] = "launch configuration"
+        resources = self._resources(compiled, loaded, launches, entries, phase[0])
+        if isinstance(resources, LaunchFailed):
+            return resources
+
+        phase[0] = "correctness check"
+        phases = dict.fromkeys(PHASES, 0.0)
+        checked = self._check_outputs(request, family, problem, loaded, launches, phase, phases)
+        if isinstance(checked, WrongResult):
+            return checked
+
+        phase[0] = "timing"
+        given_up = self.hold.timeouts
+        started = time.perf_counter()
+        timing = benchmark(
+            checked.run,
+            stream=self.stream,
+            budget_ms=request.budget_ms,
+            min_reps=request.min_reps,
+            max_reps=self.max_reps,
+            flush=self._flush,
+            sync=self._sync,
+            cutoff_ms=request.cutoff_ms,
+            warm=True,  # the correctness launch ran every launch of the config once
+            hold=self.hold,
+        )
+        phases["timing"] = time.perf_counter() - started
+        return self._measurement(compiled, family, problem, launches, resources, checked, timing, phases, given_up)
+
+    # -- resources and launch limits (no launch yet) ---------------------------------------------------------
+    def _resources(
+        self, compiled, loaded: _Loaded, launches: list[Launch], entries: list[str], phase: str
+    ) -> _Resources | LaunchFailed:
+        """What the driver reports of each function (threads allowed, registers, static SMEM, local memory); a
+        LaunchFailed for a launch beyond them or the device; the dynamic SMEM opted into where a launch needs
+        more than the default allows; the occupancy of the config's main function."""
         attrs = {
             entry: {
                 name: _driver.funcGetAttribute(attr, loaded.functions[entry].ptr)
@@ -334,35 +388,9 @@ class GpuEvaluator(Device, Verification):
         }
         dynamic_by_entry: dict[str, int] = {}
         for launch in launches:
-            a = attrs[launch.entry]
-            threads = math.prod(launch.block)
-            if threads > a["max_threads"]:
-                status = 1 if threads > self.facts.max_threads_per_block else 701
-                return LaunchFailed(
-                    reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
-                    f"{a['max_threads']} (registers or launch bounds)",
-                    details={
-                        "status": status,
-                        "sticky": False,
-                        "phase": phase[0],
-                        "block_threads": threads,
-                        "max_threads_per_block": a["max_threads"],
-                    },
-                )
-            smem_total = a["smem_static"] + launch.smem_dynamic
-            if smem_total > self.smem_optin_bytes:
-                return LaunchFailed(
-                    reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
-                    f"({a['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
-                    f"{self.smem_optin_bytes}",
-                    details={
-                        "status": 1,
-                        "sticky": False,
-                        "phase": phase[0],
-                        "smem_bytes": smem_total,
-                        "smem_limit": self.smem_optin_bytes,
-                    },
-                )
+            refused = self._refused(launch, attrs[launch.entry], phase)
+            if refused is not None:
+                return refused
             dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
         for entry, dynamic in dynamic_by_entry.items():
             if dynamic and attrs[entry]["smem_static"] + dynamic > self.facts.smem_per_block:
@@ -372,24 +400,64 @@ class GpuEvaluator(Device, Verification):
         blocks_per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(
             loaded.functions[main.entry].ptr, main_threads, main.smem_dynamic
         )
-        warps_per_sm = blocks_per_sm * ceil_div(main_threads, 32)
+        return _Resources(attrs, main_threads, blocks_per_sm, blocks_per_sm * ceil_div(main_threads, 32))
 
-        # -- correctness --
-        phase[0] = "correctness check"
-        stream = self.stream
-        phases = dict.fromkeys(PHASES, 0.0)
+    def _refused(self, launch: Launch, attrs: dict[str, int], phase: str) -> LaunchFailed | None:
+        """The LaunchFailed of a launch with more threads per block than its function allows, or more shared
+        memory per block than the device has; None for a launch within both."""
+        threads = math.prod(launch.block)
+        if threads > attrs["max_threads"]:
+            status = 1 if threads > self.facts.max_threads_per_block else 701
+            return LaunchFailed(
+                reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
+                f"{attrs['max_threads']} (registers or launch bounds)",
+                details={
+                    "status": status,
+                    "sticky": False,
+                    "phase": phase,
+                    "block_threads": threads,
+                    "max_threads_per_block": attrs["max_threads"],
+                },
+            )
+        smem_total = attrs["smem_static"] + launch.smem_dynamic
+        if smem_total > self.smem_optin_bytes:
+            return LaunchFailed(
+                reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
+                f"({attrs['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
+                f"{self.smem_optin_bytes}",
+                details={
+                    "status": 1,
+                    "sticky": False,
+                    "phase": phase,
+                    "smem_bytes": smem_total,
+                    "smem_limit": self.smem_optin_bytes,
+                },
+            )
+        return None
+
+    # -- correctness -----------------------------------------------------------------------------------------
+    def _check_outputs(
+        self,
+        request: EvaluateRequest,
+        family: Family,
+        problem: dict[str, Any],
+        loaded: _Loaded,
+        launches: list[Launch],
+        phase: list[str],
+        phases: dict[str, float],
+    ) -> _Checked | WrongResult:
+        """Run every launch of the config once on the inputs of an input set (the pool's, or a fresh one for the
+        request's seed), its outputs poisoned, and compare them with the set's reference (a mismatch against a
+        kept reference is checked again before the config is blamed). The check passed, with the config's run
+        for the timing; or the WrongResult of a mismatch or of a reference that failed."""
+        import cupy
+
+        config = request.config
         outputs_spec = family.outputs(problem, config)
         key = verify.pool_key(family, problem, config)
-        explicit = seed is not None  # an explicit seed: a fresh set, beside the pool's (shared by the finalists)
-        self._settle_ahead(phases)
-        pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
-        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
-            self._settle(key, pooled, phases)
-        if pooled is not None:
-            seed = pooled.seed
-        else:
-            seed = fresh_seed()
-        with stream:
+        explicit = request.seed is not None  # an explicit seed: a fresh set, beside the pool's (the finalists')
+        pooled, seed = self._input_set(key, request.seed, phases)
+        with self.stream:
             inputs = self._inputs(family, problem, seed, phases)
             # A checked name that is not an output is an input the kernel updates in place.
             checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
@@ -412,71 +480,74 @@ class GpuEvaluator(Device, Verification):
                 )
             outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
             arrays = {**inputs, **outputs}
-
-            def argument(name: str):
-                if name in arrays:
-                    return arrays[name]
-                return _scalar(problem[name] if name in problem else config[name])
-
-            calls = [
-                (
-                    loaded.functions[launch.entry],
-                    tuple(launch.grid),
-                    tuple(launch.block),
-                    tuple(argument(name) for name in launch.args),
-                    launch.smem_dynamic,
-                )
-                for launch in launches
-            ]
-
-            def run() -> None:
-                for function, grid, block, args, smem in calls:
-                    function(grid, block, args, shared_mem=smem, stream=stream)
-                self._runs += 1  # the next wait covers this run: it is under the config's deadline
-
+            run = self._runner(loaded, launches, arrays, problem, config)
             checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
             if kept and not all(check.ok for check in checks):
                 checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
             elif kept and pooled is not None:
                 pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
             del reference
+        verification = "fresh input set" if explicit else self._pool.protocol(key)
         bad = [check for check in checks if not check.ok]
         if bad:
-            worst = bad[0]
-            return WrongResult(
-                reason="; ".join(check.describe() for check in bad),
-                details={
-                    "output": worst.name,
-                    "max_abs_error": worst.max_abs_error,
-                    "max_rel_error": worst.max_rel_error,
-                    "mismatches": worst.mismatches,
-                    "elements": worst.elements,
-                    "nan_count": worst.nan_count,
-                    "tolerance": worst.tolerance,
-                    "seed": seed,
-                    "verification": "fresh input set" if explicit else self._pool.protocol(key),
-                    "phases_s": _rounded(phases),
-                },
+            return _wrong_result(bad, seed, verification, phases)
+        return _Checked(run, checks, verification)
+
+    def _input_set(self, key: tuple, seed: int | None, phases: dict[str, float]) -> tuple[verify.InputSet | None, int]:
+        """The input set of this check and its seed: the fresh set of an explicit `seed` (its reference computed
+        ahead where it was reserved), else the pool's next for `key`; None (with a seed of its own) where the
+        pool keeps none for it."""
+        self._settle_ahead(phases)
+        pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
+        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
+            self._settle(key, pooled, phases)
+        return pooled, (pooled.seed if pooled is not None else fresh_seed())
+
+    def _runner(
+        self, loaded: _Loaded, launches: list[Launch], arrays: dict[str, Any], problem: dict[str, Any], config
+    ) -> Callable[[], None]:
+        """One run of the config: every launch, in order, on the stream, with its arguments bound now (an array
+        by name, else a scalar from the problem or the config)."""
+        stream = self.stream
+
+        def argument(name: str):
+            if name in arrays:
+                return arrays[name]
+            return _scalar(problem[name] if name in problem else config[name])
+
+        calls = [
+            (
+                loaded.functions[launch.entry],
+                tuple(launch.grid),
+                tuple(launch.block),
+                tuple(argument(name) for name in launch.args),
+                launch.smem_dynamic,
             )
+            for launch in launches
+        ]
 
-        # -- timing --
-        phase[0] = "timing"
-        given_up = self.hold.timeouts
-        started = time.perf_counter()
-        timing = benchmark(
-            run,
-            stream=stream,
-            budget_ms=budget_ms,
-            min_reps=min_reps,
-            max_reps=self.max_reps,
-            flush=self._flush,
-            sync=self._sync,
-            cutoff_ms=cutoff_ms,
-            warm=True,  # the correctness launch above ran every launch of the config once
-            hold=self.hold,
-        )
-        phases["timing"] = time.perf_counter() - started
+        def run() -> None:
+            for function, grid, block, args, smem in calls:
+                function(grid, block, args, shared_mem=smem, stream=stream)
+            self._runs += 1  # the next wait covers this run: it is under the config's deadline
 
+        return run
+
+    # -- the measurement -------------------------------------------------------------------------------------
+    def _measurement(
+        self,
+        compiled,
+        family: Family,
+        problem: dict[str, Any],
+        launches: list[Launch],
+        resources: _Resources,
+        checked: _Checked,
+        timing,
+        phases: dict[str, float],
+        given_up: int,
+    ) -> Measurement:
+        """The Measurement of a config that passed its check and was timed, with every condition it names."""
+        attrs = resources.attrs
         seconds = timing.median_ms * 1e-3
         bytes_moved = int(family.bytes_moved(problem))
         flops = int(family.flops(problem))
@@ -497,31 +568,25 @@ class GpuEvaluator(Device, Verification):
             smem_dynamic_bytes=max(launch.smem_dynamic for launch in launches),
             spill_bytes=int(getattr(compiled, "spill_bytes", 0)),
             local_bytes=max(attrs[launch.entry]["local"] for launch in launches),
-            blocks_per_sm=blocks_per_sm,
-            warps_per_sm=warps_per_sm,
-            max_abs_error=max(check.max_abs_error for check in checks),
-            max_rel_error=max(check.max_rel_error for check in checks),
+            blocks_per_sm=resources.blocks_per_sm,
+            warps_per_sm=resources.warps_per_sm,
+            max_abs_error=max(check.max_abs_error for check in checked.checks),
+            max_rel_error=max(check.max_rel_error for check in checked.checks),
             gpu=self._gpu_name,
             gpu_index=self.gpu_index,
             clocks=self.clocks(),
-            versions={
-                **self.versions,
-                "arch": compiled.arch,
-                "verification": "fresh input set" if explicit else self._pool.protocol(key),
-            },
+            versions={**self.versions, "arch": compiled.arch, "verification": checked.verification},
             uri=compiled.uri,
             holds_given_up=self.hold.timeouts - given_up,
-            threads_per_block=main_threads,
+            threads_per_block=resources.main_threads,
             # the checked launch ran the same work as one repetition: counted at the median
             gpu_ms=timing.total_ms + timing.median_ms,
             phases_s=_rounded(phases),
         )
 
-    # -- the check's stages (see tuner.gpu.verify for the pool) -------------------------------------------------
-
 
 # ------------------------------------------------------------------------------------------------------------
-# the ceiling, measured once per GPU
+# the evaluator of a Ray actor
 
 
 def gpu_evaluator(gpu_index: int) -> GpuEvaluator:

@@ -1,11 +1,12 @@
 """The evaluator contract: one compiled config in, one `Result` out.
 
-Four evaluators implement it with one signature: `tuner.gpu.evaluator.GpuEvaluator` (in-process, owns a GPU),
-`tuner.gpu.worker.IsolatedEvaluator` (the same in a child process), the Ray actor of `tuner.study.cluster` (wraps any
-evaluator on one cluster GPU) and `tuner.study.replay.ReplayEvaluator` (answers from a recorded study). The study
-driver and `tuner.study.cluster.Pool` take any of them and never ask which.
+Four evaluators implement it with one signature, ``evaluate(request) -> Result``:
+`tuner.gpu.evaluator.GpuEvaluator` (in-process, owns a GPU), `tuner.gpu.worker.IsolatedEvaluator` (the same in a
+child process), the Ray actor of `tuner.study.cluster` (wraps any evaluator on one cluster GPU) and
+`tuner.study.replay.ReplayEvaluator` (answers from a recorded study). The study driver and
+`tuner.study.cluster.Pool` take any of them and never ask which.
 
-The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)``:
+The contract, for an `EvaluateRequest` (compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms):
 
 * `compiled` is the `tuner.build.compile.Compiled` of the config, or None for an evaluator whose `measures` is
   False (it answers without running anything, so nothing is compiled for it);
@@ -19,6 +20,9 @@ The contract, for ``evaluate(compiled, family, config, problem, seed, budget_ms,
   time anything ignores them;
 * it returns a `Measurement` or a typed `Failure` for anything the config did (refused launch, wrong
   result, hang, ...); it raises only for a bug in our own code or a lost evaluator.
+
+The request is a value: it pickles (it crosses the isolated worker's pipe and Ray as it is), and an evaluator
+that passes it on changes it with `dataclasses.replace`, never in place.
 
 `start()` sets up once and returns the evaluator's info: at least "gpu" (a name), "gpu_index", "arch"
 (what to compile for) and "ceiling_tbps" (None where nothing is measured), and where a GPU answered,
@@ -38,12 +42,35 @@ from typing import Any, Protocol, runtime_checkable
 from tuner.kernels.base import Family
 from tuner.result import Result
 
-__all__ = ["CHECK_PHASES", "PHASES", "Evaluator", "EvaluatorFactory", "Spent", "fresh_seed"]
+__all__ = ["CHECK_PHASES", "PHASES", "EvaluateRequest", "Evaluator", "EvaluatorFactory", "Spent", "fresh_seed"]
 
 
 def fresh_seed() -> int:
-    """A seed no input set has had (63 random bits): `evaluate(seed=fresh_seed())` checks on a fresh set."""
+    """A seed no input set has had (63 random bits): a request with ``seed=fresh_seed()`` checks on a fresh set."""
     return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """One compiled config to evaluate on one problem, and how: what every evaluator's `evaluate` takes. The
+    fields and what each evaluator does with them are the module docstring's contract."""
+
+    #: the config's `tuner.build.compile.Compiled`; None for an evaluator whose `measures` is False
+    compiled: Any
+    #: a `Family` or a registered family's name (a reference `tuner.families.get` resolves)
+    family: Family | str
+    #: the resolved config: params and derived values
+    config: dict[str, Any]
+    #: a `tuner.space.problem.Problem` or its env dict (sizes, dtype)
+    problem: Any
+    #: None: the evaluator's pool of input sets; an int: a fresh input set drawn from that seed
+    seed: int | None = None
+    #: timed work to aim for (`tuner.gpu.timing.benchmark`)
+    budget_ms: float = 25.0
+    #: timed repetitions at the least
+    min_reps: int = 10
+    #: a 3-repetition estimate above this is reported as it is (screening); None: no cut-off
+    cutoff_ms: float | None = None
 
 
 @runtime_checkable
@@ -55,17 +82,7 @@ class Evaluator(Protocol):
 
     def start(self) -> dict[str, Any]: ...
 
-    def evaluate(
-        self,
-        compiled: Any,
-        family: Family | str,
-        config: dict[str, Any],
-        problem: Any,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-    ) -> Result: ...
+    def evaluate(self, request: EvaluateRequest) -> Result: ...
 
     def close(self) -> None: ...
 

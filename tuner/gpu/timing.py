@@ -17,8 +17,7 @@ import numpy as np
 
 #: How the L2 is emptied before each timed launch (recorded with every measurement, in `versions`): a read of
 #: twice the L2 (`tuner.gpu.devicekernels.ReadFlush`). A memset of the same size left the L2 full of dirty lines
-#: whose write-back the next launch paid: on an H200, 8.5 us of a 38 us GEMV, 4 us of the same-bytes copy
-#: (benchmarks/results/launch_gap-2026-12-01.md).
+#: whose write-back the next launch paid (benchmarks/results/launch_gap-2026-12-01.md).
 L2_FLUSH = "read 2x L2"
 
 

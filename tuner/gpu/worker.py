@@ -19,11 +19,12 @@ the child:
 In every case the next call starts a fresh child, so one caller can go on evaluating. A child that dies or hangs
 while starting raises `WorkerError` with its last lines on stderr (its stderr reaches the caller's ``sys.stderr``
 as it is written, `tuner.build.child`). The protocol is tuples over the pipe; what crosses is picklable by
-construction: the `Compiled` (cubin bytes and resources), the family's *name* (or, for a family that is not
-registered, the Family object itself: its class must be importable by name in the child, so not one defined in
-the caller's ``__main__``), the resolved config, the problem's env dict, the seed and the budget.
+construction: the `tuner.gpu.protocol.EvaluateRequest` with the `Compiled` (cubin bytes and resources), the family's
+*name* (or, for a family that is not registered, the Family object itself: its class must be importable by name in
+the child, so not one defined in the caller's ``__main__``), the resolved config, the problem's env dict, the seed
+and the budget.
 
-    parent → child   ("evaluate", compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
+    parent → child   ("evaluate", EvaluateRequest)
                      ("ceiling",)   ("stop",)   ("reserve", seed)   ("deadline", Deadline)   — the last two one way
     child → parent   ("ready", info)   ("result", Result, exiting)   ("value", float)
                      ("error", type name, message, traceback)   — a bug in the child; it then exits
@@ -33,6 +34,7 @@ the caller's ``__main__``), the resolved config, the problem's env dict, the see
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import traceback
@@ -47,6 +49,7 @@ from tuner.result import Failure, LaunchFailed, Result, TimedOut
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
+    from tuner.gpu.protocol import EvaluateRequest
     from tuner.kernels.base import Family
 
 # Nothing heavier than the standard library, tuner.build.child, tuner.gpu.deadline and tuner.result at this module's
@@ -109,7 +112,7 @@ def _warm_cuda_context() -> None:
 
 def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
     """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
-    it must offer start() -> info, evaluate(...), ceiling_tbps and poisoned."""
+    it must offer start() -> info, evaluate(request), ceiling_tbps and poisoned."""
     entered_at = time.perf_counter()
     _pin_gpu(gpu)  # before anything imports CuPy or touches CUDA
     if factory is None:
@@ -147,7 +150,7 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
             continue
         try:
             if op == "evaluate":
-                result = evaluator.evaluate(*message[1:])
+                result = evaluator.evaluate(message[1])
                 reply: tuple = ("result", result, bool(getattr(evaluator, "poisoned", False)))
             elif op == "ceiling":
                 reply = ("value", evaluator.ceiling_tbps)
@@ -273,18 +276,18 @@ class IsolatedEvaluator:
         if deadline == self._deadline:
             return
         self._deadline = deadline
-        if self.info and self.alive() and self._conn is not None:
-            try:
-                self._conn.send(("deadline", deadline))
-            except OSError:
-                pass  # the child is gone; its replacement is told at its start
+        self._tell(("deadline", deadline))
 
     def reserve(self, seed: int) -> None:
         """GpuEvaluator.reserve in the child (and in every child that replaces it)."""
         self._reserved = seed
+        self._tell(("reserve", seed))
+
+    def _tell(self, message: tuple) -> None:
+        """Send a one-way message to a child that is up; a child not up yet, or gone, hears it from `start`."""
         if self.info and self.alive() and self._conn is not None:
             try:
-                self._conn.send(("reserve", seed))
+                self._conn.send(message)
             except OSError:
                 pass  # the child is gone; its replacement is told at its start
 
@@ -394,25 +397,15 @@ class IsolatedEvaluator:
             )
         return family
 
-    def evaluate(
-        self,
-        compiled,
-        family: Family | str,
-        config: dict[str, Any],
-        problem,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-        timeout_s: float | None = None,
-    ) -> Result:
-        """GpuEvaluator.evaluate in the child, bounded by `timeout_s` (default: the instance's)."""
-        problem_env = dict(getattr(problem, "env", problem))
-        family_ref = self._family_ref(family)
-        message = ("evaluate", compiled, family_ref, dict(config), problem_env, seed, budget_ms, min_reps, cutoff_ms)
+    def evaluate(self, request: EvaluateRequest, timeout_s: float | None = None) -> Result:
+        """GpuEvaluator.evaluate in the child, bounded by `timeout_s` (default: the instance's). The request
+        crosses with its family as a reference where it has one and its problem as an env dict."""
+        problem_env = dict(getattr(request.problem, "env", request.problem))
+        family_ref = self._family_ref(request.family)
+        sent = dataclasses.replace(request, family=family_ref, config=dict(request.config), problem=problem_env)
         ceiling_s = self.timeout_s if timeout_s is None else timeout_s
         self._tell_deadline(ceiling_s)
-        reply = self._request(message, ceiling_s)
+        reply = self._request(("evaluate", sent), ceiling_s)
         if not isinstance(reply, tuple):
             return reply
         _, result, exiting = reply

@@ -121,26 +121,13 @@ def attach_artifacts(
     Trials are skipped, with the reason in the report, when the space file is gone or changed (the source would
     not be what was measured) or NVRTC rejects the source. Idempotent: a second call attaches nothing.
     """
-    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+    from optuna.artifacts import FileSystemArtifactStore
 
     url = storage_url(study)
-    if artifact_dir is None:
-        artifact_dir = artifact_dir_for(url)
-        if artifact_dir is None:
-            raise InputError(f"study {study.study_name}: not in a SQLite file; give an artifact folder")
-    artifact_dir = Path(artifact_dir)
-    try:
-        artifact_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create artifact folder {artifact_dir}: {exc.strerror}") from None
-    report = AttachReport(artifact_dir=artifact_dir)
+    report = AttachReport(artifact_dir=_artifact_folder(study, url, artifact_dir))
     writer = _FinishedTrialAttrs(url, study.study_name)
     trials = study.get_trials(deepcopy=False)
-
-    for t in trials:
-        if t.state.is_finished() and t.constraints and TrialAttr.CONSTRAINT not in t.user_attrs:
-            writer.set_attrs(writer.trial_id(t.number), user={TrialAttr.CONSTRAINT: max(t.constraints.values())})
-            report.constraints_mirrored.append(t.number)
+    _mirror_constraints(trials, writer, report)
 
     todo = [t for t in trials if is_measured(t) and not is_duplicate(t) and TrialAttr.ARTIFACTS not in t.user_attrs]
     if not todo:
@@ -163,32 +150,59 @@ def attach_artifacts(
         except InputError as exc:
             return t, str(exc)
 
-    store = FileSystemArtifactStore(artifact_dir)
+    store = FileSystemArtifactStore(report.artifact_dir)
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool, tempfile.TemporaryDirectory() as tmp:
         for t, built in pool.map(build, todo):  # NVRTC releases the GIL: compiles overlap
             if isinstance(built, str):
                 report.skipped[t.number] = built
                 continue
-            source, ptx = built
             folder = Path(tmp) / str(t.number)
             folder.mkdir()
-            (folder / f"{source.uri}.cu").write_text(source.text)
-            (folder / f"{source.uri}.ptx").write_bytes(ptx)
-            ids = {
-                kind: upload_artifact(
-                    artifact_store=store,
-                    file_path=str(folder / f"{source.uri}.{ext}"),
-                    study_or_trial=t,
-                    # Optuna annotates BaseStorage, yet for a trial it calls only set_trial_system_attr, which
-                    # the writer provides for finished trials (Optuna's storages refuse to update those).
-                    storage=writer,  # type: ignore[arg-type]
-                    mimetype="text/plain",
-                )
-                for kind, ext in (("source", "cu"), ("ptx", "ptx"))
-            }
+            # The writer as the storage: for a trial, upload_artifact calls only set_trial_system_attr, which the
+            # writer provides for finished trials (Optuna's storages refuse to update those).
+            ids = _upload_source_and_ptx(store, folder, *built, t, storage=writer)
             writer.set_attrs(writer.trial_id(t.number), user={TrialAttr.ARTIFACTS: ids})
             report.attached.append(t.number)
     return report
+
+
+def _artifact_folder(study: optuna.Study, url: str, artifact_dir: str | Path | None) -> Path:
+    """`artifact_dir`, or the default folder beside the study's SQLite file; created if missing."""
+    if artifact_dir is None:
+        artifact_dir = artifact_dir_for(url)
+        if artifact_dir is None:
+            raise InputError(f"study {study.study_name}: not in a SQLite file; give an artifact folder")
+    artifact_dir = Path(artifact_dir)
+    try:
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create artifact folder {artifact_dir}: {exc.strerror}") from None
+    return artifact_dir
+
+
+def _mirror_constraints(trials: list[FrozenTrial], writer: _FinishedTrialAttrs, report: AttachReport) -> None:
+    """Give every finished trial with Optuna constraints and no "constraint" user attr one: the largest value."""
+    for t in trials:
+        if t.state.is_finished() and t.constraints and TrialAttr.CONSTRAINT not in t.user_attrs:
+            writer.set_attrs(writer.trial_id(t.number), user={TrialAttr.CONSTRAINT: max(t.constraints.values())})
+            report.constraints_mirrored.append(t.number)
+
+
+def _upload_source_and_ptx(
+    store: Any, folder: Path, source: Source, ptx: bytes, trial: Any, storage: Any = None
+) -> dict[str, str]:
+    """Write a trial's ``<uri>.cu`` and ``<uri>.ptx`` into `folder` and upload each to `store` for `trial` (a
+    FrozenTrial also needs the `storage` that records its artifact attrs); their artifact ids, by kind."""
+    from optuna.artifacts import upload_artifact
+
+    ids = {}
+    for kind, ext, data in (("source", "cu", source.text.encode()), ("ptx", "ptx", ptx)):
+        path = folder / f"{source.uri}.{ext}"
+        path.write_bytes(data)
+        ids[kind] = upload_artifact(
+            artifact_store=store, file_path=str(path), study_or_trial=trial, storage=storage, mimetype="text/plain"
+        )
+    return ids
 
 
 class ArtifactWriter:
@@ -207,18 +221,8 @@ class ArtifactWriter:
             self.store = FileSystemArtifactStore(self.folder)
 
     def attach(self, trial, source, compiled) -> None:
-        import tempfile
-
-        from optuna.artifacts import upload_artifact
-
         if self.store is None or not compiled.ptx:
             return
-        ids = {}
         with tempfile.TemporaryDirectory() as tmp:
-            for kind, ext, data in (("source", "cu", source.text.encode()), ("ptx", "ptx", compiled.ptx)):
-                path = Path(tmp) / f"{source.uri}.{ext}"
-                path.write_bytes(data)
-                ids[kind] = upload_artifact(
-                    artifact_store=self.store, file_path=str(path), study_or_trial=trial, mimetype="text/plain"
-                )
+            ids = _upload_source_and_ptx(self.store, Path(tmp), source, compiled.ptx, trial)
         trial.set_user_attr(TrialAttr.ARTIFACTS, ids)

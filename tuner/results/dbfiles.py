@@ -77,8 +77,9 @@ def storage_url(storage: str) -> str:
     return URL.create("sqlite", database=storage).render_as_string(hide_password=False)
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The file behind a ``sqlite:///PATH`` URL; None for other databases. In-memory URLs are InputErrors."""
+def sqlite_path(url: str, *, in_memory_ok: bool = False) -> Path | None:
+    """The file behind a ``sqlite:///PATH`` URL; None for other databases. An in-memory URL is an InputError (a
+    study's would vanish with its writer process), or None with `in_memory_ok` (reading: there is no file)."""
     if not url.startswith("sqlite:"):
         return None
     if (plain := plain_sqlite_file(url)) is not None:
@@ -92,6 +93,8 @@ def sqlite_path(url: str) -> Path | None:
         raise InputError(f"--storage {url}: not a database URL ({exc})") from None
     database = parsed.database or ""
     if database in ("", ":memory:") or parsed.query.get("mode") == "memory":
+        if in_memory_ok:
+            return None
         raise InputError(
             f"--storage {url}: an in-memory database would vanish with the study's writer process; "
             f"give a file (sqlite:///PATH)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -81,6 +82,20 @@ def _html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
+@dataclass
+class _Panel:
+    """One panel of the Pareto plot: a resource on x, the objective on y, coloured by the other resource."""
+
+    xs: list[float]  # the resource of every measured trial
+    xs_front: list[float]  # ... of the Pareto trials
+    colors: list[float]  # the other resource, of every measured trial
+    color_label: str
+    xlabel: str
+    budgets: list[tuple[int, float]]  # (blocks per SM, the most of the resource that lets that many reside)
+    note: str  # the panel's title: what its budget lines are
+    budget_unit: str  # how an off-scale budget is written
+
+
 def _pareto_png(study: optuna.Study) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -89,99 +104,19 @@ def _pareto_png(study: optuna.Study) -> bytes:
     front = pareto_trials(study)
     unit = throughput_unit(study)
     fastest = front[0]
-    facts = gpu_facts(study)
-    block_threads = threads(fastest) or TYPICAL_THREADS
-    threads_note = "the fastest config's" if threads(fastest) else "typical; not recorded"
-
-    def column(ts: list[FrozenTrial], key: str) -> list[float]:
-        return [float(t.user_attrs.get(key) or 0) for t in ts]
-
     target = goal(study)
 
     def ys(ts: list[FrozenTrial]) -> list[float]:
         return [v if (v := objective_value(study, t, target)) is not None else math.nan for t in ts]
 
-    y_all, y_front = ys(trials), ys(front)
-    regs, smem = column(trials, "registers"), column(trials, "smem_bytes")
-    smem_kib = [v / 1024 for v in smem]
-    # per panel: name, x of all, x of the front, colour, colour label, x label, (blocks/SM, budget), note, unit
-    panels: list[tuple[str, list[float], list[float], list[float], str, str, list[tuple[int, float]], str, str]] = [
-        (
-            "registers",
-            regs,
-            column(front, "registers"),
-            smem_kib,
-            "SMEM KiB/block",
-            "registers / thread",
-            [(k, register_budget(block_threads, k, facts)) for k in RESIDENT_BLOCKS],
-            f"lines: registers for 1/2/4/8 blocks/SM at {block_threads} threads/block ({threads_note})",
-            "",
-        ),
-        (
-            "smem",
-            smem_kib,
-            [v / 1024 for v in column(front, "smem_bytes")],
-            regs,
-            "registers/thread",
-            "SMEM KiB / block",
-            [(k, smem_budget(k, facts) / 1024) for k in RESIDENT_BLOCKS],
-            f"lines: SMEM/block for 1/2/4/8 blocks/SM ({facts.smem_per_sm // 1024} KiB/SM, "
-            f"{facts.smem_reserved_per_block} B reserved/block{'' if facts.measured else ', H100/H200 figures'})",
-            " KiB",
-        ),
-    ]
     fig = Figure(figsize=(13, 5.2), dpi=110)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
     ceiling = fastest.user_attrs.get("ceiling_tbps") if unit == "TB/s" and target.unit == "TB/s" else None
-    for ax, (_, xs, xs_front, colors, color_label, xlabel, budgets, note, budget_unit) in zip(
-        axes, panels, strict=True
-    ):
-        points = ax.scatter(xs, y_all, c=colors, cmap="viridis", s=28, alpha=0.85, linewidths=0, zorder=2)
-        fig.colorbar(points, ax=ax, label=color_label, pad=0.01)
-        ax.scatter(
-            xs_front,
-            y_front,
-            s=130,
-            facecolors="none",
-            edgecolors="crimson",
-            linewidths=1.8,
-            zorder=3,
-            label=f"Pareto front ({len(front)})",
-        )
-        hi = max(max(xs, default=0.0) * 1.25, min(b for _, b in budgets) * 1.1, 1.0)
-        off_scale = []
-        for k, budget in budgets:
-            if budget <= hi:
-                ax.axvline(budget, color="0.45", linestyle="--", linewidth=1, zorder=1)
-                ax.annotate(
-                    f"{k} blk/SM",
-                    (budget, 1.0),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90,
-                    ha="right",
-                    va="top",
-                    fontsize=8,
-                    color="0.3",
-                )
-            else:
-                off_scale.append(f"{k} blk ≤ {budget:g}{budget_unit}")
-        if off_scale:
-            note += "\noff scale: " + ", ".join(off_scale)
-        if ceiling:
-            ax.axhline(
-                float(ceiling),
-                color="tab:orange",
-                linestyle=":",
-                linewidth=1.2,
-                label=f"copy ceiling {float(ceiling):.2f} TB/s",
-            )
-        ax.set_xlim(0, hi)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{target.label} ({target.unit})" if target.unit else target.label)
-        ax.set_title(note, fontsize=9)
-        ax.grid(alpha=0.25)
-        ax.legend(loc="best", fontsize=8, framealpha=0.85)
+    ylabel = f"{target.label} ({target.unit})" if target.unit else target.label
+    y_all, y_front = ys(trials), ys(front)
+    for ax, panel in zip(axes, _panels(study, trials, front, fastest), strict=True):
+        _draw_panel(fig, ax, panel, y_all, y_front, ceiling, ylabel)
     gpu = study.user_attrs.get("gpu", "")
     fig.suptitle(
         f"{study.study_name} — {len(trials)} measured configs, {gpu}; best "
@@ -189,6 +124,99 @@ def _pareto_png(study: optuna.Study) -> bytes:
         fontsize=11,
     )
     return png_bytes(fig)
+
+
+def _panels(study: optuna.Study, trials: list[FrozenTrial], front: list[FrozenTrial], fastest: FrozenTrial):
+    """The registers panel and the SMEM panel, with the budgets of the study's GPU (`studies.gpu_facts`); the
+    register budgets are for the fastest config's threads per block."""
+    facts = gpu_facts(study)
+    block_threads = threads(fastest) or TYPICAL_THREADS
+    threads_note = "the fastest config's" if threads(fastest) else "typical; not recorded"
+
+    def column(ts: list[FrozenTrial], key: str) -> list[float]:
+        return [float(t.user_attrs.get(key) or 0) for t in ts]
+
+    regs, smem = column(trials, "registers"), column(trials, "smem_bytes")
+    smem_kib = [v / 1024 for v in smem]
+    registers = _Panel(
+        regs,
+        column(front, "registers"),
+        smem_kib,
+        "SMEM KiB/block",
+        "registers / thread",
+        [(k, register_budget(block_threads, k, facts)) for k in RESIDENT_BLOCKS],
+        f"lines: registers for 1/2/4/8 blocks/SM at {block_threads} threads/block ({threads_note})",
+        "",
+    )
+    shared = _Panel(
+        smem_kib,
+        [v / 1024 for v in column(front, "smem_bytes")],
+        regs,
+        "registers/thread",
+        "SMEM KiB / block",
+        [(k, smem_budget(k, facts) / 1024) for k in RESIDENT_BLOCKS],
+        f"lines: SMEM/block for 1/2/4/8 blocks/SM ({facts.smem_per_sm // 1024} KiB/SM, "
+        f"{facts.smem_reserved_per_block} B reserved/block{'' if facts.measured else ', H100/H200 figures'})",
+        " KiB",
+    )
+    return [registers, shared]
+
+
+def _draw_panel(fig, ax, panel: _Panel, y_all: list[float], y_front: list[float], ceiling, ylabel: str) -> None:
+    """Every measured trial as a dot, the front ringed, a dashed line at each budget that fits the axis (the
+    others listed in the title), and the copy ceiling where the objective is the throughput it bounds."""
+    points = ax.scatter(panel.xs, y_all, c=panel.colors, cmap="viridis", s=28, alpha=0.85, linewidths=0, zorder=2)
+    fig.colorbar(points, ax=ax, label=panel.color_label, pad=0.01)
+    ax.scatter(
+        panel.xs_front,
+        y_front,
+        s=130,
+        facecolors="none",
+        edgecolors="crimson",
+        linewidths=1.8,
+        zorder=3,
+        label=f"Pareto front ({len(y_front)})",
+    )
+    hi = max(max(panel.xs, default=0.0) * 1.25, min(b for _, b in panel.budgets) * 1.1, 1.0)
+    note = panel.note
+    off_scale = _budget_lines(ax, panel, hi)
+    if off_scale:
+        note += "\noff scale: " + ", ".join(off_scale)
+    if ceiling:
+        ax.axhline(
+            float(ceiling),
+            color="tab:orange",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"copy ceiling {float(ceiling):.2f} TB/s",
+        )
+    ax.set_xlim(0, hi)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(note, fontsize=9)
+    ax.grid(alpha=0.25)
+    ax.legend(loc="best", fontsize=8, framealpha=0.85)
+
+
+def _budget_lines(ax, panel: _Panel, hi: float) -> list[str]:
+    """Draw the panel's budgets up to `hi` as labelled dashed lines; the ones beyond it, as words."""
+    off_scale = []
+    for k, budget in panel.budgets:
+        if budget <= hi:
+            ax.axvline(budget, color="0.45", linestyle="--", linewidth=1, zorder=1)
+            ax.annotate(
+                f"{k} blk/SM",
+                (budget, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                ha="right",
+                va="top",
+                fontsize=8,
+                color="0.3",
+            )
+        else:
+            off_scale.append(f"{k} blk ≤ {budget:g}{panel.budget_unit}")
+    return off_scale
 
 
 def png_bytes(fig) -> bytes:

@@ -34,6 +34,7 @@ from tuner.errors import InputError
 from tuner.gpufacts import GpuFacts
 from tuner.objective import Goal, figure, goal_of, has_throughput
 from tuner.result import StudyAttr, TrialAttr
+from tuner.results.dbfiles import sqlite_path
 
 if TYPE_CHECKING:
     from tuner.build.render import Source
@@ -48,8 +49,6 @@ _URLS: weakref.WeakKeyDictionary[optuna.Study, str] = weakref.WeakKeyDictionary(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Opening studies
-
 # Opening studies
 
 
@@ -67,30 +66,10 @@ def _as_url(storage: str) -> str:
     return storage_url(str(Path(storage).resolve()) if storage.strip() else storage)
 
 
-def _sqlite_path(url: str) -> Path | None:
-    """The file behind a sqlite URL (None for other backends and for in-memory databases)."""
-    from tuner.results.dbfiles import plain_sqlite_file
-
-    if (plain := plain_sqlite_file(url)) is not None:
-        return plain
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise InputError(f"not a storage URL: {url!r} ({_first_line(exc)})") from None
-    if not parsed.drivername.startswith("sqlite"):
-        return None
-    if not parsed.database or parsed.database == ":memory:":
-        return None
-    return Path(parsed.database)
-
-
 def _check_database(url: str) -> None:
     """For a SQLite URL: the file must exist and hold Optuna's tables. Checked read-only, before Optuna (which
     would create a missing file, or its tables in a foreign one) connects."""
-    path = _sqlite_path(url)
+    path = sqlite_path(url, in_memory_ok=True)
     if path is None:
         return
     if not path.is_file():
@@ -137,7 +116,7 @@ def _find_in_default_storage(name: str) -> str:
     if len(hits) == 1:
         return hits[0]
     if hits:
-        paths = ", ".join(str(_sqlite_path(u)) for u in hits)
+        paths = ", ".join(str(sqlite_path(u, in_memory_ok=True)) for u in hits)
         raise InputError(f"study {name!r} is in several databases ({paths}); choose one with --storage")
     raise InputError(
         f"unknown study {name!r}: not in {STUDIES_DIR}/*.db (there: {_listing(known)}); "
@@ -218,7 +197,7 @@ def open_studies(study: str | None, storage: str | None = None) -> list[optuna.S
     if name is not None:
         exact = [s for s in summaries if s.study_name == name]
         by_kernel = [s for s in summaries if s.user_attrs.get("kernel") == name]
-        db = _sqlite_path(url)
+        db = sqlite_path(url, in_memory_ok=True)
         if exact:
             chosen = exact
         elif by_kernel:
@@ -310,7 +289,7 @@ def _study_row(study: optuna.Study, url: str) -> dict[str, Any]:
 
 def artifact_dir_for(url: str) -> Path | None:
     """Default artifact folder of a storage: `<db stem>.artifacts/` next to a SQLite file; None otherwise."""
-    path = _sqlite_path(url)
+    path = sqlite_path(url, in_memory_ok=True)
     return None if path is None else path.with_name(f"{path.stem}.artifacts")
 
 

@@ -195,8 +195,6 @@ def write_trials(study: optuna.Study, path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # Best trial, summarized
 
-# Best trial, summarized
-
 
 def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) -> dict[str, Any]:
     """The best measured trial for the study's first objective (`best_trial`) as a dict: study, number, uri,
@@ -249,22 +247,34 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
         # where the study did not record facts read from its GPU), never the copy ceiling.
         clock = (a.get("clocks") or {}).get("sm_clock_max_mhz")
         out["fp32_peak_tflops"] = fp32_peak_tflops(gpu_facts(study), clock)
+    _add_finalist_timing(out, study, t, target)
+    out.update(_where_source(study, t, artifact_dir))
+    return out
+
+
+def _add_finalist_timing(out: dict[str, Any], study: optuna.Study, t: FrozenTrial, target: Goal) -> None:
+    """Where `t` was re-timed as a finalist: its figures in `out` become the longer re-timing's, and say so; the
+    screening figures stay alongside."""
     final = finalist(study, t.number)
-    if final is not None:
-        # Report the longer re-timing, and say so; the screening figures stay alongside.
-        out["screening_tbps"] = out["tbps"]
-        out["screening_value"] = out["value"]
-        out.update({k: figure(final, k) for k in ("tbps", "tflops", "fraction_of_ceiling") if k in final})
-        out["median_ms"] = final.get("median_ms", out["median_ms"])
-        out["throughput"] = out["tflops"] if throughput_unit(study) == "TFLOP/s" else out["tbps"]
-        if not has_throughput(throughput_unit(study)):
-            out["throughput"] = None
-        retimed = target.value(final)
-        out["value"] = retimed if retimed is not None else out["value"]
-        out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
-    else:
+    if final is None:
         out["timing"] = "screening"
-    recorded = a.get(TrialAttr.ARTIFACTS)
+        return
+    out["screening_tbps"] = out["tbps"]
+    out["screening_value"] = out["value"]
+    out.update({k: figure(final, k) for k in ("tbps", "tflops", "fraction_of_ceiling") if k in final})
+    out["median_ms"] = final.get("median_ms", out["median_ms"])
+    out["throughput"] = out["tflops"] if throughput_unit(study) == "TFLOP/s" else out["tbps"]
+    if not has_throughput(throughput_unit(study)):
+        out["throughput"] = None
+    retimed = target.value(final)
+    out["value"] = retimed if retimed is not None else out["value"]
+    out["timing"] = f"re-timed at the end of the study ({final.get('repetitions')} repetitions)"
+
+
+def _where_source(study: optuna.Study, t: FrozenTrial, artifact_dir: str | Path | None) -> dict[str, str]:
+    """Where the source of `t` is: its artifact ("source_path", when attached and present), else a command that
+    renders it ("render_command"), or for a kernel that can only be replayed, a note that there is none."""
+    recorded = t.user_attrs.get(TrialAttr.ARTIFACTS)
     ids = recorded if isinstance(recorded, dict) else {}
     if artifact_dir is None:
         try:
@@ -273,9 +283,8 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
             artifact_dir = None
     source_path = Path(artifact_dir) / ids["source"] if artifact_dir and ids.get("source") else None
     if source_path is not None and source_path.is_file():
-        out["source_path"] = str(source_path)
-    elif replay_only(study):
-        out["source_note"] = f"none: kernel {study.user_attrs.get('kernel')} has no template and can only be replayed"
-    else:
-        out["render_command"] = render_command(study, t)
-    return out
+        return {"source_path": str(source_path)}
+    if replay_only(study):
+        kernel = study.user_attrs.get("kernel")
+        return {"source_note": f"none: kernel {kernel} has no template and can only be replayed"}
+    return {"render_command": render_command(study, t)}

@@ -30,8 +30,7 @@ from typing import Any
 from tuner.build.render import render
 from tuner.errors import InputError
 from tuner.gpu.deadline import Deadline
-from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
-from tuner.kernels.base import Family
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
 
 #: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
@@ -127,24 +126,14 @@ class _GpuActor:
         """Seconds this actor has spent inside `evaluate`."""
         return self.occupied_s
 
-    def evaluate(
-        self,
-        compiled: Any,
-        family: Family | str,
-        config: dict[str, Any],
-        problem: Any,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-        deadline: Deadline | None = None,
-    ) -> Result:
+    def evaluate(self, request: EvaluateRequest, deadline: Deadline | None = None) -> Result:
+        """The evaluator's answer to `request`, its waits bounded by `deadline` where it takes one."""
         set_deadline = getattr(self.evaluator, "set_deadline", None)
         if deadline is not None and set_deadline is not None:
             set_deadline(deadline)
         started = time.perf_counter()
         try:
-            return self.evaluator.evaluate(compiled, family, config, problem, seed, budget_ms, min_reps, cutoff_ms)
+            return self.evaluator.evaluate(request)
         finally:
             self.occupied_s += time.perf_counter() - started
 
@@ -341,7 +330,7 @@ class Pool:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                ref = slot.actor.evaluate.remote(
+                request = EvaluateRequest(
                     job.compiled,
                     self.space.family_ref,
                     job.config,
@@ -350,8 +339,9 @@ class Pool:
                     seed=None if job.screening else self.finalist_seed,
                     budget_ms=job.budget_ms,
                     cutoff_ms=self.cutoff_ms if job.screening else None,
-                    deadline=Deadline(ceiling_s=self.timeout_s, slowest_s=self.slowest_s),
                 )
+                deadline = Deadline(ceiling_s=self.timeout_s, slowest_s=self.slowest_s)
+                ref = slot.actor.evaluate.remote(request, deadline=deadline)
                 if not slot.queue:
                     slot.head_started = time.perf_counter()
                 slot.queue.append((ref, job))

@@ -105,8 +105,8 @@ class Engine:
             # Compile while the GPU worker starts: the first configs the study will submit — the space's default
             # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
             # grid). Not the worker's own kernels: the worker builds them itself at its start, un-niced; a compile
-            # here, in the pool's niced threads beside the configs, did not have them ready sooner (measured with
-            # the one-module build: the worker waited 0.58 s on its cache lock, as long as building them itself;
+            # here, in the pool's niced threads beside the configs, did not have them ready sooner (the worker
+            # waited on its cache lock as long as building them itself:
             # benchmarks/results/startup-2026-12-01-read-flush.md) and took a compile thread from the configs.
             from tuner.gpufacts import DEFAULT_ARCH
 

@@ -45,7 +45,7 @@ from typing import Any
 from tuner.build.compilers import CompileProcesses
 from tuner.build.render import render
 from tuner.gpu.clock import since_command
-from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent, fresh_seed
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator", "shared_workers"]
@@ -239,7 +239,7 @@ class _Gpu:
                 note_healthy(pool.slowest_s)
             self._replace_lost(pool)
             evaluating = time.perf_counter()
-            result = self.evaluator.evaluate(
+            request = EvaluateRequest(
                 job.compiled,
                 family,
                 job.config,
@@ -248,6 +248,7 @@ class _Gpu:
                 budget_ms=job.budget_ms,
                 cutoff_ms=cutoff_ms,
             )
+            result = self.evaluator.evaluate(request)
         except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.gpu.protocol import Spent
+from tuner.gpu.protocol import EvaluateRequest, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
-from tuner.kernels.base import Family
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace, params_key
@@ -82,18 +81,10 @@ class ReplayEvaluator:
             "gpu_facts": facts.to_dict(),
         }
 
-    def evaluate(
-        self,
-        compiled: Any,
-        family: Family | str,
-        config: dict[str, Any],
-        problem: Any,
-        seed: int | None = None,
-        budget_ms: float = 25.0,
-        min_reps: int = 10,
-        cutoff_ms: float | None = None,
-    ) -> Result:
-        """The recorded result of the config whose params `config` holds (its derived values are ignored)."""
+    def evaluate(self, request: EvaluateRequest) -> Result:
+        """The recorded result of the config whose params the request's `config` holds (its derived values are
+        ignored)."""
+        config = request.config
         if self.delay_s:
             time.sleep(self.delay_s)
         hit = self.records.get(params_key({name: config[name] for name in self.param_names if name in config}))
@@ -365,7 +356,7 @@ class ReplayPool:
         if not self.queue:
             return []
         number, params = self.queue.popleft()
-        result = self.replay.evaluate(None, "", params, self.problem)
+        result = self.replay.evaluate(EvaluateRequest(None, "", params, self.problem))
         self._spent.add(result)
         return [(number, result)]
 

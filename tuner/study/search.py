@@ -443,16 +443,11 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int 
     # Optuna 5 samplers read each trial's constraints (trial.set_constraint) themselves.
     if name == "tpe":
         # 5 start-up draws (Optuna's default is 10): drawn inside the valid set, TPE learns from evaluated configs
-        # only, and on the GEMM recording it then reaches 0.98 of the optimum sooner (benchmarks/results/search/).
-        # Configs in flight are told to TPE as bad ones (constant_liar, Optuna 5's default); with 8 in flight that
-        # alone left GEMM at 25 evaluated configs 0.924 of the optimum against 0.954 one at a time (20 seeds).
-        # 128 candidates per proposal instead of 24 made it 0.936 (0.939 vs 0.948 over 40 seeds), GEMV M=64
-        # 0.905 vs 0.881, and no other budget or recorded space more than 0.004 below one at a time
-        # (benchmarks/results/search/grid-inflight-candidates-2026-12-01). One at a time it cost GEMM (0.938 vs
-        # 0.948 at 25, 40 seeds), so it is kept to several in flight; and to the first `TPE_WIDE_UNTIL` configs: the
-        # gain is early (within 0.001 from 100 on), while scoring 128 candidates costs ~50% more sampler time per
-        # proposal (GEMM replay, 300 trials: 10.9 vs 7.2 ms), which on the main job starved the GPU (47-48 s
-        # instead of 37-40 s on an H200).
+        # only, and on the GEMM recording it then reaches 0.98 of the optimum sooner. Configs in flight are told to
+        # TPE as bad ones (constant_liar, Optuna 5's default), which costs it early on; more candidates per
+        # proposal win that back, so with several in flight it scores `TPE_CANDIDATES_IN_FLIGHT` of them until
+        # `TPE_WIDE_UNTIL` configs are evaluated: the gain is early, and their sampler time would starve the GPU
+        # later. The figures: docs/search.md and benchmarks/results/search/grid-inflight-candidates-2026-12-01.md.
         candidates = 24 if in_flight <= 1 else TPE_CANDIDATES_IN_FLIGHT
         return optuna.samplers.TPESampler(
             seed=seed,
