@@ -198,8 +198,8 @@ class RecordedChild:
     def set_deadline(self, deadline) -> None:
         pass
 
-    def evaluate(self, compiled, family, config, *args, **kwargs):
-        return self.inner.evaluate(compiled, family, config, *args, **kwargs)
+    def evaluate(self, request):
+        return self.inner.evaluate(request)
 
 
 def _recorded_worker(gpu_index: int):
