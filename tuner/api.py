@@ -22,9 +22,11 @@ A study run here is the same study the CLI runs (`tuner.study.driver.run_study`)
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,53 +112,37 @@ def open_study(name: str | None = None, storage: str | None = None) -> StudyResu
 # study / bench: what `tuner study` and `tuner bench` run
 
 
-def study(
-    space: SearchSpace | str | Path,
-    trials: int,
-    *,
-    kernel: str | None = None,
-    sampler: str = "tpe",
-    storage: str | None = None,
-    study_name: str | None = None,
-    seed: int | None = None,
-    gpus: int | None = None,
-    ray_address: str | None = None,
-    engine: str | None = None,
-    timeout: float = 60.0,
-    replay: str | Path | None = None,
-    replay_study: str | None = None,
-    replay_delay: float = 0.0,
-    in_process: bool = False,
-    problem: str | None = None,
-    objectives: str = "first",
-    repair: str = "nearest",
-    ordered: bool = True,
-    screen_cutoff: float | None = 1.05,
-    screen_ms: float = 5.0,
-    takeover: bool = False,
-    progress: bool = False,
-) -> StudyResult:
+def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> StudyResult:
     """Run (or resume) a study of `space` (a SearchSpace, a space file or a shipped space's name) until it holds
-    `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments (each
-    keyword is the flag of that name: ``--replay-delay`` is `replay_delay`, ``--categorical`` is
-    ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
-    answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
-    "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
-    (`tuner.study.options.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
-    Storage defaults to
+    `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments. `kernel`
+    defaults to the space's kernel; given, the space must be for it. Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
-    down before it returns."""
+    down before it returns. An unknown keyword, or a value its option cannot take, is an InputError (one line).
+    """
     from tuner.build.cachedirs import ensure_writable
     from tuner.study.driver import run_study
-    from tuner.study.options import StudyOptions
+    from tuner.study.options import check_call, from_keywords
 
+    given = check_call(trials, keywords)
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
-    if repair not in ("nearest", "random"):
-        raise InputError(f"repair {repair!r}: choose nearest or random")
-    if screen_cutoff is not None and not screen_cutoff > 1:
-        raise InputError(f"screen_cutoff {screen_cutoff!r}: a factor above 1, or None")
-    if not screen_ms > 0:
-        raise InputError(f"screen_ms {screen_ms!r}: a positive number of milliseconds")
+    where, given["kernel"] = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
+    # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
+    # not started.
+    started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    try:
+        summary = run_study(from_keywords(where, trials, given))
+    finally:
+        ray = sys.modules.get("ray")
+        if started_ray and ray is not None and ray.is_initialized():
+            ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
+    return StudyResult(summary=summary)
+
+
+def _space_and_kernel(
+    space: SearchSpace | str | Path, kernel: str | None, replay: str | Path | None, problem: str | None
+) -> tuple[str, str]:
+    """Where `space` is (a path, or a shipped space's name) and the kernel it is studied for (`kernel`, else the
+    space's); a space loaded here (not for a replay) has its includes checked first (`_check_includes`)."""
     if isinstance(space, SearchSpace):
         loaded: SearchSpace | None = space
         where = str(space.path)
@@ -170,42 +156,51 @@ def study(
         if replay is None:
             _check_includes(loaded, problem)
     assert kernel is not None  # given, or the loaded space's
-    # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
-    # not started.
-    started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
-    try:
-        summary = run_study(
-            StudyOptions(
-                kernel=kernel,
-                space=where,
-                trials=trials,
-                storage=storage,
-                study_name=study_name,
-                sampler=sampler,
-                seed=seed,
-                gpus=gpus,
-                ray_address=ray_address,
-                timeout=timeout,
-                replay=None if replay is None else str(replay),
-                problem=problem,
-                replay_delay_s=replay_delay,
-                takeover=takeover,
-                replay_study=replay_study,
-                progress=progress,
-                repair=repair != "random",
-                ordered=ordered,
-                screen_cutoff=screen_cutoff,
-                screen_budget_ms=screen_ms,
-                in_process=in_process,
-                objectives=objectives,
-                engine=engine,
-            )
-        )
-    finally:
-        ray = sys.modules.get("ray")
-        if started_ray and ray is not None and ray.is_initialized():
-            ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
-    return StudyResult(summary=summary)
+    return where, kernel
+
+
+def _study_signature() -> inspect.Signature:
+    """`study`'s signature as `inspect` (``help``, IPython's ``?``, editors) shows it: `space`, `trials` and a
+    keyword for each option `tuner.study.options.StudyOptions` declares as one."""
+    from tuner.study.options import keywords
+
+    param = inspect.Parameter
+    return inspect.Signature(
+        [
+            param("space", param.POSITIONAL_OR_KEYWORD, annotation="SearchSpace | str | Path"),
+            param("trials", param.POSITIONAL_OR_KEYWORD, annotation="int"),
+            *(
+                param(name, param.KEYWORD_ONLY, default=o.keyword_default, annotation=o.annotation)
+                for name, o in keywords().items()
+            ),
+        ],
+        return_annotation="StudyResult",
+    )
+
+
+def _study_keywords_doc() -> str:
+    """The keywords of `study`, one item each: its default, the argument of ``tuner study`` it is, its help."""
+    from tuner.study.options import keywords
+
+    lines = ["Keywords (each one an argument of ``tuner study``):", ""]
+    for name, o in keywords().items():
+        assert o.flag is not None
+        if o.positional:
+            flag, about = f"``{o.flag.upper()}``", None  # its help is the command line's (a family or a file)
+        elif o.negated:
+            flag, about = f"``{o.flag}`` is ``{name}=False``", o.help
+        elif o.choices is not None:
+            flag, about = f"``{o.flag} {'|'.join(o.choices)}``", o.help
+        else:
+            flag, about = f"``{o.flag} {o.metavar}``" if o.metavar else f"``{o.flag}``", o.help
+        item = f"* ``{name}={o.keyword_default!r}``: {flag}" + (f": {about}" if about else "")
+        lines.append(textwrap.fill(item, 112, subsequent_indent="  "))
+    return "\n".join(lines)
+
+
+study.__signature__ = _study_signature()  # type: ignore[attr-defined]
+if study.__doc__ is not None:  # None under python -OO
+    study.__doc__ += "\n" + textwrap.indent(_study_keywords_doc(), "    ") + "\n"
 
 
 def _check_includes(space: SearchSpace, problem: str | None) -> None:
