@@ -22,13 +22,14 @@ A study run here is the same study the CLI runs (`tuner.study.driver.run_study`)
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 import sys
 import tempfile
 import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
 
 __all__ = [
+    "KernelSpec",
     "StudyResult",
     "bench",
     "load_space",
@@ -277,29 +279,36 @@ _ARRAY = re.compile(r"(input|output)\s*([A-Za-z_]\w*)?\s*\[(.*)\]", re.S)
 _SCALAR = re.compile(r"([A-Za-z_]\w*)\s*(?:=\s*(.+))?", re.S)
 
 
-def tune_space(
-    name: str,
-    template: str | Path,
-    params: dict[str, Sequence[Any]],
-    problem: dict[str, Any],
-    reference: Callable[..., Any] | None = None,
-    *,
-    arguments: Sequence[str | dict[str, Any]],
-    grid: str | int | Sequence[str | int],
-    block: str | int | Sequence[str | int],
-    smem: str | int = 0,
-    constraints: Sequence[str] = (),
-    derived: dict[str, str] | None = None,
-    default: dict[str, Any] | None = None,
-    bytes_moved: str | int | None = None,
-    flops: str | int | None = None,
-    tolerance: float | None = None,
-    directory: str | Path | None = None,
-) -> SearchSpace:
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel of the caller's, as `tune_space` writes it into a space directory and `tune` tunes it: the fields
+    are the arguments both take, in their order (`tune_space` says what each is)."""
+
+    name: str
+    template: str | Path
+    params: dict[str, Sequence[Any]]
+    problem: dict[str, Any]
+    reference: Callable[..., Any] | None = None
+    _: KW_ONLY
+    arguments: Sequence[str | dict[str, Any]]
+    grid: str | int | Sequence[str | int]
+    block: str | int | Sequence[str | int]
+    smem: str | int = 0
+    constraints: Sequence[str] = ()
+    derived: dict[str, str] | None = None
+    default: dict[str, Any] | None = None
+    bytes_moved: str | int | None = None
+    flops: str | int | None = None
+    tolerance: float | None = None
+    directory: str | Path | None = None
+
+
+def tune_space(*args: Any, **kwargs: Any) -> SearchSpace:
     """Write kernel `name` as a space directory (default ``studies/NAME/``, relative to the working directory) and
     load it: ``NAME.yaml`` (a declarative ``kernel:`` block, see `tuner.kernels.declarative`), ``NAME.cu.j2`` and,
     with a `reference`, ``reference.py`` + ``reference.pkl``. Any process (the GPU workers, a later ``tuner
-    study --space studies/NAME/NAME.yaml``, ``tuner export``) finds the kernel again from those files.
+    study --space studies/NAME/NAME.yaml``, ``tuner export``) finds the kernel again from those files. The
+    arguments are the fields of `KernelSpec`:
 
     * `template`: Jinja2 CUDA source, or the path of a template file (copied).
     * `params`: name → the list of values to try; `constraints`, `derived`: expressions over params, derived
@@ -320,26 +329,43 @@ def tune_space(
       once, 0 FLOPs, by dtype).
 
     Bad input is an InputError (one line) and leaves the directory as it was."""
-    import yaml
+    return _write_space(KernelSpec(*args, **kwargs))
 
+
+def _write_space(kernel: KernelSpec) -> SearchSpace:
+    """`tune_space` of `kernel`: its files, checked in a scratch directory, then written where it says."""
+    name = kernel.name
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"tune: kernel name {name!r} is not an identifier")
 
     def bad(message: str) -> InputError:
         return InputError(f"tune {name!r}: {message}")
 
-    template_text = _template_text(template, bad)
-    plain_params = _plain_params(params, bad)
-    problem = _plain_problem(problem, bad)
-    if isinstance(constraints, str):
-        constraints = [constraints]
+    files = _space_files(kernel, bad)
+    # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
+    _check_in_scratch(name, files, bad)
+    target = Path(kernel.directory) if kernel.directory is not None else Path("studies") / name
+    _write(target, files, bad)
+    return load_space((target / f"{name}.yaml").resolve())
+
+
+def _space_files(kernel: KernelSpec, bad: Callable[[str], InputError]) -> dict[str, str | bytes]:
+    """The files of `kernel`'s space directory, by name: the space file, the template and, with a reference, its
+    module and its pickle."""
+    import yaml
+
+    name, reference = kernel.name, kernel.reference
+    template_text = _template_text(kernel.template, bad)
+    plain_params = _plain_params(kernel.params, bad)
+    problem = _plain_problem(kernel.problem, bad)
+    constraints = [kernel.constraints] if isinstance(kernel.constraints, str) else list(kernel.constraints)
     block_data: dict[str, Any] = {
         "name": name,
         "dtypes": [problem.get("dtype", "float32")],
-        "arguments": [_argument(a, bad) for a in arguments],
-        "launch": {"grid": _dims(grid), "block": _dims(block), "smem": smem},
+        "arguments": [_argument(a, bad) for a in kernel.arguments],
+        "launch": {"grid": _dims(kernel.grid), "block": _dims(kernel.block), "smem": kernel.smem},
     }
-    for key, value in (("bytes", bytes_moved), ("flops", flops), ("tolerance", tolerance)):
+    for key, value in (("bytes", kernel.bytes_moved), ("flops", kernel.flops), ("tolerance", kernel.tolerance)):
         if value is not None:
             block_data[key] = value
     if reference is not None:
@@ -354,11 +380,11 @@ def tune_space(
         "params": plain_params,
     }
     if constraints:
-        data["constraints"] = list(constraints)
-    if derived:
-        data["derived"] = dict(derived)
-    if default:
-        data["default"] = dict(default)
+        data["constraints"] = constraints
+    if kernel.derived:
+        data["derived"] = dict(kernel.derived)
+    if kernel.default:
+        data["default"] = dict(kernel.default)
     try:
         space_text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=None)
     except yaml.YAMLError as exc:
@@ -367,12 +393,7 @@ def tune_space(
     if reference is not None:
         files[REFERENCE_MODULE] = _REFERENCE_SOURCE.format(name=name)
         files[REFERENCE_PICKLE] = _pickle_reference(reference, bad)
-
-    # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
-    _check_in_scratch(name, files, bad)
-    target = Path(directory) if directory is not None else Path("studies") / name
-    _write(target, files, bad)
-    return load_space((target / f"{name}.yaml").resolve())
+    return files
 
 
 def _plain_params(params: dict[str, Sequence[Any]], bad) -> dict[str, list[Any]]:
@@ -438,51 +459,41 @@ def _write(target: Path, files: dict[str, str | bytes], bad) -> None:
     _forget_reference(target)  # this process loads the reference written now, not one an earlier call imported
 
 
-def tune(
-    name: str,
-    template: str | Path,
-    params: dict[str, Sequence[Any]],
-    problem: dict[str, Any],
-    reference: Callable[..., Any] | None = None,
-    *,
-    arguments: Sequence[str | dict[str, Any]],
-    grid: str | int | Sequence[str | int],
-    block: str | int | Sequence[str | int],
-    trials: int,
-    smem: str | int = 0,
-    constraints: Sequence[str] = (),
-    derived: dict[str, str] | None = None,
-    default: dict[str, Any] | None = None,
-    bytes_moved: str | int | None = None,
-    flops: str | int | None = None,
-    tolerance: float | None = None,
-    directory: str | Path | None = None,
-    **options: Any,
-) -> StudyResult:
+def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult:
     """Tune kernel `name` in one call, in the spirit of Kernel Tuner's ``tune_kernel``: write its space
-    directory (`tune_space`, which documents every argument), then run `study` on it with `trials` and
-    `options` (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study is stored
-    like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME`` and the
-    dashboard work on it, and calling `tune` again with the same arguments resumes it."""
-    space = tune_space(
-        name,
-        template,
-        params,
-        problem,
-        reference,
-        arguments=arguments,
-        grid=grid,
-        block=block,
-        smem=smem,
-        constraints=constraints,
-        derived=derived,
-        default=default,
-        bytes_moved=bytes_moved,
-        flops=flops,
-        tolerance=tolerance,
-        directory=directory,
+    directory (`tune_space`, which documents every argument of `KernelSpec`), then run `study` on it with `trials`
+    and the other keywords (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study
+    is stored like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME``
+    and the dashboard work on it, and calling `tune` again with the same arguments resumes it. A keyword `study`
+    does not take is an InputError before anything is written."""
+    from tuner.study.options import check_call
+
+    kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
+    options = {key: value for key, value in keywords.items() if key not in kernel_fields}
+    check_call(trials, options, caller="tuner.tune", others=kernel_fields)
+    kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
+    return study(_write_space(kernel), trials, **options)
+
+
+def _kernel_signatures() -> None:
+    """`tune_space`'s and `tune`'s signatures as `inspect` shows them: `KernelSpec`'s fields (and `tune`'s
+    `trials` and study keywords)."""
+    fields = list(inspect.signature(KernelSpec).parameters.values())
+    tune_space.__signature__ = inspect.Signature(fields, return_annotation="SearchSpace")  # type: ignore[attr-defined]
+    param = inspect.Parameter
+    at = [p.name for p in fields].index("block") + 1
+    tune.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            *fields[:at],
+            param("trials", param.KEYWORD_ONLY, annotation="int"),
+            *fields[at:],
+            param("options", param.VAR_KEYWORD, annotation="Any"),
+        ],
+        return_annotation="StudyResult",
     )
-    return study(space, trials, **options)
+
+
+_kernel_signatures()
 
 
 def _template_text(template: str | Path, bad) -> str:

@@ -314,18 +314,21 @@ def by_field(name: str) -> Option:
     return next(o for o in options() if o.field == name)
 
 
-def check_call(trials: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+def check_call(
+    trials: Any, given: Mapping[str, Any], *, caller: str = "tuner.study", others: Sequence[str] = ()
+) -> dict[str, Any]:
     """`tuner.study`'s `trials` and keywords `given`, checked (an unknown keyword, or a value its option cannot
-    take, is an InputError of one line); the keywords, those not given at their defaults."""
+    take, is an InputError of one line); the keywords, those not given at their defaults. `caller` and the names it
+    takes itself (`others`) are for the message."""
     import difflib
 
     by_field("trials").check(trials)
     known = keywords()
     for name in given:
         if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
-            raise InputError(f"tuner.study has no keyword {name!r}: {hint}")
+            close = difflib.get_close_matches(name, [*others, *known], n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join([*others, *known])}"
+            raise InputError(f"{caller} has no keyword {name!r}: {hint}")
     return {name: o.check(given[name]) if name in given else o.keyword_default for name, o in known.items()}
 
 
