@@ -89,7 +89,8 @@ def replay(trials: int, seeds: int) -> dict:
                 kernel="gemv", space=str(REPLAY_SPACE), trials=trials, seed=seed, progress=False, storage=""
             )
             db = f"sqlite:///{scratch}/transfer-{seed}.db"
-            out = run_problems(dataclasses.replace(base, storage=db), "all", [str(p) for p in REPLAYS.values()])
+            replays = [str(p) for p in REPLAYS.values()]
+            out = run_problems(dataclasses.replace(base, storage=db, problems="all", replay=replays))
             for row in out["problems"]:
                 runs["transfer"].setdefault(row["problem"], []).append(_curve(db, row["study"]))
             for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):

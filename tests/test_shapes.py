@@ -18,9 +18,10 @@ from tuner.errors import InputError
 from tuner.results import export
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
+from tuner.study import shapes
 from tuner.study.options import StudyOptions
 from tuner.study.replay import load_recording
-from tuner.study.shapes import FIRST_LIMIT, Source, first_configs, match_replays, problem_list, run_problems
+from tuner.study.shapes import FIRST_LIMIT, Source, first_configs, match_replays, problem_list
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = str(ROOT / "benchmarks" / "spaces" / "grid_gemv_shapes.yaml")
@@ -32,6 +33,13 @@ TRIALS = 12
 def _opts(tmp_path, **kw) -> StudyOptions:
     base = dict(kernel="gemv", space=SPACE, trials=TRIALS, storage=f"sqlite:///{tmp_path}/shapes.db", seed=3)
     return StudyOptions(**{**base, "progress": False, **kw})
+
+
+def run_problems(opts: StudyOptions, problems, replays=(), warm_start=None):
+    """`tuner.study.shapes.run_problems` over `problems`, answered by `replays`, warm-started from `warm_start`."""
+    return shapes.run_problems(
+        dataclasses.replace(opts, problems=problems, replay=list(replays), warm_start=warm_start)
+    )
 
 
 def _trials(db: str, study: str):

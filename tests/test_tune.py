@@ -255,6 +255,39 @@ def test_the_readme_notebook_form_runs_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "studies" / "scale_add.db").is_file()
 
 
+def test_tune_and_tune_space_take_one_kernel_spec():
+    """The kernel's arguments are written once, as the fields of `KernelSpec`: `tune_space` takes them, `tune` takes
+    them and `trials` and the study's keywords; their signatures show them."""
+    import dataclasses
+    import inspect
+
+    from tuner.api import KernelSpec
+
+    names = [f.name for f in dataclasses.fields(KernelSpec)]
+    assert list(inspect.signature(tuner.tune_space).parameters) == names
+    tune_names = list(inspect.signature(tuner.tune).parameters)
+    assert tune_names == [*names[: names.index("block") + 1], "trials", *names[names.index("block") + 1 :], "options"]
+    spec = KernelSpec("k", TEMPLATE, PARAMS, PROBLEM, _ref, **KERNEL)
+    assert (spec.smem, spec.constraints, spec.directory) == (0, (), None)
+
+
+@pytest.mark.parametrize(
+    "keywords, message",
+    [
+        ({"constraint": ["vec <= 2"]}, "tuner.tune has no keyword 'constraint': did you mean 'constraints'?"),
+        ({"gpus": 0}, "gpus 0: a positive integer"),
+        ({"trials": 0}, "trials 0: a positive integer"),
+    ],
+)
+def test_a_keyword_tune_cannot_take_is_one_line_and_writes_nothing(tmp_path, keywords, message):
+    keywords = {"trials": 3, **keywords}
+    with pytest.raises(tuner.InputError) as exc:
+        tuner.tune("k", TEMPLATE, PARAMS, PROBLEM, _ref, directory=tmp_path / "k", **KERNEL, **keywords)
+    assert str(exc.value) == message or str(exc.value).startswith(message), str(exc.value)
+    assert len(str(exc.value).splitlines()) == 1
+    assert not (tmp_path / "k").exists()
+
+
 @pytest.mark.gpu
 def test_tune_on_the_gpu_end_to_end(tmp_path, monkeypatch):
     """The one call verifies and times every config of the README's kernel on a real GPU."""

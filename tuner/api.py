@@ -22,11 +22,14 @@ A study run here is the same study the CLI runs (`tuner.study.driver.run_study`)
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import re
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
 
 __all__ = [
+    "KernelSpec",
     "ProblemsResult",
     "StudyResult",
     "bench",
@@ -131,61 +135,66 @@ def open_study(name: str | None = None, storage: str | None = None) -> StudyResu
 # study / bench: what `tuner study` and `tuner bench` run
 
 
-def study(
-    space: SearchSpace | str | Path,
-    trials: int,
-    *,
-    kernel: str | None = None,
-    sampler: str = "tpe",
-    storage: str | None = None,
-    study_name: str | None = None,
-    seed: int | None = None,
-    gpus: int | None = None,
-    ray_address: str | None = None,
-    engine: str | None = None,
-    timeout: float = 60.0,
-    replay: str | Path | Sequence[str | Path] | None = None,
-    replay_study: str | None = None,
-    replay_delay: float = 0.0,
-    in_process: bool = False,
-    problem: str | None = None,
-    problems: str | Sequence[str] | None = None,
-    warm_start: str | None = None,
-    objectives: str = "first",
-    repair: str = "nearest",
-    ordered: bool = True,
-    screen_cutoff: float | None = 1.05,
-    screen_ms: float = 5.0,
-    takeover: bool = False,
-    progress: bool = False,
-) -> StudyResult | ProblemsResult:
+def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> StudyResult | ProblemsResult:
     """Run (or resume) a study of `space` (a SearchSpace, a space file or a shipped space's name) until it holds
-    `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments (each
-    keyword is the flag of that name: ``--replay-delay`` is `replay_delay`, ``--categorical`` is
-    ``ordered=False``). `kernel` defaults to the space's kernel; given, the space must be for it. `replay`
-    answers from a recorded study instead of a GPU; `engine` is "local" (the default without `ray_address`) or
-    "ray"; `repair` is "nearest" or "random"; `objectives` "first" or "all"; `screen_cutoff` a factor above 1
-    (`tuner.study.options.StudyOptions.screen_cutoff`) or None; `screen_ms` the timed work per config while screening.
-    Storage defaults to
+    `trials` counted trials; ``tuner study KERNEL --space SPACE`` is this call with the same arguments. `kernel`
+    defaults to the space's kernel; given, the space must be for it. Storage defaults to
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
-    down before it returns.
+    down before it returns. An unknown keyword, or a value its option cannot take, is an InputError (one line).
 
     `problems` ("all", or names) runs a study per problem with transfer between them (`tuner.study.shapes`) and
     returns a `ProblemsResult` instead of a StudyResult; `replay` is then a list, one recording per problem.
-    `warm_start` (a study, kernel or .db, as ``tuner best`` finds it) starts the study, or each problem's, from
-    the best configs of the studies of the same space found there."""
+    `warm_start` starts the study, or each problem's, from the best configs of the studies of the same space it
+    names (a study, kernel or .db, as ``tuner best`` finds it).
+    """
     from tuner.build.cachedirs import ensure_writable
     from tuner.study.driver import run_study
-    from tuner.study.options import StudyOptions
+    from tuner.study.options import check_call, from_keywords
     from tuner.study.shapes import warm_prelude
 
+    given = check_call(trials, keywords)
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
-    if repair not in ("nearest", "random"):
-        raise InputError(f"repair {repair!r}: choose nearest or random")
-    if screen_cutoff is not None and not screen_cutoff > 1:
-        raise InputError(f"screen_cutoff {screen_cutoff!r}: a factor above 1, or None")
-    if not screen_ms > 0:
-        raise InputError(f"screen_ms {screen_ms!r}: a positive number of milliseconds")
+    where, given["kernel"] = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
+    opts = _one_replay(from_keywords(where, trials, given))
+    # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
+    # not started.
+    started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    try:
+        if opts.problems is not None:
+            return _study_problems(opts)
+        summary = run_study(opts, warm_prelude(opts) if opts.warm_start else None)
+    finally:
+        ray = sys.modules.get("ray")
+        if started_ray and ray is not None and ray.is_initialized():
+            ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
+    return StudyResult(summary=summary)
+
+
+def _one_replay(opts):
+    """`opts` with a one-element list of recordings as that recording; several need ``problems`` (InputError)."""
+    import dataclasses
+
+    if isinstance(opts.replay, list) and opts.problems is None:
+        if len(opts.replay) > 1:
+            raise InputError("--replay is given once, or once per problem with --problems")
+        return dataclasses.replace(opts, replay=opts.replay[0] if opts.replay else None)
+    return opts
+
+
+def _study_problems(opts) -> ProblemsResult:
+    """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
+    from tuner.study.shapes import run_problems
+
+    out = run_problems(opts)
+    results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
+    return ProblemsResult(summary=out, results=results)
+
+
+def _space_and_kernel(
+    space: SearchSpace | str | Path, kernel: str | None, replay: str | Path | None, problem: str | None
+) -> tuple[str, str]:
+    """Where `space` is (a path, or a shipped space's name) and the kernel it is studied for (`kernel`, else the
+    space's); a space loaded here (not for a replay) has its includes checked first (`_check_includes`)."""
     if isinstance(space, SearchSpace):
         loaded: SearchSpace | None = space
         where = str(space.path)
@@ -194,60 +203,56 @@ def study(
         # A shipped space's name (`where == kernel`) needs no include check: the driver finds it, or refuses an
         # unknown kernel in its own words.
         loaded = load_space(where) if kernel is None or (replay is None and where != kernel) else None
-    replays = [] if replay is None else [str(replay)] if isinstance(replay, str | Path) else [str(r) for r in replay]
-    if len(replays) > 1 and problems is None:
-        raise InputError("give one replay recording, or one per problem with problems=")
     if loaded is not None:
         kernel = kernel or loaded.kernel
-        if not replays:
+        if replay is None:
             _check_includes(loaded, problem)
     assert kernel is not None  # given, or the loaded space's
-    # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
-    # not started.
-    started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
-    try:
-        opts = StudyOptions(
-            kernel=kernel,
-            space=where,
-            trials=trials,
-            storage=storage,
-            study_name=study_name,
-            sampler=sampler,
-            seed=seed,
-            gpus=gpus,
-            ray_address=ray_address,
-            timeout=timeout,
-            replay=replays[0] if replays and problems is None else None,
-            problem=problem,
-            replay_delay_s=replay_delay,
-            takeover=takeover,
-            replay_study=replay_study,
-            progress=progress,
-            repair=repair != "random",
-            ordered=ordered,
-            screen_cutoff=screen_cutoff,
-            screen_budget_ms=screen_ms,
-            in_process=in_process,
-            objectives=objectives,
-            engine=engine,
-        )
-        if problems is not None:
-            return _study_problems(opts, problems, replays, warm_start)
-        summary = run_study(opts, warm_prelude(opts, warm_start) if warm_start else None)
-    finally:
-        ray = sys.modules.get("ray")
-        if started_ray and ray is not None and ray.is_initialized():
-            ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
-    return StudyResult(summary=summary)
+    return where, kernel
 
 
-def _study_problems(opts, problems: str | Sequence[str], replays: list[str], warm_start: str | None) -> ProblemsResult:
-    """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
-    from tuner.study.shapes import run_problems
+def _study_signature() -> inspect.Signature:
+    """`study`'s signature as `inspect` (``help``, IPython's ``?``, editors) shows it: `space`, `trials` and a
+    keyword for each option `tuner.study.options.StudyOptions` declares as one."""
+    from tuner.study.options import keywords
 
-    out = run_problems(opts, problems, replays, warm_start)
-    results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
-    return ProblemsResult(summary=out, results=results)
+    param = inspect.Parameter
+    return inspect.Signature(
+        [
+            param("space", param.POSITIONAL_OR_KEYWORD, annotation="SearchSpace | str | Path"),
+            param("trials", param.POSITIONAL_OR_KEYWORD, annotation="int"),
+            *(
+                param(name, param.KEYWORD_ONLY, default=o.keyword_default, annotation=o.annotation)
+                for name, o in keywords().items()
+            ),
+        ],
+        return_annotation="StudyResult | ProblemsResult",
+    )
+
+
+def _study_keywords_doc() -> str:
+    """The keywords of `study`, one item each: its default, the argument of ``tuner study`` it is, its help."""
+    from tuner.study.options import keywords
+
+    lines = ["Keywords (each one an argument of ``tuner study``):", ""]
+    for name, o in keywords().items():
+        assert o.flag is not None
+        if o.positional:
+            flag, about = f"``{o.flag.upper()}``", None  # its help is the command line's (a family or a file)
+        elif o.negated:
+            flag, about = f"``{o.flag}`` is ``{name}=False``", o.help
+        elif o.choices is not None:
+            flag, about = f"``{o.flag} {'|'.join(o.choices)}``", o.help
+        else:
+            flag, about = f"``{o.flag} {o.metavar}``" if o.metavar else f"``{o.flag}``", o.help
+        item = f"* ``{name}={o.keyword_default!r}``: {flag}" + (f": {about}" if about else "")
+        lines.append(textwrap.fill(item, 112, subsequent_indent="  "))
+    return "\n".join(lines)
+
+
+study.__signature__ = _study_signature()  # type: ignore[attr-defined]
+if study.__doc__ is not None:  # None under python -OO
+    study.__doc__ += "\n" + textwrap.indent(_study_keywords_doc(), "    ") + "\n"
 
 
 def _check_includes(space: SearchSpace, problem: str | None) -> None:
@@ -324,29 +329,36 @@ _ARRAY = re.compile(r"(input|output)\s*([A-Za-z_]\w*)?\s*\[(.*)\]", re.S)
 _SCALAR = re.compile(r"([A-Za-z_]\w*)\s*(?:=\s*(.+))?", re.S)
 
 
-def tune_space(
-    name: str,
-    template: str | Path,
-    params: dict[str, Sequence[Any]],
-    problem: dict[str, Any],
-    reference: Callable[..., Any] | None = None,
-    *,
-    arguments: Sequence[str | dict[str, Any]],
-    grid: str | int | Sequence[str | int],
-    block: str | int | Sequence[str | int],
-    smem: str | int = 0,
-    constraints: Sequence[str] = (),
-    derived: dict[str, str] | None = None,
-    default: dict[str, Any] | None = None,
-    bytes_moved: str | int | None = None,
-    flops: str | int | None = None,
-    tolerance: float | None = None,
-    directory: str | Path | None = None,
-) -> SearchSpace:
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel of the caller's, as `tune_space` writes it into a space directory and `tune` tunes it: the fields
+    are the arguments both take, in their order (`tune_space` says what each is)."""
+
+    name: str
+    template: str | Path
+    params: dict[str, Sequence[Any]]
+    problem: dict[str, Any]
+    reference: Callable[..., Any] | None = None
+    _: KW_ONLY
+    arguments: Sequence[str | dict[str, Any]]
+    grid: str | int | Sequence[str | int]
+    block: str | int | Sequence[str | int]
+    smem: str | int = 0
+    constraints: Sequence[str] = ()
+    derived: dict[str, str] | None = None
+    default: dict[str, Any] | None = None
+    bytes_moved: str | int | None = None
+    flops: str | int | None = None
+    tolerance: float | None = None
+    directory: str | Path | None = None
+
+
+def tune_space(*args: Any, **kwargs: Any) -> SearchSpace:
     """Write kernel `name` as a space directory (default ``studies/NAME/``, relative to the working directory) and
     load it: ``NAME.yaml`` (a declarative ``kernel:`` block, see `tuner.kernels.declarative`), ``NAME.cu.j2`` and,
     with a `reference`, ``reference.py`` + ``reference.pkl``. Any process (the GPU workers, a later ``tuner
-    study --space studies/NAME/NAME.yaml``, ``tuner export``) finds the kernel again from those files.
+    study --space studies/NAME/NAME.yaml``, ``tuner export``) finds the kernel again from those files. The
+    arguments are the fields of `KernelSpec`:
 
     * `template`: Jinja2 CUDA source, or the path of a template file (copied).
     * `params`: name → the list of values to try; `constraints`, `derived`: expressions over params, derived
@@ -367,26 +379,43 @@ def tune_space(
       once, 0 FLOPs, by dtype).
 
     Bad input is an InputError (one line) and leaves the directory as it was."""
-    import yaml
+    return _write_space(KernelSpec(*args, **kwargs))
 
+
+def _write_space(kernel: KernelSpec) -> SearchSpace:
+    """`tune_space` of `kernel`: its files, checked in a scratch directory, then written where it says."""
+    name = kernel.name
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"tune: kernel name {name!r} is not an identifier")
 
     def bad(message: str) -> InputError:
         return InputError(f"tune {name!r}: {message}")
 
-    template_text = _template_text(template, bad)
-    plain_params = _plain_params(params, bad)
-    problem = _plain_problem(problem, bad)
-    if isinstance(constraints, str):
-        constraints = [constraints]
+    files = _space_files(kernel, bad)
+    # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
+    _check_in_scratch(name, files, bad)
+    target = Path(kernel.directory) if kernel.directory is not None else Path("studies") / name
+    _write(target, files, bad)
+    return load_space((target / f"{name}.yaml").resolve())
+
+
+def _space_files(kernel: KernelSpec, bad: Callable[[str], InputError]) -> dict[str, str | bytes]:
+    """The files of `kernel`'s space directory, by name: the space file, the template and, with a reference, its
+    module and its pickle."""
+    import yaml
+
+    name, reference = kernel.name, kernel.reference
+    template_text = _template_text(kernel.template, bad)
+    plain_params = _plain_params(kernel.params, bad)
+    problem = _plain_problem(kernel.problem, bad)
+    constraints = [kernel.constraints] if isinstance(kernel.constraints, str) else list(kernel.constraints)
     block_data: dict[str, Any] = {
         "name": name,
         "dtypes": [problem.get("dtype", "float32")],
-        "arguments": [_argument(a, bad) for a in arguments],
-        "launch": {"grid": _dims(grid), "block": _dims(block), "smem": smem},
+        "arguments": [_argument(a, bad) for a in kernel.arguments],
+        "launch": {"grid": _dims(kernel.grid), "block": _dims(kernel.block), "smem": kernel.smem},
     }
-    for key, value in (("bytes", bytes_moved), ("flops", flops), ("tolerance", tolerance)):
+    for key, value in (("bytes", kernel.bytes_moved), ("flops", kernel.flops), ("tolerance", kernel.tolerance)):
         if value is not None:
             block_data[key] = value
     if reference is not None:
@@ -401,11 +430,11 @@ def tune_space(
         "params": plain_params,
     }
     if constraints:
-        data["constraints"] = list(constraints)
-    if derived:
-        data["derived"] = dict(derived)
-    if default:
-        data["default"] = dict(default)
+        data["constraints"] = constraints
+    if kernel.derived:
+        data["derived"] = dict(kernel.derived)
+    if kernel.default:
+        data["default"] = dict(kernel.default)
     try:
         space_text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=None)
     except yaml.YAMLError as exc:
@@ -414,12 +443,7 @@ def tune_space(
     if reference is not None:
         files[REFERENCE_MODULE] = _REFERENCE_SOURCE.format(name=name)
         files[REFERENCE_PICKLE] = _pickle_reference(reference, bad)
-
-    # Checked in a scratch directory first (load, and render the default config), so bad input writes nothing.
-    _check_in_scratch(name, files, bad)
-    target = Path(directory) if directory is not None else Path("studies") / name
-    _write(target, files, bad)
-    return load_space((target / f"{name}.yaml").resolve())
+    return files
 
 
 def _plain_params(params: dict[str, Sequence[Any]], bad) -> dict[str, list[Any]]:
@@ -485,51 +509,41 @@ def _write(target: Path, files: dict[str, str | bytes], bad) -> None:
     _forget_reference(target)  # this process loads the reference written now, not one an earlier call imported
 
 
-def tune(
-    name: str,
-    template: str | Path,
-    params: dict[str, Sequence[Any]],
-    problem: dict[str, Any],
-    reference: Callable[..., Any] | None = None,
-    *,
-    arguments: Sequence[str | dict[str, Any]],
-    grid: str | int | Sequence[str | int],
-    block: str | int | Sequence[str | int],
-    trials: int,
-    smem: str | int = 0,
-    constraints: Sequence[str] = (),
-    derived: dict[str, str] | None = None,
-    default: dict[str, Any] | None = None,
-    bytes_moved: str | int | None = None,
-    flops: str | int | None = None,
-    tolerance: float | None = None,
-    directory: str | Path | None = None,
-    **options: Any,
-) -> StudyResult | ProblemsResult:
+def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResult:
     """Tune kernel `name` in one call, in the spirit of Kernel Tuner's ``tune_kernel``: write its space
-    directory (`tune_space`, which documents every argument), then run `study` on it with `trials` and
-    `options` (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study is stored
-    like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME`` and the
-    dashboard work on it, and calling `tune` again with the same arguments resumes it."""
-    space = tune_space(
-        name,
-        template,
-        params,
-        problem,
-        reference,
-        arguments=arguments,
-        grid=grid,
-        block=block,
-        smem=smem,
-        constraints=constraints,
-        derived=derived,
-        default=default,
-        bytes_moved=bytes_moved,
-        flops=flops,
-        tolerance=tolerance,
-        directory=directory,
+    directory (`tune_space`, which documents every argument of `KernelSpec`), then run `study` on it with `trials`
+    and the other keywords (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study
+    is stored like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME``
+    and the dashboard work on it, and calling `tune` again with the same arguments resumes it. A keyword `study`
+    does not take is an InputError before anything is written."""
+    from tuner.study.options import check_call
+
+    kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
+    options = {key: value for key, value in keywords.items() if key not in kernel_fields}
+    check_call(trials, options, caller="tuner.tune", others=kernel_fields)
+    kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
+    return study(_write_space(kernel), trials, **options)
+
+
+def _kernel_signatures() -> None:
+    """`tune_space`'s and `tune`'s signatures as `inspect` shows them: `KernelSpec`'s fields (and `tune`'s
+    `trials` and study keywords)."""
+    fields = list(inspect.signature(KernelSpec).parameters.values())
+    tune_space.__signature__ = inspect.Signature(fields, return_annotation="SearchSpace")  # type: ignore[attr-defined]
+    param = inspect.Parameter
+    at = [p.name for p in fields].index("block") + 1
+    tune.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            *fields[:at],
+            param("trials", param.KEYWORD_ONLY, annotation="int"),
+            *fields[at:],
+            param("options", param.VAR_KEYWORD, annotation="Any"),
+        ],
+        return_annotation="StudyResult | ProblemsResult",
     )
-    return study(space, trials, **options)
+
+
+_kernel_signatures()
 
 
 def _template_text(template: str | Path, bad) -> str:

@@ -4,44 +4,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
+
+from tuner.values import POSITIVE, POSITIVE_INT, SECONDS, Kind
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
+def flag_type(kind: Kind) -> Callable[[str], Any]:
+    """`kind` (`tuner.values`) as an argparse type: the flag's value, or argparse's one-line error (exit 2) in the
+    kind's words."""
+
+    def read(text: str) -> Any:
+        try:
+            return kind.read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return read
 
 
-def number(text: str, expected: str, ok: Callable[[float], bool], must: str) -> float:
-    """A float flag's value; an ArgumentTypeError (argparse's one-line error, exit 2) unless `ok(value)`."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
-    return value
-
-
-def seconds(text: str) -> float:
-    return number(text, "a number of seconds", lambda v: 0 <= v < float("inf"), "a finite number ≥ 0")
-
-
-def positive_float(text: str) -> float:
-    return number(text, "a positive number", lambda v: v > 0, "> 0")
-
-
-def screen_cutoff(text: str) -> float | None:
-    """--screen-cutoff: a factor above 1, or 0 / off for none."""
-    if text.strip().lower() in ("0", "off", "none"):
-        return None
-    return number(
-        text, "a factor above 1 or off", lambda v: v > 1, "above 1 or off (at 1 or below even a new best would be cut)"
-    )
+positive_int = flag_type(POSITIVE_INT)
+positive_float = flag_type(POSITIVE)
+seconds = flag_type(SECONDS)
 
 
 def port(text: str) -> int:

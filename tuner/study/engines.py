@@ -45,13 +45,15 @@ class Engine:
             return cls(opts, gpu_evaluator), space
         from tuner.study.replay import ReplayEvaluator, later_knobs, recorded_configs
 
-        replay = ReplayEvaluator(opts.replay, opts.replay_study)
+        recording = opts.recording
+        assert recording is not None
+        replay = ReplayEvaluator(recording, opts.replay_study)
         replay.later = later = later_knobs(space, replay.param_names)
         # Over the recording, not the space: a space may be far too large to enumerate.
         recorded = recorded_configs(space, replay.records)
         if not any(space.validate(c, problem) is None for c in recorded):
-            raise InputError("replay file holds none of the space's configs", opts.replay)
-        factory = functools.partial(ReplayEvaluator, opts.replay, opts.replay_study, opts.replay_delay_s, later=later)
+            raise InputError("replay file holds none of the space's configs", recording)
+        factory = functools.partial(ReplayEvaluator, recording, opts.replay_study, opts.replay_delay_s, later=later)
         if opts.replay_recorded_only:
             from tuner.study.replay import recorded_subspace
 
@@ -67,9 +69,10 @@ class Engine:
         if opts.in_process:
             from tuner.study.replay import ReplayPool
 
-            if not opts.replay:
+            recording = opts.recording
+            if not recording:
                 raise InputError("an in-process study needs a replay recording")
-            return ReplayPool(problem, opts.replay, opts.replay_study, in_flight=opts.replay_in_flight)
+            return ReplayPool(problem, recording, opts.replay_study, in_flight=opts.replay_in_flight)
         engine = opts.engine or ("ray" if opts.ray_address else "local")
         if engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown (choose from {', '.join(ENGINES)})")

@@ -145,7 +145,7 @@ class Opening:
         if self.opts.replay:
             from tuner.study.replay import gpu_label
 
-            gpu = gpu_label(self.opts.replay)
+            gpu = gpu_label(self.opts.recording or "")
         elif self.opts.ray_address:
             gpu = None  # the cluster's GPUs: known once a worker there reports
         else:

@@ -226,24 +226,22 @@ def first_configs(
 # the run
 
 
-def warm_prelude(opts: StudyOptions, warm_start: str):
+def warm_prelude(opts: StudyOptions):
     """The `tuner.study.driver.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
     from tuner.study.driver import Prelude
 
+    assert opts.warm_start is not None
     space = space_mod.load(opts.space)
-    return Prelude(first=first_configs(space, space.problem(opts.problem), warm_sources(warm_start, None, space)))
+    sources = warm_sources(opts.warm_start, None, space)
+    return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
-def run_problems(
-    opts: StudyOptions,
-    problems: str | Sequence[str],
-    replays: Sequence[str] = (),
-    warm_start: str | None = None,
-) -> dict[str, Any]:
-    """Run (or resume) one study per problem of `problems` (see `problem_list`) to `opts.trials` trials each, with
-    transfer between them (module docstring); `replays` answer from recordings, one per problem (`match_replays`).
-    Returns {"problems": a row per problem (name, sizes, study, trials, best, fraction of the ceiling, wall,
-    configs transferred), "studies": each problem's study summary, "wall_s", "command_wall_s"}."""
+def run_problems(opts: StudyOptions) -> dict[str, Any]:
+    """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
+    with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
+    answers from recordings, one per problem (`match_replays`). Returns {"problems": a row per problem (name,
+    sizes, study, trials, best, fraction of the ceiling, wall, configs transferred), "studies": each problem's
+    study summary, "wall_s", "command_wall_s"}."""
     from tuner.study.driver import Prelude, run_study
     from tuner.study.local import shared_workers
     from tuner.study.progress import problems_table
@@ -252,13 +250,13 @@ def run_problems(
         raise InputError("--study-name names one study; with --problems each problem's study has its default name")
     if opts.problem:
         raise InputError("give --problem or --problems, not both")
+    assert opts.problems is not None
     space = space_mod.load(opts.space)
-    chosen = problem_list(space, problems)
+    chosen = problem_list(space, opts.problems)
+    replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
     recordings = match_replays(chosen, replays) if replays else {}
-    if opts.replay and not replays:
-        raise InputError("with --problems, --replay is given once per problem")
     url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
-    warm = warm_sources(warm_start, None, space) if warm_start else []
+    warm = warm_sources(opts.warm_start, None, space) if opts.warm_start else []
     t0 = time.perf_counter()
     rows, summaries = [], {}
     with shared_workers():
@@ -273,9 +271,10 @@ def run_problems(
                 table=False,
                 spare_writer=i + 1 < len(chosen),
             )
-            summary = run_study(
-                dataclasses.replace(opts, problem=problem.name, replay=recordings.get(problem.name)), prelude
+            one = dataclasses.replace(
+                opts, problem=problem.name, problems=None, warm_start=None, replay=recordings.get(problem.name)
             )
+            summary = run_study(one, prelude)
             summaries[problem.name] = summary
             rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
     out = {
