@@ -431,8 +431,9 @@ TPE_STARTUP = 5
 TPE_CANDIDATES_IN_FLIGHT = 128
 
 
-#: ... until this many configs are evaluated; then 24 again (the driver's `_narrow_sampler`)
-TPE_WIDE_UNTIL = 100
+#: ... until this many configs are evaluated; then 24 again (the driver's `_narrow_sampler`): wide any longer left
+#: a few seeds of the imported stencil-like cache stuck in a poor basin, below uniform random from 200 configs on
+TPE_WIDE_UNTIL = 15
 
 
 def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int = 1) -> BaseSampler:
