@@ -30,7 +30,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "uniform-repair": {"opts": {"repair": False}},  # an unmeasurable proposal → a uniform draw, not the nearest
     "startup20": {"tpe": {"n_startup_trials": 20}},
     "candidates24": {"tpe": {"n_ei_candidates": 24}},  # Optuna's 24 candidates with several in flight too
+    "candidates48": {"tpe": {"n_ei_candidates": 48}},
     "wide50": {"patch": "wide", "until": 50},  # 128 candidates in flight for the first 50 configs, not 100
+    "wide25": {"patch": "wide", "until": 25},
+    "wide15": {"patch": "wide", "until": 15},
     "independent": {"tpe": {"multivariate": False, "group": False}},
     "categorical": {"opts": {"ordered": False}},
     "nowrap": {"opts": {"inside_valid_set": False}},  # the driver screens and repairs every proposal
