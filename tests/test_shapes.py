@@ -220,7 +220,7 @@ def _recorded_worker(gpu_index: int):
 
 
 def _measure_one(pool, number: int, params) -> None:
-    pool.wait_ready()
+    getattr(pool, "wait_ready", lambda: None)()  # a Ray pool is ready once made
     pool.submit(number, params)
     results = {}
     while not results:
@@ -229,7 +229,8 @@ def _measure_one(pool, number: int, params) -> None:
 
 
 def test_studies_within_shared_workers_keep_one_gpu_worker_and_one_set_of_compilers():
-    from tuner.study.local import LocalPool, shared_workers
+    from tuner.study.local import LocalPool
+    from tuner.study.sharing import shared_workers
 
     space = space_mod.load("transpose")
     configs = list(space.enumerate())[:2]
@@ -326,3 +327,32 @@ def test_the_api_returns_a_result_per_problem(tmp_path):
     )
     first = warm.study.get_trials(deepcopy=False)[0].params
     assert first == result["m64"].best["params"]  # the same problem elsewhere is nearest of all
+
+
+def test_studies_within_shared_workers_keep_their_ray_actors():
+    import functools
+
+    import ray
+
+    from tuner.study.cluster import Pool
+    from tuner.study.replay import ReplayEvaluator
+    from tuner.study.sharing import shared_workers
+
+    space = space_mod.load("transpose")
+    configs = list(space.enumerate())[:2]
+    factory = functools.partial(ReplayEvaluator, str(ROOT / "tests" / "data" / "transpose_h200.db"), None, 0.0)
+    try:
+        with shared_workers():
+            first = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1)
+            _measure_one(first, 0, configs[0])
+            pid = first.gpus[0]["pid"]
+            first.close()
+            second = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1)
+            assert second.gpus[0]["pid"] == pid  # the same actor, not a new one
+            _measure_one(second, 1, configs[1])
+            actor = second.slots[0].actor
+            second.close()
+        with pytest.raises(ray.exceptions.RayActorError):  # stopped when the last study ended
+            ray.get(actor.start.remote(), timeout=30)
+    finally:
+        ray.shutdown()

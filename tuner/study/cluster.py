@@ -32,6 +32,7 @@ from tuner.errors import InputError
 from tuner.gpu.deadline import Deadline
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
+from tuner.study import sharing
 
 #: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
 ACTOR_DEPTH = 2
@@ -192,7 +193,10 @@ class Pool:
         )
         self._actor_args = (evaluator,)
         t1 = time.perf_counter()
-        self.slots = self._start_actors(want)
+        # A study before this one in the same command may have kept its actors (`tuner.study.sharing`): the same
+        # evaluator on as many GPUs.
+        self._kept_as = ("ray actors", evaluator, want)
+        self.slots = sharing.take(self._kept_as) or self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self.measures = bool(self.slots[0].info["measures"])
         #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
@@ -356,8 +360,13 @@ class Pool:
         return spent
 
     def close(self) -> None:
-        import ray
+        slots, self.slots = [_Slot(actor=s.actor, info=s.info) for s in self.slots], []
+        if not sharing.keep(self._kept_as, slots, lambda: _kill(slots)):
+            _kill(slots)
 
-        for slot in self.slots:
-            ray.kill(slot.actor, no_restart=True)
-        self.slots = []
+
+def _kill(slots: list[_Slot]) -> None:
+    import ray
+
+    for slot in slots:
+        ray.kill(slot.actor, no_restart=True)

@@ -31,7 +31,6 @@ either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import queue
@@ -47,8 +46,9 @@ from tuner.build.render import render
 from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
 from tuner.result import LaunchFailed, Result, TimedOut
+from tuner.study import sharing
 
-__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator", "shared_workers"]
+__all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
 #: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
 QUEUE_DEPTH = 2
@@ -63,7 +63,7 @@ def host_cores() -> int:
 
 
 def _park(gpu_index: int, evaluator: Evaluator) -> bool:
-    """Keep a GPU worker that is up for the next study (`shared_workers`); False if it is none to keep."""
+    """Keep a GPU worker that is up for the next study (`tuner.study.sharing`); False if it is none to keep."""
     from tuner.gpu.worker import IsolatedEvaluator, park
 
     if not isinstance(evaluator, IsolatedEvaluator) or not evaluator.alive() or not evaluator.info:
@@ -83,41 +83,11 @@ def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator
     return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
 
 
-@dataclass
-class _Shared:
-    """What the pools of one command's studies hand on to each other (`shared_workers`)."""
-
-    compilers: CompileProcesses | None = None
-
-
-#: set while `shared_workers` is in force
-_SHARED: _Shared | None = None
-
-
-@contextlib.contextmanager
-def shared_workers():
-    """One set of processes for several studies run one after another (`tuner.study.shapes`: one per problem):
-    within it, a pool that closes leaves its GPU workers running, handed back as `launch_gpu_workers` hands them
-    out (`tuner.gpu.worker.park`), and its compile processes to the next pool, so a study after the first starts
-    with its GPUs up and its compilers warm. On exit every process still kept is stopped."""
-    from tuner.gpu.worker import close_launched
-
-    global _SHARED
-    outer, _SHARED = _SHARED, _Shared()
-    try:
-        yield
-    finally:
-        shared, _SHARED = _SHARED, outer
-        if shared.compilers is not None:
-            shared.compilers.close()
-        if outer is None:
-            close_launched()
-
-
 def _compile_processes(slots: int) -> CompileProcesses:
-    """The compile processes kept by `shared_workers` if there are as many, else new ones."""
-    if _SHARED is not None and _SHARED.compilers is not None:
-        kept, _SHARED.compilers = _SHARED.compilers, None
+    """The compile processes a study before this one kept (`tuner.study.sharing`) if there are as many, else new
+    ones."""
+    kept = sharing.take("compile processes")
+    if kept is not None:
         if kept.slots == max(1, slots) and not kept.closed:
             return kept
         kept.close()
@@ -571,15 +541,13 @@ class LocalPool:
         for _ in self._workers:
             self.ready.put(None)
         self._compiler.shutdown(wait=False, cancel_futures=True)
-        if self._compilers is not None:
-            if _SHARED is not None and _SHARED.compilers is None:
-                _SHARED.compilers = self._compilers  # the next study's pool takes them (`shared_workers`)
-            else:
-                self._compilers.close()
+        compilers = self._compilers
+        if compilers is not None and not sharing.keep("compile processes", compilers, compilers.close):
+            compilers.close()
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=5.0)
-            if _SHARED is not None and not worker.thread.is_alive() and _park(worker.index, worker.evaluator):
+            if sharing.sharing() and not worker.thread.is_alive() and _park(worker.index, worker.evaluator):
                 continue
             try:
                 worker.evaluator.close()

@@ -1,8 +1,8 @@
 """Studies over several problems of one space in one command: ``tuner study KERNEL --problems all``.
 
 An LLM runs a kernel at many shapes. `run_problems` runs one study per problem of the space, one after another, in
-one database and over one set of GPU workers and compile processes (`tuner.study.local.shared_workers`: a study
-after the first starts with its GPUs up). Each is the study ``tuner study KERNEL --problem P`` would run, under
+one database and over one set of GPU workers and compile processes (`tuner.study.sharing`: a study after the first
+starts with its GPUs up). Each is the study ``tuner study KERNEL --problem P`` would run, under
 its default name, so the command resumes as a whole (a finished problem's study is said to be complete and costs
 nothing) and every other command (``best``, ``export``, the dashboard) reads each study as usual.
 
@@ -243,8 +243,8 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     sizes, study, trials, best, fraction of the ceiling, wall, configs transferred), "studies": each problem's
     study summary, "wall_s", "command_wall_s"}."""
     from tuner.study.driver import Prelude, run_study
-    from tuner.study.local import shared_workers
     from tuner.study.progress import problems_table
+    from tuner.study.sharing import shared_workers
 
     if opts.study_name:
         raise InputError("--study-name names one study; with --problems each problem's study has its default name")
