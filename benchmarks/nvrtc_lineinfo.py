@@ -4,9 +4,10 @@ without it.
     python benchmarks/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--order lineinfo,plain] [--out DIR]
 
 Samples `--configs` valid configs of the shipped GEMM space (the main job's kernel), renders each, and compiles it
-for sm_90 through `tuner.build.compile.nvrtc_compile` (no cache) twice: with tuner's options (which hold ``-lineinfo``)
-and with them less ``-lineinfo``, one after the other in `--order` (``plain,lineinfo`` reverses it; ``plain,plain``
-compiles the same thing twice: whether a second compile of one source is cheaper). For each config: both compile
+for sm_90 through `tuner.build.compile.nvrtc_compile` (no cache) twice: with tuner's options plus ``-lineinfo``
+and with them alone (they held ``-lineinfo`` until 2026-12-03), one after the other in `--order`
+(``plain,lineinfo`` reverses it; ``plain,plain`` compiles the same thing twice: whether a second compile of one
+source is cheaper). For each config: both compile
 times and whether every ``.text.*`` section (the SASS) of the two cubins is byte for byte the same. Needs no GPU.
 Writes ``nvrtc_lineinfo-<date>.json`` under --out (default: $OUT, else benchmarks/results) and prints a summary.
 """

@@ -966,7 +966,7 @@ def check(arch: str) -> int:
 
     # Kernel Tuner's CuPy backend: cupy.RawModule(options=KT_COMPILER_OPTIONS), to which CuPy adds -ftz=true,
     # -arch=sm_XX and --device-as-default-execution-space (and an -I of its headers); ours: BASE_OPTIONS.
-    # -Xptxas=-v only adds the resource report, -lineinfo only line tables.
+    # -Xptxas=-v only adds the resource report.
     kt_opts = [*KT_COMPILER_OPTIONS, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space", "-Xptxas=-v"]
     our_opts = [*BASE_OPTIONS, f"--gpu-architecture={arch}"]
 

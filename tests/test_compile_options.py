@@ -95,8 +95,10 @@ def test_known_options_pass_in_their_long_spelling(given, passed):
     assert compile_options.parse([given], Path("."), _fail).options == (passed,)
 
 
-def test_lineinfo_is_accepted_and_passed_as_nothing_more():
-    assert compile_options.parse(["-lineinfo"], Path("."), _fail) == compile_options.CompileOptions()
+def test_lineinfo_is_passed_on_once_whatever_its_spelling():
+    """Line tables are off by default (`tuner.build.compile.BASE_OPTIONS`): a space that asks gets them."""
+    assert compile_options.parse(["-lineinfo"], Path("."), _fail).options == ("-lineinfo",)
+    assert compile_options.parse(["--generate-line-info"], Path("."), _fail).options == ("-lineinfo",)
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,10 @@ from tuner.result import CompileFailed
 
 #: 2: keys cover local includes, CUDA's header folders and versions, and a source's own options
 CACHE_VERSION = "2"
-BASE_OPTIONS = ("-std=c++17", "-Xptxas=-v", "-lineinfo")
+#: every compile's options: C++17 and ptxas's resource report (registers, spills). No -lineinfo: tuner's profiles
+#: read metrics, not source lines, and line tables cost NVRTC 1-9% of its time for the same SASS
+#: (benchmarks/results/nvrtc_lineinfo-2026-12-03.md); a space asks for them with ``compile_options: [-lineinfo]``
+BASE_OPTIONS = ("-std=c++17", "-Xptxas=-v")
 
 
 @dataclass(frozen=True)
