@@ -9,6 +9,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import optuna
@@ -352,7 +353,11 @@ def test_studies_within_shared_workers_keep_their_ray_actors():
             _measure_one(second, 1, configs[1])
             actor = second.slots[0].actor
             second.close()
-        with pytest.raises(ray.exceptions.RayActorError):  # stopped when the last study ended
-            ray.get(actor.start.remote(), timeout=30)
+        # stopped when the last study ended (ray.kill is asynchronous: a call may still be answered just after it)
+        deadline = time.monotonic() + 60
+        with pytest.raises(ray.exceptions.RayActorError):
+            while time.monotonic() < deadline:
+                ray.get(actor.start.remote(), timeout=30)
+                time.sleep(0.5)
     finally:
         ray.shutdown()
