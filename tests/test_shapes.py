@@ -117,7 +117,7 @@ def test_first_configs_come_from_the_nearest_problems_first(space):
     valid = list(space.valid_configs(m1))[:12]
 
     def source(name, m, configs):
-        return Source(study=name, problem=name, sizes={"M": m, "N": 8192, "K": 8192}, gpu="g", configs=configs)
+        return Source(study=name, problem=name, sizes={"M": m, "N": 8192, "K": 8192}, configs=configs)
 
     far = source("m64", 64, valid[0:4])
     near = source("m2", 2, valid[4:8])

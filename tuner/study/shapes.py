@@ -56,7 +56,6 @@ class Source:
     study: str
     problem: str
     sizes: dict[str, Any]
-    gpu: str
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -135,7 +134,6 @@ def _source(study) -> Source | None:
         study=study.study_name,
         problem=str(problem.get("name") or ""),
         sizes=dict(problem.get("sizes") or {}),
-        gpu=str(study.user_attrs.get("gpu") or ""),
         configs=[dict(t.params) for t in ranked],
     )
 
@@ -163,13 +161,13 @@ def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
     return found
 
 
-def warm_sources(spec: str, storage: str | None, space: space_mod.SearchSpace) -> list[Source]:
+def warm_sources(spec: str, space: space_mod.SearchSpace) -> list[Source]:
     """The studies ``--warm-start SPEC`` names (a study, a kernel or a .db file, as ``tuner best`` finds them), as
     Sources. InputError for a study of another space: one whose knobs, or their values, this space lacks."""
     from tuner.results.studies import open_studies
 
     found = []
-    for study in open_studies(spec, storage):
+    for study in open_studies(spec):
         source = _source(study)
         if source is None:
             continue
@@ -232,7 +230,7 @@ def warm_prelude(opts: StudyOptions):
 
     assert opts.warm_start is not None
     space = space_mod.load(opts.space)
-    sources = warm_sources(opts.warm_start, None, space)
+    sources = warm_sources(opts.warm_start, space)
     return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
@@ -256,14 +254,16 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
     recordings = match_replays(chosen, replays) if replays else {}
     url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
-    warm = warm_sources(opts.warm_start, None, space) if opts.warm_start else []
+    warm = warm_sources(opts.warm_start, space) if opts.warm_start else []
+    # The database's studies of this space, read once; each study run here is added as it ends.
+    stored = {source.study: source for source in stored_sources(url, space)}
     t0 = time.perf_counter()
     rows, summaries = [], {}
     with shared_workers():
         for i, problem in enumerate(chosen):
             started = time.perf_counter()
-            # Every study of this space in the database but this problem's own (by its default name: any GPU).
-            sources = [s for s in stored_sources(url, space) if s.problem != problem.name] + warm
+            # Every study of this space in the database but this problem's own (on any GPU).
+            sources = [s for s in stored.values() if s.problem != problem.name] + warm
             first = first_configs(space, problem, sources)
             prelude = Prelude(
                 first=first,
@@ -276,6 +276,9 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
             )
             summary = run_study(one, prelude)
             summaries[problem.name] = summary
+            source = _source(_load(summary)) if url != ":memory:" else None
+            if source is not None:
+                stored[source.study] = source
             rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
     out = {
         "problems": rows,
@@ -304,16 +307,20 @@ def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, tra
 
 
 def _stored_best(summary: dict[str, Any]) -> dict[str, Any]:
-    """The best config's figures of a study that was complete before this run (its summary holds none)."""
-    import optuna
+    """The best config of a study that was complete before this run (its summary holds none), as ``tuner best
+    --json`` gives it; {} for one with none measured."""
+    from tuner.results.tables import best_summary
 
-    from tuner.results import studies
-
-    study = optuna.load_study(study_name=summary["study"], storage=studies.get_storage(summary["storage"]))
     try:
-        trial = studies.best_trial(study)
+        return best_summary(_load(summary))
     except InputError:
         return {}
-    figures = studies.finalist(study, trial.number) or trial.user_attrs
-    keep = ("uri", "tbps", "tflops", "median_ms", "fraction_of_ceiling")
-    return {"trial": trial.number, "params": dict(trial.params), **{k: figures[k] for k in keep if k in figures}}
+
+
+def _load(summary: dict[str, Any]):
+    """The optuna.Study a study summary names."""
+    import optuna
+
+    from tuner.results.studies import get_storage
+
+    return optuna.load_study(study_name=summary["study"], storage=get_storage(summary["storage"]))
