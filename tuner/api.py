@@ -151,7 +151,7 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     given = check_call(trials, keywords)
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
     where, given["kernel"] = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
-    opts = _one_replay(from_keywords(where, trials, given))
+    opts = from_keywords(where, trials, given)
     # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
     # not started.
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
@@ -164,17 +164,6 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
         if started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()  # a Ray this call started goes with it: a later call may join another cluster
     return StudyResult(summary=summary)
-
-
-def _one_replay(opts):
-    """`opts` with a one-element list of recordings as that recording; several need ``problems`` (InputError)."""
-    import dataclasses
-
-    if isinstance(opts.replay, list) and opts.problems is None:
-        if len(opts.replay) > 1:
-            raise InputError("--replay is given once, or once per problem with --problems")
-        return dataclasses.replace(opts, replay=opts.replay[0] if opts.replay else None)
-    return opts
 
 
 def _study_problems(opts) -> ProblemsResult:

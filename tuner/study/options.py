@@ -294,13 +294,17 @@ class StudyOptions:
 
     @property
     def recording(self) -> str | None:
-        """The one recording a study answers from: `replay`, which only a study over several problems
-        (`problems`, `tuner.study.shapes`) holds as a list. InputError for a list of several."""
-        if isinstance(self.replay, list):
+        """The one recording a study of one problem answers from (`replay`; see `__post_init__`)."""
+        assert not isinstance(self.replay, list), "a study over several problems has a recording per problem"
+        return self.replay
+
+    def __post_init__(self) -> None:
+        # `replay` is a list only for a study over several problems (`problems`: one recording each, matched by
+        # `tuner.study.shapes`); a study of one problem holds its one recording as a path.
+        if isinstance(self.replay, list) and self.problems is None:
             if len(self.replay) > 1:
                 raise InputError("--replay is given once, or once per problem with --problems")
-            return self.replay[0] if self.replay else None
-        return self.replay
+            self.replay = self.replay[0] if self.replay else None
 
 
 @cache
