@@ -30,7 +30,7 @@ from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study.engines import Engine
 from tuner.study.finalists import retime_finalists
-from tuner.study.opening import Opened, Opening
+from tuner.study.opening import Opened, Opening, Prelude
 from tuner.study.options import SAMPLERS, StudyOptions, default_storage, engine_of
 from tuner.study.preflight import check_storage, check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
@@ -58,22 +58,6 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the driver
-
-
-@dataclass
-class Prelude:
-    """What a study run as one of several (`tuner.study.shapes`: one per problem of a space) is given besides its
-    options: the configs a new study measures first, in this order, instead of the space's default (the best
-    configs of the problems tuned before it: they are also the sampler's first trials, so TPE models from them
-    at once), the label of its progress bar, and whether it prints its own end-of-study table (the runner prints
-    one table for all problems instead), and whether another study follows it."""
-
-    first: list[dict[str, Any]] = field(default_factory=list)
-    label: str = "study"
-    table: bool = True
-    #: start the next study's writer process as soon as this one has taken its own (its imports then overlap
-    #: this study instead of the next one's start)
-    spare_writer: bool = False
 
 
 def _values(result, objectives, family) -> list[float]:
@@ -121,7 +105,6 @@ class Driver(Opening):
         self.t_imports = since_command()
         self.opts = opts
         self.prelude = prelude or Prelude()
-        self.spare_writer = self.prelude.spare_writer
         if opts.trials < 1:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:

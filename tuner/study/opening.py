@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -67,6 +67,22 @@ class Opened:
     storage_s: float
 
 
+@dataclass
+class Prelude:
+    """What a study run as one of several (`tuner.study.shapes`: one per problem of a space) is given besides its
+    options: the configs a new study measures first, in this order, instead of the space's default (the best
+    configs of the problems tuned before it: they are also the sampler's first trials, so TPE models from them
+    at once), the label of its progress bar, whether it prints its own end-of-study table (the runner prints one
+    table for all problems instead), and whether another study follows it."""
+
+    first: list[dict[str, Any]] = field(default_factory=list)
+    label: str = "study"
+    table: bool = True
+    #: start the next study's writer process as soon as this one has taken its own (its imports then overlap
+    #: this study instead of the next one's start)
+    spare_writer: bool = False
+
+
 class Opening:
     """The set-up half of `tuner.study.driver.Driver`: the study's identity and attrs, whether a stored study may be
     resumed (or is complete already, known before anything starts), opening it and failing the trials a killed
@@ -83,8 +99,7 @@ class Opening:
     objectives: list[Objective]
     t0: float
     codec: Codec
-    #: start a writer process for the study that follows this one (`tuner.study.driver.Prelude.spare_writer`)
-    spare_writer: bool = False
+    prelude: Prelude
     engine: Engine
     lease: Lease | None
     sampler: Any
@@ -251,8 +266,8 @@ class Opening:
         if not self.opts.in_process:
             mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.study.writer.launch_writer`)
             self._setting_up = (None, mirror)
-            if self.spare_writer:
-                launch_writer()  # for the study that follows this one (`tuner.study.driver.Prelude`)
+            if self.prelude.spare_writer:
+                launch_writer()  # for the study that follows this one
         pool = self.engine.pool(self.space, self.problem, self._new_storage)
         self._setting_up = (pool, mirror)
         return pool, mirror

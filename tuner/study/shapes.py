@@ -225,8 +225,8 @@ def first_configs(
 
 
 def warm_prelude(opts: StudyOptions):
-    """The `tuner.study.driver.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
-    from tuner.study.driver import Prelude
+    """The `tuner.study.opening.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
+    from tuner.study.opening import Prelude
 
     assert opts.warm_start is not None
     space = space_mod.load(opts.space)
@@ -240,7 +240,8 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     answers from recordings, one per problem (`match_replays`). Returns {"problems": a row per problem (name,
     sizes, study, trials, best, fraction of the ceiling, wall, configs transferred), "studies": each problem's
     study summary, "wall_s", "command_wall_s"}."""
-    from tuner.study.driver import Prelude, run_study
+    from tuner.study.driver import run_study
+    from tuner.study.opening import Prelude
     from tuner.study.progress import problems_table
     from tuner.study.sharing import shared_workers
 
