@@ -246,10 +246,19 @@ def _live_figure(unit: str, best: dict[str, Any], fp32_peak: float | None = None
     from the GPU's facts; alone where that is unknown: a byte ceiling says nothing of FLOPs); a family without a
     throughput, its time."""
     if unit == "TB/s":
-        return f"{best['tbps']:.2f} TB/s ({best['fraction_of_ceiling']:.2f}× ceiling)"
+        return f"{_best_figure(unit, best)} ({best['fraction_of_ceiling']:.2f}× ceiling)"
     if unit == "TFLOP/s":
         share = f" ({best['tflops'] / fp32_peak:.2f}× FP32 peak)" if fp32_peak else ""
-        return f"{best['tflops']:.1f} TFLOP/s{share}"
+        return f"{_best_figure(unit, best)}{share}"
+    return _best_figure(unit, best)
+
+
+def _best_figure(unit: str, best: dict[str, Any]) -> str:
+    """The best config's figure alone, in the family's unit (its time for a family without a throughput)."""
+    if unit == "TB/s":
+        return f"{best['tbps']:.2f} TB/s"
+    if unit == "TFLOP/s":
+        return f"{best['tflops']:.1f} TFLOP/s"
     return f"{best['median_ms']:.4g} ms"
 
 
@@ -307,8 +316,8 @@ def _time_in_text(summary: dict[str, Any]) -> str:
 
 def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
     """The end of a study over several problems (`tuner.study.shapes.run_problems`'s result): a row per problem
-    (its best in the family's unit and, for a memory-bound family, its share of the same-bytes copy ceiling, its
-    trials, its wall, how many first configs came from other problems' studies), printed to stderr."""
+    (its best in the family's unit and, for a memory-bound family, its share of the GPU worker's copy ceiling,
+    its trials, its wall, how many first configs came from other problems' studies), printed to stderr."""
     from rich.console import Console
     from rich.table import Table
 
@@ -324,7 +333,7 @@ def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
         table.add_column(name, justify="right")
     for row in rows:
         best = row["best"] or {}
-        figure = _live_figure(unit, best).split(" (")[0] if best.get("median_ms") or best.get("tbps") else "-"
+        figure = _best_figure(unit, best) if best else "-"
         share = row["fraction_of_ceiling"]
         table.add_row(
             row["problem"],
