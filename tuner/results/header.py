@@ -461,6 +461,9 @@ def header_context(
     derived_names = list(dict.fromkeys(k for e in exported for k in e.derived))
     derived_types = {n: _cpp_type(e.derived[n] for e in exported if n in e.derived) for n in derived_names}
     configs = [_config_data(e, param_types, derived_types) for e in exported]
+    per_study = [
+        _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study]) for study in studies
+    ]
     from tuner import __version__
 
     return {
@@ -474,24 +477,11 @@ def header_context(
         "sizes": [_cpp_name(s) for s in exported[0].ctx.problem.sizes],
         "params": [{"name": _cpp_name(n), "type": t} for n, t in param_types.items()],
         "derived": [{"name": _cpp_name(n), "type": t} for n, t in derived_types.items()],
-        "studies": [
-            _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study])
-            for study in studies
-        ],
+        "studies": per_study,
         "configs": configs,
-        "shapes": _shapes(studies),
+        # each tuned shape once, in the studies' order
+        "shapes": list(dict.fromkeys(f"{d['problem_name']} ({d['sizes']}, {d['gpu']})" for d in per_study)),
     }
-
-
-def _shapes(studies: Sequence[optuna.Study]) -> list[str]:
-    """Each tuned shape once, as ``name (M=1 N=8192 K=8192, GPU)``, in the studies' order."""
-    seen = []
-    for study in studies:
-        data = _study_data(study, [])
-        shape = f"{data['problem_name']} ({data['sizes']}, {data['gpu']})"
-        if shape not in seen:
-            seen.append(shape)
-    return seen
 
 
 #: The header's template: package data next to the kernel templates' directory, not in it (it is no kernel).
