@@ -212,10 +212,11 @@ class RecordedChild:
 
 
 def _recorded_worker(gpu_index: int):
-    """As `tuner.study.local.isolated_gpu_evaluator`: the worker handed back, else a new one."""
-    from tuner.gpu.worker import IsolatedEvaluator, take_launched
+    """As `tuner.study.local.isolated_gpu_evaluator`: the worker a study before kept, else a new one."""
+    from tuner.gpu.worker import IsolatedEvaluator
+    from tuner.study import sharing
 
-    return take_launched(gpu_index) or IsolatedEvaluator(
+    return sharing.take(("gpu worker", gpu_index)) or IsolatedEvaluator(
         gpu=gpu_index, timeout_s=30.0, start_timeout_s=120.0, evaluator_factory=RecordedChild
     )
 

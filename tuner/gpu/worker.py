@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 # top: the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
 # study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
-__all__ = ["IsolatedEvaluator", "WorkerError", "close_launched", "launch_gpu_workers", "park", "take_launched"]
+__all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
 
 
 class WorkerError(RuntimeError):
@@ -453,22 +453,3 @@ def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
 def take_launched(gpu: int) -> IsolatedEvaluator | None:
     """The worker `launch_gpu_workers` started for GPU `gpu`, once (None if there is none)."""
     return _LAUNCHED.pop(gpu, None)
-
-
-def park(gpu: int, evaluator: IsolatedEvaluator) -> bool:
-    """Hand a running worker back for `take_launched` to give out again (the next study of the same command);
-    False, leaving it to its caller, when GPU `gpu` has one waiting already."""
-    if gpu in _LAUNCHED:
-        return False
-    _LAUNCHED[gpu] = evaluator
-    return True
-
-
-def close_launched() -> None:
-    """Stop every worker still waiting to be taken (started ahead, or parked)."""
-    while _LAUNCHED:
-        _, evaluator = _LAUNCHED.popitem()
-        try:
-            evaluator.close()
-        except Exception:  # a worker that never started, or died meanwhile
-            pass

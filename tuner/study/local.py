@@ -62,21 +62,22 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _park(gpu_index: int, evaluator: Evaluator) -> bool:
-    """Keep a GPU worker that is up for the next study (`tuner.study.sharing`); False if it is none to keep."""
-    from tuner.gpu.worker import IsolatedEvaluator, park
-
-    if not isinstance(evaluator, IsolatedEvaluator) or not evaluator.alive() or not evaluator.info:
+def _keep(gpu_index: int, evaluator: Evaluator) -> bool:
+    """Keep a GPU worker whose process is up for the next study (`tuner.study.sharing`); False for one that is not
+    (or an evaluator without a process of its own: a replay's is cheap to make again)."""
+    alive = getattr(evaluator, "alive", None)
+    if alive is None or not alive() or not getattr(evaluator, "info", None):
         return False
-    return park(gpu_index, evaluator)
+    return sharing.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
 
 
 def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
-    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker),
-    the one `tuner.gpu.worker.launch_gpu_workers` started if there is one."""
+    """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker):
+    the one a study before this one kept (`tuner.study.sharing`), else the one
+    `tuner.gpu.worker.launch_gpu_workers` started, if there is one."""
     from tuner.gpu.worker import IsolatedEvaluator, take_launched
 
-    launched = take_launched(gpu_index)
+    launched = sharing.take(("gpu worker", gpu_index)) or take_launched(gpu_index)
     if launched is not None:
         launched.timeout_s = timeout_s
         return launched
@@ -547,7 +548,7 @@ class LocalPool:
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=5.0)
-            if sharing.sharing() and not worker.thread.is_alive() and _park(worker.index, worker.evaluator):
+            if not worker.thread.is_alive() and _keep(worker.index, worker.evaluator):
                 continue
             try:
                 worker.evaluator.close()

@@ -2,11 +2,10 @@
 per problem of a space).
 
 Within `shared_workers`, a pool that closes keeps what is costly to start for the next pool instead of stopping
-it, and the next pool takes it back: the local engine's GPU worker processes (handed back as
-`tuner.gpu.worker.launch_gpu_workers` hands them out) and compile processes, the Ray engine's GPU actors. So a study
-after the first starts with its GPUs up and its compilers warm. Each thing is kept under a key (`keep`) and taken
-once (`take`); on exit, whatever no pool took is stopped. Outside `shared_workers`, nothing is kept and pools
-stop their workers as they close.
+it, and the next pool takes it back: the local engine's GPU worker processes and compile processes, the Ray
+engine's GPU actors. So a study after the first starts with its GPUs up and its compilers warm. Each thing is kept
+under a key (`keep`) and taken once (`take`); on exit, whatever no pool took is stopped. Outside
+`shared_workers`, nothing is kept and pools stop their workers as they close.
 """
 
 from __future__ import annotations
@@ -15,15 +14,10 @@ import contextlib
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["keep", "shared_workers", "sharing", "take"]
+__all__ = ["keep", "shared_workers", "take"]
 
 #: key → (what is kept, how to stop it), while `shared_workers` is in force; None outside it
 _KEPT: dict[Hashable, tuple[Any, Callable[[], None]]] | None = None
-
-
-def sharing() -> bool:
-    """Whether `shared_workers` is in force (a closing pool should keep its workers)."""
-    return _KEPT is not None
 
 
 def keep(key: Hashable, value: Any, stop: Callable[[], None]) -> bool:
@@ -44,10 +38,7 @@ def take(key: Hashable) -> Any | None:
 
 @contextlib.contextmanager
 def shared_workers():
-    """Keep workers between the pools made within it (module docstring); on exit stop what is left: the things
-    kept, and the GPU worker processes parked with `tuner.gpu.worker`."""
-    from tuner.gpu.worker import close_launched
-
+    """Keep workers between the pools made within it (module docstring); on exit stop what no pool took."""
     global _KEPT
     outer, _KEPT = _KEPT, {}
     try:
@@ -56,5 +47,3 @@ def shared_workers():
         kept, _KEPT = _KEPT, outer
         for _, stop in kept.values():
             stop()
-        if outer is None:
-            close_launched()
