@@ -26,8 +26,10 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -152,6 +154,64 @@ def _best_known_recorded() -> dict[str, float]:
     return best
 
 
+#: shapes no problem of the shipped GEMV space has, each nearer one tuned shape than any other (by the header's
+#: distance: the product of the max/min ratios of the sizes), with what `select` must give them
+UNTUNED = {(3, 8192, 8192): "m4", (48, 8192, 8192): "m64", (1, 16384, 8192): "up_m1", (64, 8192, 16384): "down_m64"}
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    return math.prod(max(x, y) / min(x, y) for x, y in zip(a, b, strict=True))
+
+
+def header_check(work: Path, together: dict) -> dict:
+    """`tuner export gemv --header` over the one command's database, as a user types it, then a host program
+    that includes the header, compiled by g++ and by nvcc where there is one, and prints ``select(M, N, K)->uri``
+    for every tuned shape (it must be that problem's best config) and for the `UNTUNED` shapes (the nearest
+    tuned shape's best config)."""
+    rows = together["problems"]
+    tuned = {tuple(r["sizes"][n] for n in ("M", "N", "K")): r for r in rows}
+    for shape, name in UNTUNED.items():  # the expectations hold for these sizes: no ties, the named one nearest
+        nearest = sorted(tuned, key=lambda t: _distance(t, shape))
+        assert tuned[nearest[0]]["problem"] == name and _distance(nearest[0], shape) < _distance(nearest[1], shape)
+    header = work / "gemv_tuned.h"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "export", "gemv", "--storage", "all.db", "--header", str(header)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return {"ok": False, "error": f"tuner export: exit {proc.returncode}: {proc.stderr[-500:]}"}
+    asks = [*tuned, *UNTUNED]
+    want = [tuned[s]["best"]["uri"] for s in tuned] + [
+        next(r["best"]["uri"] for r in rows if r["problem"] == n) for n in UNTUNED.values()
+    ]
+    calls = "".join(f'    std::printf("%s\\n", g::select({m}, {n}, {k})->uri);\n' for m, n, k in asks)
+    main = f'#include <cstdio>\n#include "gemv_tuned.h"\nnamespace g = tuned::gemv;\nint main() {{\n{calls}}}\n'
+    results = {}
+    for compiler, suffix in (("g++", ".cpp"), ("nvcc", ".cu")):
+        if shutil.which(compiler) is None:
+            results[compiler] = {"ok": None, "error": "not on this machine"}
+            continue
+        source = work / f"pick{suffix}"
+        source.write_text(main)
+        exe = work / f"pick-{compiler}"
+        flags = ["-std=c++17"] + (["-arch=sm_90"] if compiler == "nvcc" else [])
+        build = subprocess.run([compiler, *flags, "-o", str(exe), str(source)], capture_output=True, text=True)
+        if build.returncode != 0:
+            results[compiler] = {"ok": False, "error": build.stderr[-500:]}
+            continue
+        got = subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()
+        results[compiler] = {"ok": got == want, "picked": got}
+    return {
+        "shapes_tuned": len(tuned),
+        "shapes_asked": [list(s) for s in asks],
+        "expected": want,
+        "compilers": results,
+        "ok": all(r["ok"] is not False for r in results.values()),
+    }
+
+
 def gpu(trials: int) -> dict:
     from tuner.space import space as space_mod
 
@@ -169,6 +229,7 @@ def gpu(trials: int) -> dict:
             summary, wall = _study(argv, work)
             runs[label]["wall_s"] += wall
             runs[label]["studies"][name] = summary["study"]
+    header = header_check(work, together)
     recorded = _best_known_recorded()
     rows = []
     for name in problems:
@@ -192,6 +253,7 @@ def gpu(trials: int) -> dict:
         "wall_ratio_vs_independent": runs["transfer"]["wall_s"] / runs["independent"]["wall_s"],
         "wall_ratio_vs_independent_3x": runs["transfer"]["wall_s"] / runs["independent_3x"]["wall_s"],
         "min_fraction_of_best_known": min(r["transfer"]["fraction_of_best_known"] for r in rows),
+        "header": header,
         "rows": rows,
     }
 

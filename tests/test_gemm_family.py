@@ -47,7 +47,8 @@ def test_space_is_large_and_names_every_param(gemm_space, family):
     assert gemm_space.kernel == "gemm"
     assert gemm_space.cartesian == 960_000
     assert gemm_space.count_valid() >= 10_000
-    assert set(family.uri_names) == set(gemm_space.params)
+    # every knob has a short name; one the shipped space does not list (k_unroll) keeps the kernel as it was
+    assert set(family.uri_names) == set(gemm_space.params) | set(family.uri_defaults)
     assert gemm_space.validate(gemm_space.default) is None
 
 

@@ -35,7 +35,9 @@ RESTRICTIONS = [
 
 
 def tuner(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The checkout first, then whatever the caller's path already holds (a machine whose packages live in a
+    # --target folder on PYTHONPATH, as on the GPU host).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )

@@ -54,7 +54,10 @@ class Gemm(Family):
         "min_blocks": "lb",
         "fusion": "fuse",
         "stages": "st",
+        "k_unroll": "ku",
     }
+    # 0: the K tile's loop fully unrolled, the kernel as it was before the knob existed
+    uri_defaults = {"k_unroll": 0}
 
     # -- launching ---------------------------------------------------------------------------------------
     @staticmethod
