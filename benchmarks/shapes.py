@@ -2,6 +2,7 @@
 problems tuned one command at a time.
 
     python benchmarks/shapes.py --gpu [--trials 30] [--out DIR]        # on a GPU: the shipped GEMV space
+    python benchmarks/shapes.py --gpu --kernel decode_attention        # ... or another shipped space's problems
     python benchmarks/shapes.py --replay [--trials 30] [--seeds 20]    # on CPU: the recorded GEMV grids
 
 ``--gpu`` runs, on this machine's GPUs and from cold caches (a fresh cache folder per command): (1) ``tuner study
@@ -12,7 +13,9 @@ throughput of each run, the best known (the best of these runs and of the record
 ``BEST_KNOWN_RESULTS``), and the trial at which each run first reached 0.99 of it. The record
 (benchmarks/results/shapes-DATE.json) carries ``gpu``, ``problems``, ``wall_ratio_vs_independent`` (the one
 command's wall over the sum of the independent commands' at the same trials per problem) and
-``min_fraction_of_best_known`` (the worst problem's best over its best known).
+``min_fraction_of_best_known`` (the worst problem's best over its best known). For GEMV it then checks the header
+(`header_check`). ``--kernel decode_attention`` runs the same over that space's three batch x sequence shapes
+(best known: the best of the three runs; record shapes-decode_attention-DATE.json).
 
 ``--replay`` needs no GPU: the space of the complete H200 grids at M = 1 and M = 64
 (benchmarks/spaces/grid_gemv_shapes.yaml, answered by benchmarks/data/grid/gemv_m1.db.gz and gemv_m64.db.gz), over
@@ -212,25 +215,25 @@ def header_check(work: Path, together: dict) -> dict:
     }
 
 
-def gpu(trials: int) -> dict:
+def gpu(trials: int, kernel: str = "gemv") -> dict:
     from tuner.space import space as space_mod
 
-    problems = [p.name for p in space_mod.load("gemv").problems]
+    problems = [p.name for p in space_mod.load(kernel).problems]
     work = Path(tempfile.mkdtemp(prefix="shapes-"))
     runs: dict[str, dict] = {}
-    together, wall = _study(["gemv", "--problems", "all", "--trials", str(trials), "--storage", "all.db"], work)
+    together, wall = _study([kernel, "--problems", "all", "--trials", str(trials), "--storage", "all.db"], work)
     runs["transfer"] = {"wall_s": wall, "db": f"sqlite:///{work}/all.db", "studies": {}}
     for row in together["problems"]:
         runs["transfer"]["studies"][row["problem"]] = row["study"]
     for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
         runs[label] = {"wall_s": 0.0, "db": f"sqlite:///{work}/{label}.db", "studies": {}}
         for name in problems:
-            argv = ["gemv", "--problem", name, "--trials", str(budget), "--storage", f"{label}.db"]
+            argv = [kernel, "--problem", name, "--trials", str(budget), "--storage", f"{label}.db"]
             summary, wall = _study(argv, work)
             runs[label]["wall_s"] += wall
             runs[label]["studies"][name] = summary["study"]
-    header = header_check(work, together)
-    recorded = _best_known_recorded()
+    header = header_check(work, together) if kernel == "gemv" else None
+    recorded = _best_known_recorded() if kernel == "gemv" else {}
     rows = []
     for name in problems:
         curves = {label: _curve(run["db"], run["studies"][name]) for label, run in runs.items()}
@@ -246,6 +249,7 @@ def gpu(trials: int) -> dict:
         rows.append(row)
     return {
         "mode": "gpu",
+        "kernel": kernel,
         "gpu": together["studies"][problems[0]]["gpus"][0]["gpu"],
         "problems": problems,
         "trials_per_problem": trials,
@@ -264,17 +268,20 @@ def main() -> int:
     mode.add_argument("--gpu", action="store_true")
     mode.add_argument("--replay", action="store_true")
     parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument(
+        "--kernel", default="gemv", help="--gpu: a shipped space with several problems (gemv, decode_attention)"
+    )
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials)
+    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials, args.kernel)
     record.update(
         command="python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]),
         date=dt.date.today().isoformat(),
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "-replay" if args.replay else ""
+    suffix = "-replay" if args.replay else "" if args.kernel == "gemv" else f"-{args.kernel}"
     path = out / f"shapes{suffix}-{record['date']}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("rows", "problems")} | {"written": str(path)}))
