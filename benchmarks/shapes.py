@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import math
 import os
 import shlex
 import shutil
@@ -158,12 +157,8 @@ def _best_known_recorded() -> dict[str, float]:
 
 
 #: shapes no problem of the shipped GEMV space has, each nearer one tuned shape than any other (by the header's
-#: distance: the product of the max/min ratios of the sizes), with what `select` must give them
+#: distance, `tuner.study.shapes.problem_distance`), with the problem whose config `select` must give them
 UNTUNED = {(3, 8192, 8192): "m4", (48, 8192, 8192): "m64", (1, 16384, 8192): "up_m1", (64, 8192, 16384): "down_m64"}
-
-
-def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    return math.prod(max(x, y) / min(x, y) for x, y in zip(a, b, strict=True))
 
 
 def header_check(work: Path, together: dict) -> dict:
@@ -171,11 +166,14 @@ def header_check(work: Path, together: dict) -> dict:
     that includes the header, compiled by g++ and by nvcc where there is one, and prints ``select(M, N, K)->uri``
     for every tuned shape (it must be that problem's best config) and for the `UNTUNED` shapes (the nearest
     tuned shape's best config)."""
-    rows = together["problems"]
-    tuned = {tuple(r["sizes"][n] for n in ("M", "N", "K")): r for r in rows}
+    from tuner.study.shapes import problem_distance
+
+    rows = {r["problem"]: r for r in together["problems"]}
     for shape, name in UNTUNED.items():  # the expectations hold for these sizes: no ties, the named one nearest
-        nearest = sorted(tuned, key=lambda t: _distance(t, shape))
-        assert tuned[nearest[0]]["problem"] == name and _distance(nearest[0], shape) < _distance(nearest[1], shape)
+        sizes = dict(zip(("M", "N", "K"), shape, strict=True))
+        nearest = sorted(rows.values(), key=lambda r: problem_distance(r["sizes"], sizes))
+        first, second = (problem_distance(r["sizes"], sizes) for r in nearest[:2])
+        assert nearest[0]["problem"] == name and first < second, (shape, name)
     header = work / "gemv_tuned.h"
     proc = subprocess.run(
         [sys.executable, "-m", "tuner", "export", "gemv", "--storage", "all.db", "--header", str(header)],
@@ -185,10 +183,8 @@ def header_check(work: Path, together: dict) -> dict:
     )
     if proc.returncode != 0:
         return {"ok": False, "error": f"tuner export: exit {proc.returncode}: {proc.stderr[-500:]}"}
-    asks = [*tuned, *UNTUNED]
-    want = [tuned[s]["best"]["uri"] for s in tuned] + [
-        next(r["best"]["uri"] for r in rows if r["problem"] == n) for n in UNTUNED.values()
-    ]
+    asks = [tuple(r["sizes"][n] for n in ("M", "N", "K")) for r in rows.values()] + list(UNTUNED)
+    want = [r["best"]["uri"] for r in rows.values()] + [rows[n]["best"]["uri"] for n in UNTUNED.values()]
     calls = "".join(f'    std::printf("%s\\n", g::select({m}, {n}, {k})->uri);\n' for m, n, k in asks)
     main = f'#include <cstdio>\n#include "gemv_tuned.h"\nnamespace g = tuned::gemv;\nint main() {{\n{calls}}}\n'
     results = {}
@@ -207,7 +203,7 @@ def header_check(work: Path, together: dict) -> dict:
         got = subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()
         results[compiler] = {"ok": got == want, "picked": got}
     return {
-        "shapes_tuned": len(tuned),
+        "shapes_tuned": len(rows),
         "shapes_asked": [list(s) for s in asks],
         "expected": want,
         "compilers": results,

@@ -56,7 +56,7 @@ class Gemm(Family):
         "stages": "st",
         "k_unroll": "ku",
     }
-    # 0: the K tile's loop fully unrolled, the kernel as it was before the knob existed
+    #: 0: the K tile's loop fully unrolled, the kernel as it was before the knob existed
     uri_defaults = {"k_unroll": 0}
 
     # -- launching ---------------------------------------------------------------------------------------

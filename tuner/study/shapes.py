@@ -37,6 +37,7 @@ __all__ = [
     "Source",
     "first_configs",
     "match_replays",
+    "problem_distance",
     "problem_list",
     "run_problems",
     "warm_prelude",
@@ -111,7 +112,7 @@ def match_replays(problems: Sequence[space_mod.Problem], replays: Sequence[str])
 # what other studies know
 
 
-def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+def problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
     """How far two problems' sizes are apart in log space: the sum over their common numeric sizes of |log a/b|,
     the measure an exported header's `select` uses (the log of its product of max/min ratios)."""
     common = [k for k in a if k in b and isinstance(a[k], int | float) and isinstance(b[k], int | float)]
@@ -203,7 +204,7 @@ def first_configs(
     """The configs a new study of `problem` measures first: from the nearest source (in log space of the sizes;
     the same problem on another GPU is nearest of all) its best `FROM_NEAREST`, then the best of each next
     nearest, up to `limit`; each valid for `problem` and once."""
-    ranked = sorted(sources, key=lambda s: (_distance(dict(problem.sizes), s.sizes), s.problem != problem.name))
+    ranked = sorted(sources, key=lambda s: (problem_distance(dict(problem.sizes), s.sizes), s.problem != problem.name))
     chosen: list[dict[str, Any]] = []
     seen: set[str] = set()
     for rank, source in enumerate(ranked):
