@@ -211,10 +211,8 @@ def header_check(work: Path, together: dict) -> dict:
     }
 
 
-def gpu(trials: int, kernel: str = "gemv") -> dict:
-    from tuner.space import space as space_mod
-
-    problems = [p.name for p in space_mod.load(kernel).problems]
+def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
+    """The three runs over `kernel`'s `problems` (module docstring)."""
     work = Path(tempfile.mkdtemp(prefix="shapes-"))
     runs: dict[str, dict] = {}
     together, wall = _study([kernel, "--problems", "all", "--trials", str(trials), "--storage", "all.db"], work)
@@ -270,7 +268,17 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials, args.kernel)
+    if args.gpu:  # a bad --kernel is one line and exit 2, before any GPU work
+        from tuner.errors import InputError
+        from tuner.space import space as space_mod
+
+        try:
+            problems = [p.name for p in space_mod.load(args.kernel).problems]
+        except InputError as exc:
+            parser.error(f"--kernel: {exc}")
+        if len(problems) < 2:
+            parser.error(f"--kernel {args.kernel}: its space has one problem; nothing to transfer between")
+    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials, args.kernel, problems)
     record.update(
         command="python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]),
         date=dt.date.today().isoformat(),
