@@ -152,7 +152,7 @@ class Driver(Opening):
 
     def _narrow_sampler(self, fast) -> None:
         """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
-        narrow = self._base_sampler(1)
+        narrow = self._base_sampler(1)  # a PriorSampler keeps its prior and swaps its base
         if isinstance(self.sampler, ValidSetSampler):
             self.sampler.base = narrow  # the wrapper keeps its valid set and what it knows is explored
         else:
@@ -443,8 +443,10 @@ class Driver(Opening):
             "command_wall_s": since_command(),
             **({"writer": _writer_summary(writer)} if writer else {}),
             "best": stats.best,
-            # Another problem's trials the sampler modelled from beside this study's own (`Prelude.prior`).
+            # Another problem's trials the sampler was given (`Prelude.prior`), and the proposals it modelled from
+            # them (only while that problem's configs hold up here: `tuner.study.prior.AGREE`).
             "prior_trials": len(self._prior_told or []),
+            "prior_proposals": self.prior_sampler.shown if self.prior_sampler is not None else 0,
             "finalists": finalists,
             # Configs that hung: what each cost its GPU and its deadline; the start-up of each worker replaced.
             "hangs": list(getattr(s.pool, "hangs", [])),

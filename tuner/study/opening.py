@@ -109,6 +109,8 @@ class Opening:
     sampler: Any
     _setting_up: tuple[Any, Any] | None
     _prior_told: list[tuple[dict[str, Any], list[float]]] | None = None
+    #: the study's `tuner.study.prior.PriorSampler`, where it has one
+    prior_sampler: Any = None
 
     def _identity_attrs(self) -> dict[str, Any]:
         """The user attrs that say which study this is, whatever GPU runs it: what a resumed study must match."""
@@ -385,16 +387,22 @@ class Opening:
         return sampler
 
     def _base_sampler(self, in_flight: int) -> Any:
-        """The sampler `opts.sampler` names, modelling from `prelude.prior` too where the prelude gives trials of
-        another problem and the sampler models from trials at all (not grid or random)."""
+        """The sampler `opts.sampler` names; wrapped, once per study, in a `tuner.study.prior.PriorSampler` where
+        the prelude gives trials of another problem, the study's first objective is the throughput (the scale
+        the prior's agreement is judged on) and the sampler models from trials at all (not grid or random)."""
         sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
-        prior = self._prior() if self.opts.sampler not in ("grid", "random") else []
+        if self.prior_sampler is not None:  # a narrower base for the same prior (`Driver._narrow_sampler`)
+            self.prior_sampler.base = sampler
+            return self.prior_sampler
+        modelled = self.opts.sampler not in ("grid", "random") and self.objectives[0].name == "throughput"
+        prior = self._prior() if modelled else []
         if not prior:
             return sampler
         from tuner.study.prior import PriorSampler
 
         failed = lambda trial: TrialAttr.FAILURE in trial.user_attrs  # noqa: E731 (told with the worst values)
-        return PriorSampler(sampler, prior, self.codec.sampler_dists, self.codec.decode, failed)
+        self.prior_sampler = PriorSampler(sampler, prior, self.codec.sampler_dists, self.codec.decode, failed)
+        return self.prior_sampler
 
     def _prior(self) -> list[tuple[dict[str, Any], list[float]]]:
         """`prelude.prior` as the sampler takes it: params encoded, values of this study's objectives (a config

@@ -8,8 +8,14 @@ history — the good configs and the poor ones — instead of from nothing or fr
 The neighbour's values are another problem's: a GEMV at M = 64 moves as many bytes per second as one at M = 32
 only roughly. They are put on this problem's scale by the configs measured at both (the first configs a study of
 several problems measures are the neighbour's best, so the scale is known after a few results): each objective's
-prior values are multiplied by the median ratio, this problem's value over the neighbour's, of those configs;
-until one is measured here the ratio is 1.
+prior values are multiplied by the median ratio, this problem's value over the neighbour's, of those configs.
+
+The prior is shown only once the neighbour's configs are known to hold up here: from the first config measured at
+both on, and only while the first objective (a throughput) of those configs keeps at least `AGREE` of its value
+there. A neighbour whose best configs fall short here wants other configs than this problem (GEMV at M = 8 wants
+the tensor-core engines that M = 4 does without); a model built on its history keeps the search in its region,
+and on the H200 it did (M = 16 reached 0.44 of its best known in 30 trials, benchmarks/results/shapes-2026-12-04
+-prior.md). Until then, and without agreement, the base sampler sees the study alone, as it would without a prior.
 
 The prior trials are numbered below the study's own (-n … -1): they are the oldest, so TPE's default weights give
 them less weight as the study's own trials accumulate (Optuna weighs the oldest of more than 25 trials down), and
@@ -25,7 +31,11 @@ from typing import Any
 
 from tuner.space.space import params_key
 
-__all__ = ["PriorSampler"]
+__all__ = ["AGREE", "PriorSampler"]
+
+#: the least share of the neighbour's throughput its configs must keep here (the median over those measured at both)
+#: for the sampler to model from the neighbour's trials
+AGREE = 0.9
 
 
 class PriorSampler:
@@ -52,32 +62,39 @@ class PriorSampler:
             )
             trial.number = number
             self._trials.append(trial)
-        self._scaled: tuple[tuple[float, ...], list[Any]] | None = None
+        self._scaled: tuple[tuple[float, ...], list[Any]] | None = None  # (scale, the prior on it)
+        #: the proposals modelled from the prior (`sample_relative` calls that were shown it)
+        self.shown = 0
 
     def __str__(self) -> str:
         return f"PriorSampler({self.base}, {len(self._trials)} prior trials)"
 
     # -- the scale ----------------------------------------------------------------------------------------------
-    def scale(self, study) -> tuple[float, ...]:
+    def scale(self, study) -> tuple[float, ...] | None:
         """Per objective, the median ratio of this study's value to the prior's over the configs measured at both
-        (1 where none is, or where a value is not positive)."""
+        (1 for an objective without a positive pair); None while no config is measured at both."""
         from optuna.trial import TrialState
 
         ratios: list[list[float]] = [[] for _ in self._values[0]] if self._values else []
+        pairs = 0
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             i = self._keys.get(params_key(self._decode(trial.params)))
             if i is None or self._failed(trial):
                 continue
+            pairs += 1
             for k, (own, there) in enumerate(zip(trial.values, self._values[i], strict=True)):
                 if own > 0 and there > 0:
                     ratios[k].append(own / there)
-        return tuple(statistics.median(r) if r else 1.0 for r in ratios)
+        return tuple(statistics.median(r) if r else 1.0 for r in ratios) if pairs else None
 
     def _prior(self, study) -> list[Any]:
-        """The prior trials on this study's scale (kept while the scale holds)."""
+        """The prior trials on this study's scale (kept while the scale holds); none while no config is measured
+        at both, or while the first objective keeps less than `AGREE` of its value."""
         import copy
 
         scale = self.scale(study)
+        if scale is None or scale[0] < AGREE:
+            return []
         if self._scaled is None or self._scaled[0] != scale:
             trials = []
             for trial, values in zip(self._trials, self._values, strict=True):
@@ -87,15 +104,19 @@ class PriorSampler:
             self._scaled = (scale, trials)
         return self._scaled[1]
 
-    def _view(self, study) -> _PriorView:
-        return _PriorView(study, self._prior(study))
+    def _view(self, study):
+        """The study as the base sees it: with the prior (a `_PriorView`) where it is shown, else the study."""
+        prior = self._prior(study)
+        return _PriorView(study, prior) if prior else study
 
     # -- BaseSampler --------------------------------------------------------------------------------------------
     def infer_relative_search_space(self, study, trial) -> dict[str, Any]:
         return self.base.infer_relative_search_space(self._view(study), trial)
 
     def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
-        return self.base.sample_relative(self._view(study), trial, search_space)
+        view = self._view(study)
+        self.shown += view is not study
+        return self.base.sample_relative(view, trial, search_space)
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         return self.base.sample_independent(self._view(study), trial, param_name, param_distribution)
