@@ -15,7 +15,8 @@ both on, and only while the first objective (a throughput) of those configs keep
 there. A neighbour whose best configs fall short here wants other configs than this problem (GEMV at M = 8 wants
 the tensor-core engines that M = 4 does without); a model built on its history keeps the search in its region,
 and on the H200 it did (M = 16 reached 0.44 of its best known in 30 trials:
-benchmarks/results/shapes-2026-12-04-prior-ungated.json). Until then, and without agreement, the base sampler sees the study alone, as it would without a prior.
+benchmarks/results/shapes-2026-12-04-prior-ungated.json). Until then, and without agreement, the base sampler
+sees the study alone, as it would without a prior.
 
 The prior trials are numbered below the study's own (-n … -1): they are the oldest, so TPE's default weights give
 them less weight as the study's own trials accumulate (Optuna weighs the oldest of more than 25 trials down), and
