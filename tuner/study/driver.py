@@ -43,7 +43,7 @@ from tuner.study.search import (
     IndexBuild,
     ValidSetSampler,
     counts,
-    objective_values,
+    make_sampler,
     tells_failures_as_worst,
     valid_index,
     worst_values,
@@ -61,9 +61,10 @@ if TYPE_CHECKING:
 
 
 def _values(result, objectives, family) -> list[float]:
-    values = objective_values(result.to_dict(), objectives, family.throughput_unit)
-    assert values is not None, "a measured result has every objective's figure"
-    return values
+    figures = result.to_dict()
+    figures["throughput"] = result.tflops if family.throughput_unit == "TFLOP/s" else result.tbps
+    figures["time_ms"] = result.median_ms
+    return [float(figures[o.name]) for o in objectives]
 
 
 @dataclass
@@ -152,7 +153,7 @@ class Driver(Opening):
 
     def _narrow_sampler(self, fast) -> None:
         """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
-        narrow = self._base_sampler(1)  # a PriorSampler keeps its prior and swaps its base
+        narrow = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), 1)
         if isinstance(self.sampler, ValidSetSampler):
             self.sampler.base = narrow  # the wrapper keeps its valid set and what it knows is explored
         else:
@@ -443,10 +444,6 @@ class Driver(Opening):
             "command_wall_s": since_command(),
             **({"writer": _writer_summary(writer)} if writer else {}),
             "best": stats.best,
-            # Another problem's trials the sampler was given (`Prelude.prior`), and the proposals it modelled from
-            # them (only while that problem's configs hold up here: `tuner.study.prior.AGREE`).
-            "prior_trials": len(self._prior_told or []),
-            "prior_proposals": self.prior_sampler.shown if self.prior_sampler is not None else 0,
             "finalists": finalists,
             # Configs that hung: what each cost its GPU and its deadline; the start-up of each worker replaced.
             "hangs": list(getattr(s.pool, "hangs", [])),

@@ -36,7 +36,6 @@ from tuner.study.search import (
     counts,
     evaluation_failed,
     make_sampler,
-    objective_values,
     tells_failures_as_worst,
     worst_values,
 )
@@ -72,14 +71,11 @@ class Opened:
 class Prelude:
     """What a study run as one of several (`tuner.study.shapes`: one per problem of a space) is given besides its
     options: the configs a new study measures first, in this order, instead of the space's default (the best
-    configs of the problems tuned before it), another problem's trials the sampler models from beside the
-    study's own (`tuner.study.prior.PriorSampler`), the label of its progress bar, whether it prints its own
-    end-of-study table (the runner prints one table for all problems instead), and whether another study follows
-    it."""
+    configs of the problems tuned before it: they are also the sampler's first trials, so TPE models from them
+    at once), the label of its progress bar, whether it prints its own end-of-study table (the runner prints one
+    table for all problems instead), and whether another study follows it."""
 
     first: list[dict[str, Any]] = field(default_factory=list)
-    #: (config, its recorded figures: tbps, registers, ...) of the nearest problem's measured trials
-    prior: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     label: str = "study"
     table: bool = True
     #: start the next study's writer process as soon as this one has taken its own (its imports then overlap
@@ -108,9 +104,6 @@ class Opening:
     lease: Lease | None
     sampler: Any
     _setting_up: tuple[Any, Any] | None
-    _prior_told: list[tuple[dict[str, Any], list[float]]] | None = None
-    #: the study's `tuner.study.prior.PriorSampler`, where it has one
-    prior_sampler: Any = None
 
     def _identity_attrs(self) -> dict[str, Any]:
         """The user attrs that say which study this is, whatever GPU runs it: what a resumed study must match."""
@@ -381,37 +374,7 @@ class Opening:
         return measured, failed, sum(1 for t in opened.past if counts(t))
 
     def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
-        sampler = self._base_sampler(in_flight)
+        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
         if self.opts.inside_valid_set and self.opts.sampler != "grid":
             return ValidSetSampler(sampler, self.codec)
         return sampler
-
-    def _base_sampler(self, in_flight: int) -> Any:
-        """The sampler `opts.sampler` names; wrapped, once per study, in a `tuner.study.prior.PriorSampler` where
-        the prelude gives trials of another problem, the study's first objective is the throughput (the scale
-        the prior's agreement is judged on) and the sampler models from trials at all (not grid or random)."""
-        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
-        if self.prior_sampler is not None:  # a narrower base for the same prior (`Driver._narrow_sampler`)
-            self.prior_sampler.base = sampler
-            return self.prior_sampler
-        modelled = self.opts.sampler not in ("grid", "random") and self.objectives[0].name == "throughput"
-        prior = self._prior() if modelled else []
-        if not prior:
-            return sampler
-        from tuner.study.prior import PriorSampler
-
-        failed = lambda trial: TrialAttr.FAILURE in trial.user_attrs  # noqa: E731 (told with the worst values)
-        self.prior_sampler = PriorSampler(sampler, prior, self.codec.sampler_dists, self.codec.decode, failed)
-        return self.prior_sampler
-
-    def _prior(self) -> list[tuple[dict[str, Any], list[float]]]:
-        """`prelude.prior` as the sampler takes it: params encoded, values of this study's objectives (a config
-        missing a figure is left out)."""
-        if self._prior_told is None:
-            told = []
-            for params, figures in self.prelude.prior:
-                values = objective_values(figures, self.objectives, self.family.throughput_unit)
-                if values is not None and all(params.get(n) in v for n, v in self.space.params.items()):
-                    told.append((self.codec.encode(params), values))
-            self._prior_told = told
-        return self._prior_told

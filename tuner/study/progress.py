@@ -314,17 +314,10 @@ def _time_in_text(summary: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _learned(row: dict[str, Any]) -> str:
-    """What a problem's study took from other problems': "3" first configs, "3 + 30 of m32" with modelled trials."""
-    first = str(row["first_from_other_problems"])
-    return f"{first} + {row['prior_trials']} of {row['prior_from']}" if row.get("prior_trials") else first
-
-
 def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
     """The end of a study over several problems (`tuner.study.shapes.run_problems`'s result): a row per problem
     (its best in the family's unit and, for a memory-bound family, its share of the GPU worker's copy ceiling,
-    its trials, its wall, how many first configs came from other problems' studies and how many trials of which
-    problem the sampler modelled from), printed to stderr."""
+    its trials, its wall, how many first configs came from other problems' studies), printed to stderr."""
     from rich.console import Console
     from rich.table import Table
 
@@ -349,6 +342,6 @@ def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
             f"{share:.3f}" if share is not None and unit == "TB/s" else "-",
             str(row["trials"]),
             "complete before" if row["complete_before_run"] else human_seconds(row["wall_s"]),
-            _learned(row),
+            str(row["first_from_other_problems"]),
         )
     Console(stderr=True).print(table)

@@ -140,16 +140,6 @@ def tells_failures_as_worst(sampler: str, inside_valid_set: bool, kind: str) -> 
     return kind == "invalid" or not (sampler == "tpe" and inside_valid_set)
 
 
-def objective_values(figures: dict[str, Any], objectives, unit: str) -> list[float] | None:
-    """A result's values for `objectives` (each has a `name`) from its figures (`Result.to_dict()`, or a trial's
-    user attrs): "throughput" is its tflops or tbps as the family's `unit` says, "time_ms" its median_ms; None
-    where a figure is missing."""
-    named = {**figures, "throughput": figures.get("tflops" if unit == "TFLOP/s" else "tbps")}
-    named["time_ms"] = figures.get("median_ms")
-    values = [named.get(o.name) for o in objectives]
-    return [float(v) for v in values if v is not None] if None not in values else None
-
-
 def worst_values(values: list[list[float]], directions: Sequence[str]) -> list[float] | None:
     """Per objective, the worst value among `values` (the measured trials so far); None when there are none."""
     if not values:

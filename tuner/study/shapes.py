@@ -9,10 +9,8 @@ nothing) and every other command (``best``, ``export``, the dashboard) reads eac
 Transfer between shapes: a new problem's study first measures the best configs of the studies of the same space
 already tuned — in its database, and in ``--warm-start``'s (the same space tuned on another GPU, say) — the
 problems nearest in log space of their sizes first (`first_configs`). They are its first trials, so they are
-also what the sampler starts from. Beside them the sampler models from the nearest problem's whole history
-(`prior_trials`, `tuner.study.prior.PriorSampler`): every config measured there, good and poor, with its values
-put on this problem's scale by the configs measured at both; TPE then models from its first proposal on, instead
-of from random draws. A problem with nothing to learn from starts from the space's default as usual.
+also what the sampler starts from: TPE models from them at once (its start-up draws are as many as they are),
+instead of from random draws. A problem with nothing to learn from starts from the space's default as usual.
 
 Replays: `match_replays` pairs each recording (``--replay`` given once per problem) with its problem by the
 problem each recording's study was made for.
@@ -36,12 +34,9 @@ from tuner.study.options import StudyOptions, default_storage
 
 __all__ = [
     "FIRST_LIMIT",
-    "PRIOR_DISTANCE",
     "Source",
     "first_configs",
     "match_replays",
-    "nearest_first",
-    "prior_trials",
     "problem_distance",
     "problem_list",
     "run_problems",
@@ -53,9 +48,6 @@ __all__ = [
 FIRST_LIMIT = 5
 #: configs taken from the nearest problem's study (the rest: the best of each next nearest)
 FROM_NEAREST = 3
-#: how far (`problem_distance`) the nearest problem may be for the sampler to model from its trials: sizes within
-#: 4x of each other in all (M = 32 → 64; N 8192 → 28672; B × S 8 × 4096 → 16 × 8192)
-PRIOR_DISTANCE = math.log(4) + 1e-9
 
 
 @dataclass
@@ -66,8 +58,6 @@ class Source:
     problem: str
     sizes: dict[str, Any]
     configs: list[dict[str, Any]] = field(default_factory=list)
-    #: each config's figures as its trial recorded them (its user attrs: tbps, registers, ...), in the same order
-    figures: list[dict[str, Any]] = field(default_factory=list)
 
 
 def problem_list(space: space_mod.SearchSpace, problems: str | Sequence[str]) -> list[space_mod.Problem]:
@@ -146,7 +136,6 @@ def _source(study) -> Source | None:
         problem=str(problem.get("name") or ""),
         sizes=dict(problem.get("sizes") or {}),
         configs=[dict(t.params) for t in ranked],
-        figures=[dict(t.user_attrs) for t in ranked],
     )
 
 
@@ -209,19 +198,13 @@ def _knobs_differ(space: space_mod.SearchSpace, configs: list[dict[str, Any]]) -
     return "; ".join(faults)
 
 
-def nearest_first(problem: space_mod.Problem, sources: Sequence[Source]) -> list[Source]:
-    """`sources` nearest to `problem` first, in log space of their sizes; the same problem (on another GPU) is
-    nearest of all."""
-    return sorted(sources, key=lambda s: (problem_distance(dict(problem.sizes), s.sizes), s.problem != problem.name))
-
-
 def first_configs(
     space: space_mod.SearchSpace, problem: space_mod.Problem, sources: Sequence[Source], limit: int = FIRST_LIMIT
 ) -> list[dict[str, Any]]:
-    """The configs a new study of `problem` measures first: from the nearest source (`nearest_first`) its best
-    `FROM_NEAREST`, then the best of each next
+    """The configs a new study of `problem` measures first: from the nearest source (in log space of the sizes;
+    the same problem on another GPU is nearest of all) its best `FROM_NEAREST`, then the best of each next
     nearest, up to `limit`; each valid for `problem` and once."""
-    ranked = nearest_first(problem, sources)
+    ranked = sorted(sources, key=lambda s: (problem_distance(dict(problem.sizes), s.sizes), s.problem != problem.name))
     chosen: list[dict[str, Any]] = []
     seen: set[str] = set()
     for rank, source in enumerate(ranked):
@@ -238,29 +221,6 @@ def first_configs(
     return chosen
 
 
-def prior_trials(
-    space: space_mod.SearchSpace, problem: space_mod.Problem, sources: Sequence[Source]
-) -> tuple[str | None, list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """The trials a new study of `problem` models from besides its own (`tuner.study.prior.PriorSampler`), and
-    the problem they come from: every measured config of the nearest source (`nearest_first`) that is valid for
-    `problem`, with its recorded figures; (None, []) without a source within `PRIOR_DISTANCE`. Only a neighbour:
-    a far problem's good configs are another problem's (M = 1's CUDA-core configs run at a tenth of the best at
-    M = 64 on the recorded H200 grids), and a model built on them steers the search away from what this problem
-    wants (on the CPU replay of those grids, M = 64 then reached 0.59 of its optimum in 30 trials over 6 seeds,
-    against 0.92 over 20 from M = 1's best configs alone: benchmarks/results/shapes-replay-2026-12-03.md)."""
-    for source in nearest_first(problem, sources):
-        if problem_distance(dict(problem.sizes), source.sizes) > PRIOR_DISTANCE:
-            break
-        kept = [
-            (dict(params), dict(figures))
-            for params, figures in zip(source.configs, source.figures, strict=True)
-            if set(params) == set(space.params) and space.validate(params, problem) is None
-        ]
-        if kept:
-            return source.problem, kept
-    return None, []
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the run
 
@@ -272,16 +232,14 @@ def warm_prelude(opts: StudyOptions):
     assert opts.warm_start is not None
     space = space_mod.load(opts.space)
     sources = warm_sources(opts.warm_start, space)
-    problem = space.problem(opts.problem)
-    return Prelude(first=first_configs(space, problem, sources), prior=prior_trials(space, problem, sources)[1])
+    return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
 def run_problems(opts: StudyOptions) -> dict[str, Any]:
     """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
     with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
     answers from recordings, one per problem (`match_replays`). Returns {"problems": a row per problem (name,
-    sizes, study, trials, best, fraction of the ceiling, wall, configs transferred, trials modelled from and
-    their problem), "studies": each problem's
+    sizes, study, trials, best, fraction of the ceiling, wall, configs transferred), "studies": each problem's
     study summary, "wall_s", "command_wall_s"}."""
     from tuner.study.driver import run_study
     from tuner.study.opening import Prelude
@@ -309,10 +267,8 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
             # Every study of this space in the database but this problem's own (on any GPU).
             sources = [s for s in stored.values() if s.problem != problem.name] + warm
             first = first_configs(space, problem, sources)
-            prior_from, prior = prior_trials(space, problem, sources)
             prelude = Prelude(
                 first=first,
-                prior=prior,
                 label=f"{problem.name} ({i + 1}/{len(chosen)})",
                 table=False,
                 spare_writer=i + 1 < len(chosen),
@@ -325,8 +281,7 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
             source = _source(_load(summary)) if url != ":memory:" else None
             if source is not None:
                 stored[source.study] = source
-            learned = {"first": len(first), "prior": len(prior), "prior_from": prior_from}
-            rows.append(_row(problem, summary, time.perf_counter() - started, learned))
+            rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
     out = {
         "problems": rows,
         "studies": summaries,
@@ -338,9 +293,7 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     return out
 
 
-def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, learned: dict[str, Any]) -> dict[str, Any]:
-    """A problem's row of the summary; `learned`: how many first configs came from other problems' studies, how
-    many trials the sampler modelled from beside its own, and the problem those came from."""
+def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int) -> dict[str, Any]:
     best = summary.get("best") or (_stored_best(summary) if summary.get("complete_before_run") else {})
     return {
         "problem": problem.name,
@@ -350,9 +303,7 @@ def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, lea
         "best": best,
         "fraction_of_ceiling": best.get("fraction_of_ceiling"),
         "wall_s": round(wall_s, 3),
-        "first_from_other_problems": learned["first"],
-        "prior_trials": learned["prior"],
-        "prior_from": learned["prior_from"],
+        "first_from_other_problems": transferred,
         "complete_before_run": bool(summary.get("complete_before_run")),
     }
 
