@@ -38,14 +38,23 @@ SPACES = {
     "gemv_m1": ("gemv", "benchmarks/spaces/grid_gemv_m1.yaml", None),
     "gemv_m64": ("gemv", "benchmarks/spaces/grid_gemv_m64.yaml", None),
     "gemm": ("gemm", "benchmarks/spaces/grid_gemm.yaml", None),
+    # The decode ladder: the GEMV grid space at M = 1, 2, 4, ... 64, one recording per problem, for transfer between
+    # neighbouring shapes (benchmarks/shapes.py --replay). Not in the default six: --only gemv_ladder_m1,...
+    **{
+        f"gemv_ladder_m{m}": ("gemv", "benchmarks/spaces/grid_gemv_ladder.yaml", f"m{m}")
+        for m in (1, 2, 4, 8, 16, 32, 64)
+    },
 }
+#: what a run without --only records
+DEFAULT = ("transpose", "softmax", "rmsnorm", "gemv_m1", "gemv_m64", "gemm")
 
 
-def valid_count(space: str) -> int:
+def valid_count(space: str, problem: str | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from tuner.space import space as space_mod
 
-    return space_mod.load(ROOT / space).count_valid()
+    loaded = space_mod.load(ROOT / space)
+    return loaded.count_valid(loaded.problem(problem) if problem else None)
 
 
 def compact(db: Path, out: Path) -> int:
@@ -71,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--budget-s", type=float, default=450.0, help="total seconds for all spaces")
-    parser.add_argument("--only", help="comma-separated names (default: all six)")
+    parser.add_argument("--only", help="comma-separated names (default: the six of DEFAULT)")
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -82,8 +91,8 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = args.only.split(",") if args.only else list(SPACES)
-    counts = {name: valid_count(SPACES[name][1]) for name in names}
+    names = args.only.split(",") if args.only else list(DEFAULT)
+    counts = {name: valid_count(SPACES[name][1], SPACES[name][2]) for name in names}
     total = sum(counts.values())
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
