@@ -3,7 +3,7 @@ problems tuned one command at a time.
 
     python benchmarks/shapes.py --gpu [--trials 30] [--out DIR]        # on a GPU: the shipped GEMV space
     python benchmarks/shapes.py --gpu --kernel decode_attention        # ... or another shipped space's problems
-    python benchmarks/shapes.py --replay [--trials 30] [--seeds 20]    # on CPU: the recorded GEMV grids
+    python benchmarks/shapes.py --replay [--trials 30] [--seeds 20] [--in-flight 19]  # on CPU: the GEMV ladder
 
 ``--gpu`` runs, on this machine's GPUs and from cold caches (a fresh cache folder per command): (1) ``tuner study
 gemv --problems all --trials T`` over the shipped space's 11 problems (GEMV at M = 1 … 64 on N = K = 8192 and the
@@ -17,10 +17,13 @@ command's wall over the sum of the independent commands' at the same trials per 
 (`header_check`). ``--kernel decode_attention`` runs the same over that space's three batch x sequence shapes
 (best known: the best of the three runs; record shapes-decode_attention-DATE.json).
 
-``--replay`` needs no GPU: the space of the complete H200 grids at M = 1 and M = 64
-(benchmarks/spaces/grid_gemv_shapes.yaml, answered by benchmarks/data/grid/gemv_m1.db.gz and gemv_m64.db.gz), over
-``--seeds`` seeds; the optimum of each problem is known exactly (every valid config is recorded). Walls of a replay
-say nothing of a GPU and are not compared.
+``--replay`` needs no GPU: the GEMV grid space at every M of the decode ladder, M = 1, 2, 4, ... 64
+(benchmarks/spaces/grid_gemv_ladder.yaml, answered by the complete H200 recordings
+benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds; the optimum of each problem is known exactly
+(every valid config is recorded), and each problem's neighbours are recorded too, so transfer between neighbouring
+shapes is measured without a GPU's noise. ``--in-flight`` configs are outstanding at a time (default: as many as on
+the H200 host, `H200_IN_FLIGHT`): the sampler then proposes as it does there, most of its first proposals before
+any result is back. Walls of a replay say nothing of a GPU and are not compared.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 GRID = ROOT / "benchmarks" / "data" / "grid"
-REPLAY_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_shapes.yaml"
-REPLAYS = {"m1": GRID / "gemv_m1.db.gz", "m64": GRID / "gemv_m64.db.gz"}
+REPLAY_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_ladder.yaml"
+REPLAYS = {f"m{m}": GRID / f"gemv_ladder_m{m}.db.gz" for m in (1, 2, 4, 8, 16, 32, 64)}
 #: earlier H200 results whose per-problem best (impl "tuner") counts as best known, beside this run's own
 BEST_KNOWN_RESULTS = ("decode-2026-12-01-gemv-300.json", "decode-2026-12-01-gemv-llama.json")
 REACH = 0.99
@@ -72,7 +75,12 @@ def _reached(curve: list[float], target: float) -> int | None:
 # replay (CPU)
 
 
-def replay(trials: int, seeds: int) -> dict:
+#: configs in flight on the H200 host the GPU figures come from: 16 compile processes and one GPU worker's queue
+#: (`tuner.study.local.LocalPool.capacity`), so a replay's sampler proposes as it does there
+H200_IN_FLIGHT = 16 + 1 + 2
+
+
+def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
     from tuner.space import space as space_mod
     from tuner.space.space import params_key
     from tuner.study.driver import run_study
@@ -90,7 +98,14 @@ def replay(trials: int, seeds: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(seeds):
             base = StudyOptions(
-                kernel="gemv", space=str(REPLAY_SPACE), trials=trials, seed=seed, progress=False, storage=""
+                kernel="gemv",
+                space=str(REPLAY_SPACE),
+                trials=trials,
+                seed=seed,
+                progress=False,
+                storage="",
+                in_process=True,  # answered in this process, `in_flight` at a time (not this machine's pool)
+                replay_in_flight=in_flight,
             )
             db = f"sqlite:///{scratch}/transfer-{seed}.db"
             replays = [str(p) for p in REPLAYS.values()]
@@ -118,10 +133,11 @@ def replay(trials: int, seeds: int) -> dict:
         problems.append(row)
     return {
         "mode": "replay",
-        "gpu": "NVIDIA H200 (replay of benchmarks/data/grid/gemv_m1.db.gz, gemv_m64.db.gz)",
+        "gpu": "NVIDIA H200 (replay of benchmarks/data/grid/gemv_ladder_m1..m64.db.gz)",
         "space": str(REPLAY_SPACE.relative_to(ROOT)),
         "trials_per_problem": trials,
         "seeds": seeds,
+        "in_flight": in_flight,
         "problems": problems,
         "min_fraction_of_best_known": min(p["transfer"]["min_fraction_of_optimum"] for p in problems),
     }
@@ -266,6 +282,9 @@ def main() -> int:
         "--kernel", default="gemv", help="--gpu: a shipped space with several problems (gemv, decode_attention)"
     )
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument(
+        "--in-flight", type=int, default=H200_IN_FLIGHT, help="--replay: configs in flight (default: the H200 host's)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     if args.gpu:  # a bad --kernel is one line and exit 2, before any GPU work
@@ -278,7 +297,7 @@ def main() -> int:
             parser.error(f"--kernel: {exc}")
         if len(problems) < 2:
             parser.error(f"--kernel {args.kernel}: its space has one problem; nothing to transfer between")
-    record = replay(args.trials, args.seeds) if args.replay else gpu(args.trials, args.kernel, problems)
+    record = replay(args.trials, args.seeds, args.in_flight) if args.replay else gpu(args.trials, args.kernel, problems)
     record.update(
         command="python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]),
         date=dt.date.today().isoformat(),
