@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tuner.study.local import QUEUE_DEPTH  # noqa: E402
+
 GRID = ROOT / "benchmarks" / "data" / "grid"
 REPLAY_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_ladder.yaml"
 REPLAYS = {f"m{m}": GRID / f"gemv_ladder_m{m}.db.gz" for m in (1, 2, 4, 8, 16, 32, 64)}
@@ -75,9 +77,9 @@ def _reached(curve: list[float], target: float) -> int | None:
 # replay (CPU)
 
 
-#: configs in flight on the H200 host the GPU figures come from: 16 compile processes and one GPU worker's queue
-#: (`tuner.study.local.LocalPool.capacity`), so a replay's sampler proposes as it does there
-H200_IN_FLIGHT = 16 + 1 + 2
+#: configs in flight on the H200 host the GPU figures come from, as `tuner.study.local.LocalPool.capacity` counts
+#: them there: a compile process per core (16) and one GPU worker's queue, so a replay's sampler proposes as it does
+H200_IN_FLIGHT = 16 + 1 * (QUEUE_DEPTH + 1)
 
 
 def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
@@ -287,6 +289,8 @@ def main() -> int:
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
+    if args.in_flight < 1:
+        parser.error(f"--in-flight {args.in_flight}: must be at least 1")
     if args.gpu:  # a bad --kernel is one line and exit 2, before any GPU work
         from tuner.errors import InputError
         from tuner.space import space as space_mod
