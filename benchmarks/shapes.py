@@ -96,7 +96,7 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
         records = load_recording(str(REPLAYS[problem.name]))[0]
         valid = {params_key(c) for c in space.valid_configs(problem)}
         optimum[problem.name] = max(float(a.get("tbps") or 0) for k, (_, a) in records.items() if k in valid)
-    runs: dict[str, dict[str, list]] = {"transfer": {}, "independent": {}, "independent_3x": {}}
+    runs: dict[str, dict[str, list]] = {"transfer": {}, "one_at_a_time": {}, "independent": {}, "independent_3x": {}}
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(seeds):
             base = StudyOptions(
@@ -109,11 +109,12 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
                 in_process=True,  # answered in this process, `in_flight` at a time (not this machine's pool)
                 replay_in_flight=in_flight,
             )
-            db = f"sqlite:///{scratch}/transfer-{seed}.db"
             replays = [str(p) for p in REPLAYS.values()]
-            out = run_problems(dataclasses.replace(base, storage=db, problems="all", replay=replays))
-            for row in out["problems"]:
-                runs["transfer"].setdefault(row["problem"], []).append(_curve(db, row["study"]))
+            for label, in_turn in (("transfer", False), ("one_at_a_time", True)):
+                db = f"sqlite:///{scratch}/{label}-{seed}.db"
+                opts = dataclasses.replace(base, storage=db, problems="all", replay=replays, one_at_a_time=in_turn)
+                for row in run_problems(opts)["problems"]:
+                    runs[label].setdefault(row["problem"], []).append(_curve(db, row["study"]))
             for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
                 for name, recording in REPLAYS.items():
                     db = f"sqlite:///{scratch}/{label}-{name}-{seed}.db"
@@ -237,6 +238,11 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
     runs["transfer"] = {"wall_s": wall, "db": f"sqlite:///{work}/all.db", "studies": {}}
     for row in together["problems"]:
         runs["transfer"]["studies"][row["problem"]] = row["study"]
+    argv = [kernel, "--problems", "all", "--one-at-a-time", "--trials", str(trials), "--storage", "in_turn.db"]
+    in_turn, wall = _study(argv, work)
+    runs["one_at_a_time"] = {"wall_s": wall, "db": f"sqlite:///{work}/in_turn.db", "studies": {}}
+    for row in in_turn["problems"]:
+        runs["one_at_a_time"]["studies"][row["problem"]] = row["study"]
     for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
         runs[label] = {"wall_s": 0.0, "db": f"sqlite:///{work}/{label}.db", "studies": {}}
         for name in problems:
@@ -268,6 +274,7 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
         "walls_s": {label: round(run["wall_s"], 2) for label, run in runs.items()},
         "wall_ratio_vs_independent": runs["transfer"]["wall_s"] / runs["independent"]["wall_s"],
         "wall_ratio_vs_independent_3x": runs["transfer"]["wall_s"] / runs["independent_3x"]["wall_s"],
+        "wall_ratio_one_at_a_time_vs_independent": runs["one_at_a_time"]["wall_s"] / runs["independent"]["wall_s"],
         "min_fraction_of_best_known": min(r["transfer"]["fraction_of_best_known"] for r in rows),
         "header": header,
         "rows": rows,

@@ -53,8 +53,8 @@ def space():
     return space_mod.load(SPACE)
 
 
-def test_every_problem_gets_its_own_study_and_learns_from_the_ones_before(tmp_path, space):
-    opts = _opts(tmp_path)
+def test_one_at_a_time_every_problem_gets_its_own_study_and_learns_from_the_ones_before(tmp_path, space):
+    opts = _opts(tmp_path, one_at_a_time=True)
     out = run_problems(opts, "all", replays=[REPLAYS["m64"], REPLAYS["m1"]])  # matched by problem, not by order
     rows = {r["problem"]: r for r in out["problems"]}
     assert list(rows) == ["m1", "m64"]  # the space's order
@@ -135,7 +135,7 @@ def test_a_neighbour_s_best_configs_start_the_next_shape_near_its_optimum(tmp_pa
     """On the ladder, M = 2's study measures M = 1's best configs first; recorded on the H200, M = 1's best
     configs run at 0.89 to 1.0 of M = 2's optimum, so the first three trials of M = 2 already hold 0.98 of it
     (after 8 trials at M = 1)."""
-    opts = _opts(tmp_path, space=LADDER, trials=8)
+    opts = _opts(tmp_path, space=LADDER, trials=8, one_at_a_time=True)
     replays = [str(GRID / f"gemv_ladder_{m}.db.gz") for m in ("m1", "m2")]
     out = run_problems(opts, "m1,m2", replays=replays)
     rows = {r["problem"]: r for r in out["problems"]}
@@ -322,12 +322,19 @@ def test_the_command_runs_every_problem_and_prints_a_row_each(tmp_path, monkeypa
     assert sorted(summary["studies"]) == ["m1", "m64"]
     assert (tmp_path / "studies" / "gemv.db").is_file()
     # with progress: one table, a row per problem, and each problem's progress line named
+    replays = ["--replay", REPLAYS["m1"], "--replay", REPLAYS["m64"]]
+    rc, out, err = _cli(*argv[:-2], "--seed", "2", "--trials", "8", *replays)
+    assert rc == 0, err
+    # side by side: a bar per problem, each named by its problem
+    assert re.search(r"^m1 .* 8/8 ", err, re.M) and re.search(r"^m64 .* 8/8 ", err, re.M), err
+    assert "gemv: 2 problems in" in err
+    assert re.search(r"│ m64 +│ M=64 N=8192 K=8192 │ +\d\.\d\d TB/s │ +0\.\d{3} │ +8 │", err), err
+    # one after another: each bar says which of the problems it is
     rc, out, err = _cli(
-        *argv[:-2], "--seed", "2", "--trials", "8", "--replay", REPLAYS["m1"], "--replay", REPLAYS["m64"]
+        *argv[:-2], "--seed", "3", "--trials", "5", "--one-at-a-time", "--storage", "in_turn.db", *replays
     )
     assert rc == 0, err
     assert "m1 (1/2)" in err and "m64 (2/2)" in err and "gemv: 2 problems in" in err
-    assert re.search(r"│ m64 +│ M=64 N=8192 K=8192 │ +\d\.\d\d TB/s │ +0\.\d{3} │ +8 │", err), err
 
 
 def test_bad_problems_and_replays_are_one_line_and_write_nothing(tmp_path, monkeypatch):

@@ -86,6 +86,8 @@ class TrialAttr:
     WORKER = "worker"  # {"host", "pid", "node"} of the process that answered (node: the Ray node id, or "local")
     ARTIFACTS = "artifacts"  # {"source": artifact id, "ptx": artifact id}
     URI = "uri"
+    #: the problem whose study found this config and queued it here (studies side by side: `tuner.study.sidebyside`)
+    TAKEN_FROM = "taken_from"
 
 
 class StudyAttr:

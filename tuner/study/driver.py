@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,7 @@ class _Search:
     running: dict[str, int] = field(default_factory=dict)  # params key → trial number in flight
     trials: dict[int, Any] = field(default_factory=dict)  # trial number → the trial in flight
     waiting: defaultdict[str, list] = field(default_factory=lambda: defaultdict(list))  # duplicates of one in flight
+    offered: set[str] = field(default_factory=set)  # keys other problems' studies queued here (`Driver.offer`)
     drawn: bool = False  # a proposal has been drawn in this run
     first_result_at: float | None = None
     progress: Progress = field(init=False)
@@ -105,6 +107,8 @@ class Driver(Opening):
         self.t_imports = since_command()
         self.opts = opts
         self.prelude = prelude or Prelude()
+        self.search: _Search | None = None  # the loop's state, while it runs
+        self.summary: dict[str, Any] = {}
         if opts.trials < 1:
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:
@@ -163,17 +167,42 @@ class Driver(Opening):
     def run(self) -> dict[str, Any]:
         """Run the study; the study's lease (see tuner.study.lease) is held from before the first read of its trials
         to the end."""
+        for _ in self.steps():
+            pass
+        return self.summary
+
+    def steps(self) -> Iterator[None]:
+        """`run`, one turn of the ask → evaluate → tell loop at a time: a generator that yields after each turn
+        and sets `summary` as it ends, so one thread can step several studies side by side over one pool
+        (`tuner.study.sidebyside`)."""
         self._setting_up: tuple[Any, Any] | None = None
         if self.complete is not None:
-            return self._already_complete(*self.complete)  # no pool, no writer, no lease: nothing to do
+            self.summary = self._already_complete(*self.complete)  # no pool, no writer, no lease: nothing to do
+            return
         try:
-            return self._run()
+            self.summary = yield from self._run()
         except BaseException:
             self._stop_set_up()  # refused during set-up: stop what was started for it
             raise
         finally:
             if self.lease is not None:
                 self.lease.release()
+
+    def offer(self, params: dict[str, Any], source: str) -> bool:
+        """Measure `params` next (the best config of problem `source`'s study, `tuner.study.sidebyside`; its trial
+        says so in `TrialAttr.TAKEN_FROM`): True when it is queued, False when this study is not searching, has
+        its target in flight, or knows the config already, or the config is not valid here."""
+        s = self.search
+        if s is None or s.submitted >= s.target or s.grid_left is not None:
+            return False
+        key = params_key(params)
+        if key in s.measured or key in s.failed or key in s.running or key in s.offered:
+            return False
+        if set(params) != set(self.space.params) or self.space.validate(params, self.problem) is not None:
+            return False
+        s.offered.add(key)
+        s.fast.enqueue_trial(self.codec.encode(dict(params)), user_attrs={TrialAttr.TAKEN_FROM: source})
+        return True
 
     def _stop_set_up(self) -> None:
         """Stop the pool and the writer that the set-up started, while it has not handed them to the loop."""
@@ -185,7 +214,7 @@ class Driver(Opening):
             if mirror is not None:
                 mirror.abort()
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> Generator[None, None, dict[str, Any]]:
         # The valid set (for the repair of unmeasurable proposals) is listed, or read from the cache, beside the
         # set-up: with this process's problem (the default GPU facts), checked against the workers' facts below.
         index_build = IndexBuild(self.space, self.problem) if self.opts.sampler != "grid" else None
@@ -196,6 +225,7 @@ class Driver(Opening):
         if counted >= self.opts.trials:  # complete already (its name waited for the GPU): nothing to ask or write
             self._stop_set_up()
             return self._already_complete(opened.name, counted)
+        yield  # the pool and the study are open: side by side, the other studies open theirs now
         stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu, objectives=self.objectives)
         s = _Search(fast, pool, mirror, stats, self.opts.trials, counted, measured, failed, wide, submitted=counted)
         self._enqueue(s, opened)
@@ -215,13 +245,15 @@ class Driver(Opening):
             stats,
             where=study_location(opened.name, self.url),
             label=self.prelude.label,
+            bar=self.prelude.bar,
         )
+        self.search = s
         self._set_cutoff(pool, stats)  # a resumed study screens against its best so far from the start
         # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
         ran: dict[str, Any] = {"loop_started": time.perf_counter()}
         try:
             with s.progress:
-                self._loop(s, index_build)
+                yield from self._loop(s, index_build)
             ran["loop_end"] = time.perf_counter()
             ran["spent"] = pool.spent()  # before the finalists: their work falls after loop_end
             finalists = retime_finalists(self, fast, pool, opened.set_study_attr) if pool.measures else []
@@ -295,8 +327,9 @@ class Driver(Opening):
             if isinstance(self.sampler, ValidSetSampler):
                 self.sampler.attach(repair, lambda: s.measured.keys() | s.failed.keys() | s.running.keys())
 
-    def _loop(self, s: _Search, index_build: IndexBuild | None) -> None:
-        """Ask → evaluate → tell until the study holds its target of counted trials, or a grid is spent."""
+    def _loop(self, s: _Search, index_build: IndexBuild | None) -> Iterator[None]:
+        """Ask → evaluate → tell until the study holds its target of counted trials, or a grid is spent; yields
+        after each turn (`steps`)."""
         check_writer = s.mirror.check if isinstance(s.mirror, Mirror) else None
         while s.counted < s.target:
             if check_writer is not None:
@@ -306,6 +339,7 @@ class Driver(Opening):
             self._propose(s, index_build)
             self._collect(s)
             s.progress.update(s.counted)
+            yield
 
     def _propose(self, s: _Search, index_build: IndexBuild | None) -> None:
         """Ask for configs until the pool is full or the target is in flight. A proposal that cannot be measured

@@ -106,6 +106,11 @@ class _Job:
     screening: bool = True
     #: set for a job that `prefetch(..., evaluate=True)` queued ahead of the driver (its number is then -1)
     speculation: _Speculation | None = None
+    #: the problem it runs on, where a job is not of the pool's own problem (studies side by side)
+    problem: Any = None
+    #: the study's share of the pool that submitted it (`tuner.study.sidebyside`): its cut-off applies, and what
+    #: the job costs is counted there too
+    owner: Any = None
 
 
 @dataclass
@@ -202,7 +207,7 @@ class _Gpu:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
             family = pool.space.family_ref or pool.family
             # The cut-off is read now, not at submit: results that came in while the job waited count.
-            cutoff_ms = pool.cutoff_ms if job.screening else None
+            cutoff_ms = (job.owner or pool).cutoff_ms if job.screening else None
             # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
             seed = None if job.screening else pool.finalist_seed
             note_healthy = getattr(self.evaluator, "note_healthy", None)
@@ -214,7 +219,7 @@ class _Gpu:
                 job.compiled,
                 family,
                 job.config,
-                pool.problem.env,
+                (job.problem or pool.problem).env,
                 seed=seed,
                 budget_ms=job.budget_ms,
                 cutoff_ms=cutoff_ms,
@@ -224,7 +229,7 @@ class _Gpu:
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
-        pool.account(result, time.perf_counter() - started)
+        pool.account(result, time.perf_counter() - started, job.owner)
         if result.ok:
             pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
         elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
@@ -426,16 +431,35 @@ class LocalPool:
         """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
         return all(getattr(w.evaluator, "measures", True) for w in self._workers)
 
-    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
+    def submit(
+        self,
+        number: int,
+        params: dict[str, Any],
+        budget_ms: float = 25.0,
+        screening: bool = True,
+        problem: Any = None,
+        owner: Any = None,
+    ) -> None:
         """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
-        screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job."""
-        config = self.space.resolve(params, self.problem)
-        job = _Job(number=number, params=params, config=config, budget_ms=budget_ms, screening=screening)
+        screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job. `problem`
+        and `owner` (a `tuner.study.sidebyside` share, whose `cutoff_ms` then applies and which is told what the
+        job costs) are given for a job of another problem of the space than the pool's own."""
+        problem = problem or self.problem
+        config = self.space.resolve(params, problem)
+        job = _Job(
+            number=number,
+            params=params,
+            config=config,
+            budget_ms=budget_ms,
+            screening=screening,
+            problem=problem,
+            owner=owner,
+        )
         self._queued += 1
         if not self.measures:  # it answers without running the kernel: nothing to compile
             self.ready.put(job)
             return
-        job.source = render(self.family, params, config, self.problem.env)
+        job.source = render(self.family, params, config, problem.env)
         key = (job.source.text, self.arch)
         speculation = self._speculations.get(key)
         # Claimed only if it was measured as this trial would be: the same budget and the same resolved config (the
@@ -462,10 +486,10 @@ class LocalPool:
     def _start_job(self, job: _Job) -> None:
         """Compile `job` (or take its prefetched compile) and queue it for the GPUs."""
         if job.source is None:
-            job.source = render(self.family, job.params, job.config, self.problem.env)
+            job.source = render(self.family, job.params, job.config, (job.problem or self.problem).env)
         future = self._prefetched.pop((job.source.text, self.arch), None)
         if future is None:
-            future = self._compiler.submit(self._timed_compile, job.source, self.arch)
+            future = self._compiler.submit(self._timed_compile, job.source, self.arch, job.owner)
         future.add_done_callback(functools.partial(self._compiled, job))
 
     def _compiled(self, job: _Job, future: Future) -> None:
@@ -512,8 +536,8 @@ class LocalPool:
             out.append((number, result))
         return out
 
-    def _timed_compile(self, source, arch):
-        """In a compile thread: compile, and count its wall in `spent`."""
+    def _timed_compile(self, source, arch, owner=None):
+        """In a compile thread: compile, and count its wall in `spent` (and in `owner`'s)."""
         started = time.perf_counter()
         try:
             if self._compilers is not None:
@@ -525,11 +549,15 @@ class LocalPool:
             elapsed = time.perf_counter() - started
             with self._spent_lock:
                 self._spent.add_compile(elapsed)
+                if owner is not None:
+                    owner.costs.add_compile(elapsed)
 
-    def account(self, result: Result, occupied_s: float) -> None:
-        """In a GPU thread: count a result its evaluator returned after `occupied_s` of work."""
+    def account(self, result: Result, occupied_s: float, owner: Any = None) -> None:
+        """In a GPU thread: count a result its evaluator returned after `occupied_s` of work (in `owner`'s too)."""
         with self._spent_lock:
             self._spent.add(result, occupied_s)
+            if owner is not None:
+                owner.costs.add(result, occupied_s)
 
     def spent(self) -> Spent:
         """What the pool's evaluations and compiles have cost so far (a copy: the threads go on adding)."""

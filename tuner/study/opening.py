@@ -81,6 +81,11 @@ class Prelude:
     #: start the next study's writer process as soon as this one has taken its own (its imports then overlap
     #: this study instead of the next one's start)
     spare_writer: bool = False
+    #: the study's pool, made by this (space, problem) → pool, instead of its engine's own: a share of one pool
+    #: that several studies run over side by side (`tuner.study.sidebyside`)
+    pool: Callable[[Any, Any], Any] | None = None
+    #: the rich progress display its bar joins (one for all the studies side by side); None: its own
+    bar: Any = None
 
 
 class Opening:
@@ -268,7 +273,10 @@ class Opening:
             self._setting_up = (None, mirror)
             if self.prelude.spare_writer:
                 launch_writer()  # for the study that follows this one
-        pool = self.engine.pool(self.space, self.problem, self._new_storage)
+        if self.prelude.pool is not None:
+            pool = self.prelude.pool(self.space, self.problem)
+        else:
+            pool = self.engine.pool(self.space, self.problem, self._new_storage)
         self._setting_up = (pool, mirror)
         return pool, mirror
 

@@ -258,10 +258,16 @@ class StudyOptions:
     problems: str | list[str] | None = option(
         None,
         metavar="all|P,Q,...",
-        help="a study per problem of the space (all, or names), one after another over the same GPU workers, "
-        "each starting from the best configs of the problems nearest it",
+        help="a study per problem of the space (all, or names), side by side over the same GPU workers, "
+        "each measuring the best configs of the problems nearest it",
         annotation="str | Sequence[str] | None",
         to_field=lambda v: v if isinstance(v, str) else [str(n) for n in v],
+    )
+    #: with `problems`: the studies one after another, each over the whole pool, instead of side by side
+    one_at_a_time: bool = option(
+        False,
+        help="with --problems: tune the problems one after another, each over the whole pool (default: side by side, "
+        "each with a share of the configs in flight)",
     )
     #: a study, kernel or .db whose studies of the same space a new study starts from (`tuner.study.shapes`)
     warm_start: str | None = option(

@@ -152,37 +152,51 @@ def time_split(
     return out
 
 
+def progress_display(enabled: bool):
+    """The rich progress display of one study's bar, or of several studies' bars side by side (a line each: its
+    label, the bar, trials done/N, time, best so far, trials/s, failures)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
 class Progress:
     """A rich progress bar: trials done/N, best so far, trials/s, failures by kind; `where` (where the trials
     go) is printed above it as the study starts."""
 
-    def __init__(self, enabled: bool, total: int, done: int, stats: Stats, where: str = "", label: str = "study"):
-        from rich.console import Console
+    def __init__(
+        self, enabled: bool, total: int, done: int, stats: Stats, where: str = "", label: str = "study", bar: Any = None
+    ):
+        """`bar`: a display made by `progress_display` that this study's bar joins as one line (studies side by
+        side share one); None: a display of its own, shown while the study runs."""
         from rich.markup import escape
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
         self.stats, self.started, self.done0 = stats, time.perf_counter(), done
         self.enabled, self.where = enabled, where
-        self.bar = Progress(
-            TextColumn(f"[bold]{escape(label)}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=self.console,
-            disable=not enabled,
-        )
-        self.task = self.bar.add_task("study", total=total, completed=done, info="")
+        self.shared = bar is not None
+        self.bar = bar if bar is not None else progress_display(enabled)
+        self.console = self.bar.console
+        self.task = self.bar.add_task(escape(label), total=total, completed=done, info="")
 
     def __enter__(self):
         if self.enabled and self.where:
             self.console.print(self.where, soft_wrap=True, highlight=False, markup=False)
-        self.bar.__enter__()
+        if not self.shared:
+            self.bar.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.bar.__exit__(*exc)
+        if not self.shared:
+            self.bar.__exit__(*exc)
 
     def set_total(self, total: int) -> None:
         """The study's target, once the valid set has capped it."""
@@ -342,6 +356,6 @@ def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
             f"{share:.3f}" if share is not None and unit == "TB/s" else "-",
             str(row["trials"]),
             "complete before" if row["complete_before_run"] else human_seconds(row["wall_s"]),
-            str(row["first_from_other_problems"]),
+            str(row["first_from_other_problems"] + row.get("taken_from_other_problems", 0)),
         )
     Console(stderr=True).print(table)

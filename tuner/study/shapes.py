@@ -238,14 +238,11 @@ def warm_prelude(opts: StudyOptions):
 def run_problems(opts: StudyOptions) -> dict[str, Any]:
     """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
     with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
-    answers from recordings, one per problem (`match_replays`). Returns {"problems": a row per problem (name,
-    sizes, study, trials, best, fraction of the ceiling, wall, configs transferred), "studies": each problem's
-    study summary, "wall_s", "command_wall_s"}."""
-    from tuner.study.driver import run_study
-    from tuner.study.opening import Prelude
-    from tuner.study.progress import problems_table
-    from tuner.study.sharing import shared_workers
-
+    answers from recordings, one per problem (`match_replays`). Side by side over one pool
+    (`tuner.study.sidebyside`) on the local engine and for replays; one after another with `opts.one_at_a_time`,
+    on Ray, and for replays with a delay. Returns {"problems": a row per problem (name, sizes, study, trials,
+    best, fraction of the ceiling, wall, configs transferred), "studies": each problem's study summary, "wall_s",
+    "command_wall_s", "side_by_side"}."""
     if opts.study_name:
         raise InputError("--study-name names one study; with --problems each problem's study has its default name")
     if opts.problem:
@@ -259,7 +256,50 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     warm = warm_sources(opts.warm_start, space) if opts.warm_start else []
     # The database's studies of this space, read once; each study run here is added as it ends.
     stored = {source.study: source for source in stored_sources(url, space)}
+    together = _side_by_side(opts, chosen)
     t0 = time.perf_counter()
+    run = _together if together else _in_turn
+    rows, summaries = run(opts, space, chosen, recordings, url, stored, warm)
+    out = {
+        "problems": rows,
+        "studies": summaries,
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "command_wall_s": since_command(),
+        "side_by_side": together,
+    }
+    if opts.progress:
+        from tuner.study.progress import problems_table
+
+        problems_table(out, space.family.throughput_unit, space.kernel)
+    return out
+
+
+def _side_by_side(opts: StudyOptions, chosen: Sequence[space_mod.Problem]) -> bool:
+    """Whether the problems' studies run side by side: more than one problem, not `one_at_a_time`, and a pool
+    that can serve several problems (the local engine, or replays answered without delay)."""
+    if opts.one_at_a_time or len(chosen) < 2 or opts.ray_address or opts.engine == "ray":
+        return False
+    return not (opts.replay and opts.replay_delay_s)
+
+
+def _prelude(problem, first, label: str, **more):
+    from tuner.study.opening import Prelude
+
+    return Prelude(first=first, label=label, table=False, **more)
+
+
+def _one(opts: StudyOptions, problem: space_mod.Problem, recordings: dict[str, str]) -> StudyOptions:
+    """The options of `problem`'s own study."""
+    return dataclasses.replace(
+        opts, problem=problem.name, problems=None, warm_start=None, replay=recordings.get(problem.name)
+    )
+
+
+def _in_turn(opts, space, chosen, recordings, url, stored, warm):
+    """The studies one after another, each over the whole pool (`tuner.study.sharing` keeps its workers up)."""
+    from tuner.study.driver import run_study
+    from tuner.study.sharing import shared_workers
+
     rows, summaries = [], {}
     with shared_workers():
         for i, problem in enumerate(chosen):
@@ -267,33 +307,75 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
             # Every study of this space in the database but this problem's own (on any GPU).
             sources = [s for s in stored.values() if s.problem != problem.name] + warm
             first = first_configs(space, problem, sources)
-            prelude = Prelude(
-                first=first,
-                label=f"{problem.name} ({i + 1}/{len(chosen)})",
-                table=False,
-                spare_writer=i + 1 < len(chosen),
+            label = f"{problem.name} ({i + 1}/{len(chosen)})"
+            summary = run_study(
+                _one(opts, problem, recordings), _prelude(problem, first, label, spare_writer=i + 1 < len(chosen))
             )
-            one = dataclasses.replace(
-                opts, problem=problem.name, problems=None, warm_start=None, replay=recordings.get(problem.name)
-            )
-            summary = run_study(one, prelude)
             summaries[problem.name] = summary
             source = _source(_load(summary)) if url != ":memory:" else None
             if source is not None:
                 stored[source.study] = source
             rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
-    out = {
-        "problems": rows,
-        "studies": summaries,
-        "wall_s": round(time.perf_counter() - t0, 3),
-        "command_wall_s": since_command(),
-    }
-    if opts.progress:
-        problems_table(out, space.family.throughput_unit, space.kernel)
-    return out
+    return rows, summaries
 
 
-def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int) -> dict[str, Any]:
+def _together(opts, space, chosen, recordings, url, stored, warm):
+    """The studies side by side over one pool (`tuner.study.sidebyside`): each starts from what the database and
+    `warm` hold, and takes the new best configs of its neighbours' studies as they are found."""
+    from tuner.results.dbfiles import open_storage
+    from tuner.study.driver import Driver
+    from tuner.study.progress import progress_display
+    from tuner.study.sidebyside import LocalBackend, run_side_by_side
+
+    bar = progress_display(opts.progress)
+    drivers, firsts = {}, {}
+    for problem in chosen:
+        sources = [s for s in stored.values() if s.problem != problem.name] + warm
+        firsts[problem.name] = first = first_configs(space, problem, sources)
+        # the pool is made below, once every study's options are checked: the share is taken as the study opens
+        prelude = _prelude(problem, first, problem.name, bar=bar)
+        drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude)
+    if url != ":memory:":
+        open_storage(url)  # made here, once: each study's writer would otherwise race to create the same file
+    searching = sum(1 for d in drivers.values() if d.complete is None)  # a complete study takes no share
+    if recordings:
+        from tuner.study.local import LocalPool
+        from tuner.study.sidebyside import ProblemReplays
+
+        replays = ProblemReplays(chosen, recordings, opts.replay_study)
+        # Answered at once, in the driver's thread and in order, as a one-problem replay is (reproducible).
+        pool = LocalPool(space, chosen[0], lambda i: replays, gpus=opts.gpus or 1, inline=True)
+        width = opts.replay_in_flight if opts.in_process else _local_width(opts)
+        backend = LocalBackend(pool, searching, width, recordings)
+    else:
+        first_driver = next(iter(drivers.values()))
+        pool = first_driver.engine.pool(first_driver.space, first_driver.problem, lambda: False)
+        backend = LocalBackend(pool, searching)
+    for driver in drivers.values():
+        driver.prelude.pool = backend.share
+    try:
+        with bar:
+            done = run_side_by_side(drivers, chosen)
+    finally:
+        backend.close()
+    rows, summaries = [], {}
+    for problem in chosen:
+        summary, wall_s, taken = done[problem.name]
+        summaries[problem.name] = summary
+        rows.append(_row(problem, summary, wall_s, len(firsts[problem.name]), taken))
+    return rows, summaries
+
+
+def _local_width(opts: StudyOptions) -> int:
+    """Configs in flight on the local engine's pool on this machine (`tuner.study.local.LocalPool.capacity`)."""
+    from tuner.study.local import QUEUE_DEPTH, host_cores
+
+    return host_cores() + (opts.gpus or 1) * (QUEUE_DEPTH + 1)
+
+
+def _row(
+    problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int, taken: int = 0
+) -> dict[str, Any]:
     best = summary.get("best") or (_stored_best(summary) if summary.get("complete_before_run") else {})
     return {
         "problem": problem.name,
@@ -304,6 +386,8 @@ def _row(problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, tra
         "fraction_of_ceiling": best.get("fraction_of_ceiling"),
         "wall_s": round(wall_s, 3),
         "first_from_other_problems": transferred,
+        # side by side: the configs the neighbouring problems' studies queued here as they found them
+        "taken_from_other_problems": taken,
         "complete_before_run": bool(summary.get("complete_before_run")),
     }
 
