@@ -140,7 +140,8 @@ def test_the_local_pool_compiles_and_answers_each_study_s_configs_at_its_own_pro
             assert [n for n, _ in got["a"]] == [0] == [n for n, _ in got["b"]]
             assert all(r.ok for _, r in got["a"] + got["b"]), got
             assert "ROWS = 16384" in a.built[0][0].text and "ROWS = 4096" in b.built[0][0].text
-            assert a.costs.compile_s > 0 and b.costs.compile_s > 0 and a.costs.compile_s != b.costs.compile_s
+            spent = [a.spent(), b.spent()]
+            assert all(x.compile_s > 0 and x.occupied_s > 0 for x in spent) and spent[0].compile_s != spent[1].compile_s
             assert a.in_flight == b.in_flight == backend.in_flight == 0
             assert a.ran_on == {0: 0} == b.ran_on
         finally:

@@ -138,8 +138,9 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     ``sqlite:///studies/KERNEL.db`` (relative to the working directory). A Ray runtime this call starts is shut
     down before it returns. An unknown keyword, or a value its option cannot take, is an InputError (one line).
 
-    `problems` ("all", or names) runs a study per problem with transfer between them (`tuner.study.shapes`) and
-    returns a `ProblemsResult` instead of a StudyResult; `replay` is then a list, one recording per problem.
+    `problems` ("all", or names) runs a study per problem with transfer between them (`tuner.study.shapes`), side
+    by side over one pool (``one_at_a_time=True``: one after another), and returns a `ProblemsResult` instead of a
+    StudyResult; `replay` is then a list, one recording per problem.
     `warm_start` starts the study, or each problem's, from the best configs of the studies of the same space it
     names (a study, kernel or .db, as ``tuner best`` finds it).
     """

@@ -5,7 +5,9 @@ owns the study: Optuna samples from an in-memory copy (`search`: the sampler, it
 of proposals that cannot be measured); an engine's pool evaluates configs (`local` on this machine, `cluster` on
 Ray, `replay` from a recorded study); a writer process mirrors every trial into the durable storage (`writer`,
 `trialwriter`); a lease row refuses a second driver on the same study (`lease`); `preflight` refuses a study that
-cannot start before anything starts; `progress` draws the bar and the summary. Out: the summary of the run (trials,
+cannot start before anything starts; `progress` draws the bar and the summary. Several problems of a space in one
+command: `shapes` (a study per problem, transfer between them), run side by side over one pool (`sidebyside`) or one
+after another over kept workers (`sharing`). Out: the summary of the run (trials,
 wall time, GPUs, best, finalists). Any failure of a config is a trial, never a crash of the study.
 
 Note: ``tuner.study`` is the API call; import this stage's modules by name (``from tuner.study import driver``).

@@ -549,15 +549,15 @@ class LocalPool:
             elapsed = time.perf_counter() - started
             with self._spent_lock:
                 self._spent.add_compile(elapsed)
-                if owner is not None:
-                    owner.costs.add_compile(elapsed)
+            if owner is not None:
+                owner.add_compile(elapsed)
 
     def account(self, result: Result, occupied_s: float, owner: Any = None) -> None:
         """In a GPU thread: count a result its evaluator returned after `occupied_s` of work (in `owner`'s too)."""
         with self._spent_lock:
             self._spent.add(result, occupied_s)
-            if owner is not None:
-                owner.costs.add(result, occupied_s)
+        if owner is not None:
+            owner.add(result, occupied_s)
 
     def spent(self) -> Spent:
         """What the pool's evaluations and compiles have cost so far (a copy: the threads go on adding)."""

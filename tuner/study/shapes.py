@@ -1,16 +1,21 @@
 """Studies over several problems of one space in one command: ``tuner study KERNEL --problems all``.
 
-An LLM runs a kernel at many shapes. `run_problems` runs one study per problem of the space, one after another, in
-one database and over one set of GPU workers and compile processes (`tuner.study.sharing`: a study after the first
-starts with its GPUs up). Each is the study ``tuner study KERNEL --problem P`` would run, under
-its default name, so the command resumes as a whole (a finished problem's study is said to be complete and costs
-nothing) and every other command (``best``, ``export``, the dashboard) reads each study as usual.
+An LLM runs a kernel at many shapes. `run_problems` runs one study per problem of the space in one database and
+over one set of GPU workers and compile processes. By default the studies run side by side over one pool
+(`tuner.study.sidebyside`): each keeps its share of the configs in flight, so its sampler learns from most of its
+results before it proposes again, while the pool stays as full as for one study. With ``--one-at-a-time`` (and on
+Ray, or for replays with a delay) they run one after another, each over the whole pool (`tuner.study.sharing`: a
+study after the first starts with its GPUs up). Each is the study ``tuner study KERNEL --problem P`` would run,
+under its default name, so the command resumes as a whole (a finished problem's study is said to be complete and
+costs nothing) and every other command (``best``, ``export``, the dashboard) reads each study as usual.
 
 Transfer between shapes: a new problem's study first measures the best configs of the studies of the same space
 already tuned — in its database, and in ``--warm-start``'s (the same space tuned on another GPU, say) — the
 problems nearest in log space of their sizes first (`first_configs`). They are its first trials, so they are
 also what the sampler starts from: TPE models from them at once (its start-up draws are as many as they are),
 instead of from random draws. A problem with nothing to learn from starts from the space's default as usual.
+Side by side, a study also measures the new best configs of its nearest problems' studies as they find them
+(`tuner.study.sidebyside.run_side_by_side`); one after another, each study starts from those tuned before it.
 
 Replays: `match_replays` pairs each recording (``--replay`` given once per problem) with its problem by the
 problem each recording's study was made for.

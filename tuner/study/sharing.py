@@ -1,5 +1,5 @@
-"""One set of workers for several studies run one after another in one command (`tuner.study.shapes`: a study
-per problem of a space).
+"""One set of workers for several studies run one after another in one command (`tuner.study.shapes` with
+``--one-at-a-time``: a study per problem of a space; side by side, they share one pool instead).
 
 Within `shared_workers`, a pool that closes keeps what is costly to start for the next pool instead of stopping
 it, and the next pool takes it back: the local engine's GPU worker processes and compile processes, the Ray

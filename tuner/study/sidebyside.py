@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -53,11 +54,11 @@ class Share:
         self.ran_on: dict[int, int] = {}
         self.ran_by: dict[int, dict[str, Any]] = {}
         self.built: dict[int, Any] = {}
-        self.costs = Spent()  # what this study's configs cost (the backend's threads add to it)
+        self._costs = Spent()  # what this study's configs cost: the pool's GPU and compile threads add to it
+        self._costs_lock = threading.Lock()
         self.cutoff_ms: float | None = None
         self.outstanding = 0  # submitted, not yet polled
         self.closed = False
-        self.started = time.perf_counter()
 
     # the backend's own figures: one pool, one set of GPUs
     @property
@@ -122,7 +123,19 @@ class Share:
         return out
 
     def spent(self) -> Spent:
-        return self.costs.copy()
+        """What this study's configs have cost so far (a copy)."""
+        with self._costs_lock:
+            return self._costs.copy()
+
+    def add(self, result: Result, occupied_s: float = 0.0) -> None:
+        """In a GPU thread: count one of this study's results (`tuner.study.local.LocalPool.account`)."""
+        with self._costs_lock:
+            self._costs.add(result, occupied_s)
+
+    def add_compile(self, elapsed_s: float) -> None:
+        """In a compile thread: count one of this study's compiles."""
+        with self._costs_lock:
+            self._costs.add_compile(elapsed_s)
 
     def close(self) -> None:
         """This study is done with its share (the backend goes on for the others). A config still out (a study
