@@ -7,23 +7,25 @@ problems tuned one command at a time.
 
 ``--gpu`` runs, on this machine's GPUs and from cold caches (a fresh cache folder per command): (1) ``tuner study
 gemv --problems all --trials T`` over the shipped space's 11 problems (GEMV at M = 1 … 64 on N = K = 8192 and the
-four Llama-70B projections); (2) the same problems one command each, ``--problem P --trials T``; (3) the same with
-``--trials 3T``. Each command's whole wall is what a user waits, start-up included. Per problem it records the best
-throughput of each run, the best known (the best of these runs and of the recorded studies listed in
-``BEST_KNOWN_RESULTS``), and the trial at which each run first reached 0.99 of it. The record
+four Llama-70B projections), the studies side by side over one pool ("transfer"); (1b) the same with
+``--one-at-a-time`` ("one_at_a_time"); (2) the same problems one command each, ``--problem P --trials T``; (3) the
+same with ``--trials 3T``. Each command's whole wall is what a user waits, start-up included. Per problem it
+records the best throughput of each run, the best known (the best of these runs and of the recorded studies listed
+in ``BEST_KNOWN_RESULTS``), and the trial at which each run first reached 0.99 of it. The record
 (benchmarks/results/shapes-DATE.json) carries ``gpu``, ``problems``, ``wall_ratio_vs_independent`` (the one
 command's wall over the sum of the independent commands' at the same trials per problem) and
 ``min_fraction_of_best_known`` (the worst problem's best over its best known). For GEMV it then checks the header
 (`header_check`). ``--kernel decode_attention`` runs the same over that space's three batch x sequence shapes
-(best known: the best of the three runs; record shapes-decode_attention-DATE.json).
+(best known: the best of the runs; record shapes-decode_attention-DATE.json).
 
 ``--replay`` needs no GPU: the GEMV grid space at every M of the decode ladder, M = 1, 2, 4, ... 64
 (benchmarks/spaces/grid_gemv_ladder.yaml, answered by the complete H200 recordings
-benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds; the optimum of each problem is known exactly
-(every valid config is recorded), and each problem's neighbours are recorded too, so transfer between neighbouring
-shapes is measured without a GPU's noise. ``--in-flight`` configs are outstanding at a time (default: as many as on
-the H200 host, `H200_IN_FLIGHT`): the sampler then proposes as it does there, most of its first proposals before
-any result is back. Walls of a replay say nothing of a GPU and are not compared.
+benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds: per seed the four runs above, answered in
+this process; the optimum of each problem is known exactly (every valid config is recorded), and each problem's
+neighbours are recorded too, so transfer between neighbouring shapes is measured without a GPU's noise.
+``--in-flight`` configs are outstanding at a time (default: as many as on the H200 host, `H200_IN_FLIGHT`): the
+sampler then proposes as it does there (side by side, each study its share of them). Walls of a replay say nothing
+of a GPU and are not compared.
 """
 
 from __future__ import annotations
@@ -296,8 +298,9 @@ def main() -> int:
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    if args.in_flight < 1:
-        parser.error(f"--in-flight {args.in_flight}: must be at least 1")
+    for flag in ("in_flight", "trials", "seeds"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     if args.gpu:  # a bad --kernel is one line and exit 2, before any GPU work
         from tuner.errors import InputError
         from tuner.space import space as space_mod

@@ -17,7 +17,7 @@ from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study import sidebyside
 from tuner.study.options import StudyOptions
-from tuner.study.shapes import run_problems
+from tuner.study.shapes import neighbours, run_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 LADDER = str(ROOT / "benchmarks" / "spaces" / "grid_gemv_ladder.yaml")
@@ -72,7 +72,7 @@ def test_a_study_measures_its_neighbours_new_best_configs(tmp_path):
     out = run_problems(opts)
     rows = {r["problem"]: r for r in out["problems"]}
     ladder = space_mod.load(LADDER)
-    near = sidebyside.neighbours([ladder.problem(n) for n in PROBLEMS])
+    near = neighbours([ladder.problem(n) for n in PROBLEMS])
     taken_in_all = 0
     for name, row in rows.items():
         trials = _trials(opts.storage, row["study"])
@@ -100,7 +100,7 @@ def test_a_seeded_side_by_side_replay_asks_the_same_configs_every_time(tmp_path)
 
 
 def test_the_nearest_problems_are_the_neighbours():
-    near = sidebyside.neighbours(space_mod.load(LADDER).problems)
+    near = neighbours(space_mod.load(LADDER).problems)
     assert near["m1"] == ["m2", "m4"] and near["m8"] == ["m4", "m16"] and near["m64"] == ["m32", "m16"]
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "Source",
     "first_configs",
     "match_replays",
+    "neighbours",
     "problem_distance",
     "problem_list",
     "run_problems",
@@ -53,6 +54,8 @@ __all__ = [
 FIRST_LIMIT = 5
 #: configs taken from the nearest problem's study (the rest: the best of each next nearest)
 FROM_NEAREST = 3
+#: side by side, a study measures the new best configs of the studies of its this many nearest problems
+NEIGHBOURS = 2
 
 
 @dataclass
@@ -142,6 +145,17 @@ def _source(study) -> Source | None:
         sizes=dict(problem.get("sizes") or {}),
         configs=[dict(t.params) for t in ranked],
     )
+
+
+def neighbours(problems: Sequence[space_mod.Problem], count: int = NEIGHBOURS) -> dict[str, list[str]]:
+    """Problem name → the names of its `count` nearest other problems (`problem_distance`; ties in the given
+    order): the studies whose new best configs its study measures, side by side."""
+    out = {}
+    for p in problems:
+        others = [q for q in problems if q.name != p.name]
+        others.sort(key=lambda q: problem_distance(dict(p.sizes), dict(q.sizes)))
+        out[p.name] = [q.name for q in others[:count]]
+    return out
 
 
 def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
@@ -360,7 +374,7 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
         driver.prelude.pool = backend.share
     try:
         with bar:
-            done = run_side_by_side(drivers, chosen)
+            done = run_side_by_side(drivers, neighbours(chosen))
     finally:
         backend.close()
     rows, summaries = [], {}

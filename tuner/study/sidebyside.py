@@ -17,8 +17,8 @@ recording (`ProblemReplays`), in the driver's thread and first in, first out acr
 of one pool would answer them.
 
 Live transfer (`run_side_by_side`): when a study finds a new best config, the studies whose nearest problems
-(`NEIGHBOURS`, in log space of the sizes) include its problem measure that config next, up to `TRANSFER_LIMIT`
-configs each (`tuner.study.driver.Driver.offer`).
+(`tuner.study.shapes.neighbours`, in log space of the sizes) include its problem measure that config next, up to
+`TRANSFER_LIMIT` configs each (`tuner.study.driver.Driver.offer`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from tuner.gpu.protocol import EvaluateRequest, Spent
 from tuner.result import Result
 from tuner.study.replay import ReplayEvaluator, gpu_label
 
-__all__ = ["NEIGHBOURS", "TRANSFER_LIMIT", "LocalBackend", "ProblemReplays", "Share", "run_side_by_side"]
+__all__ = ["TRANSFER_LIMIT", "LocalBackend", "ProblemReplays", "Share", "run_side_by_side"]
 
-#: a study learns from the new best configs of the studies of its this many nearest problems
-NEIGHBOURS = 2
 #: the most configs another problem's study queues in a study while they run side by side
 TRANSFER_LIMIT = 5
 
@@ -252,24 +250,12 @@ class ProblemReplays:
         pass
 
 
-def neighbours(problems: Sequence[Any], count: int = NEIGHBOURS) -> dict[str, list[str]]:
-    """Problem name → the names of its `count` nearest other problems (log space of the sizes, ties in the
-    space's order)."""
-    from tuner.study.shapes import problem_distance
-
-    out = {}
-    for p in problems:
-        others = [q for q in problems if q.name != p.name]
-        others.sort(key=lambda q: problem_distance(dict(p.sizes), dict(q.sizes)))
-        out[p.name] = [q.name for q in others[:count]]
-    return out
-
-
-def run_side_by_side(drivers: dict[str, Any], problems: Sequence[Any]) -> dict[str, tuple[dict[str, Any], float, int]]:
+def run_side_by_side(
+    drivers: dict[str, Any], near: dict[str, list[str]]
+) -> dict[str, tuple[dict[str, Any], float, int]]:
     """Step `drivers` (problem name → `tuner.study.driver.Driver` over a share of one backend) in turn until all
     have ended, passing each new best config to the studies of its neighbouring problems (module docstring).
     Returns problem name → (the study's summary, its wall from the start here, configs it took from others)."""
-    near = neighbours(problems)
     learners = {name: [other for other in drivers if name in near.get(other, [])] for name in drivers}
     running = {name: driver.steps() for name, driver in drivers.items()}
     seen_best: dict[str, Any] = {}
