@@ -151,10 +151,6 @@ def test_the_local_pool_compiles_and_answers_each_study_s_configs_at_its_own_pro
 def test_a_share_s_width_grows_as_the_other_studies_end():
     class Pool:
         capacity = 19
-        compile_slots = 16
-        measures_hint = True
-        startup: dict = {}
-        replacements_s: list = []
 
     backend = sidebyside.LocalBackend(Pool(), studies=7)
     shares = [backend.share(None, None) for _ in range(7)]

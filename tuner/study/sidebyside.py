@@ -58,34 +58,34 @@ class Share:
         self.outstanding = 0  # submitted, not yet polled
         self.closed = False
 
-    # the backend's own figures: one pool, one set of GPUs
+    # the pool's own figures: one pool, one set of GPUs for all the studies
     @property
     def gpus(self) -> list[dict[str, Any]]:
         return self.backend.gpus_of(self)
 
     @property
     def measures(self) -> bool:
-        return self.backend.measures
+        return self.backend.pool.measures
 
     @property
     def arch(self) -> str:
-        return self.backend.arch
+        return self.backend.pool.arch
 
     @property
     def startup(self) -> dict[str, Any]:
-        return self.backend.startup
+        return self.backend.pool.startup
 
     @property
-    def compile_slots(self) -> int | None:
-        return self.backend.compile_slots
+    def compile_slots(self) -> int:
+        return self.backend.pool.compile_slots
 
     @property
     def busy_since(self) -> float | None:
-        return self.backend.busy_since
+        return self.backend.pool.busy_since
 
     @property
     def replacements_s(self) -> list[float]:
-        return self.backend.replacements_s
+        return self.backend.pool.replacements_s
 
     @property
     def hangs(self) -> list[dict[str, Any]]:
@@ -154,9 +154,6 @@ class LocalBackend:
         self.studies = studies
         self.width = width or pool.capacity
         self.labels = {name: gpu_label(path) for name, path in (recordings or {}).items()}
-        self.compile_slots = pool.compile_slots if pool.measures_hint else None
-        self.startup = pool.startup
-        self.replacements_s = pool.replacements_s
         self.shares: list[Share] = []
         self.owners: dict[int, tuple[Share, int]] = {}  # outstanding configs
         self.numbered: dict[int, tuple[Share, int]] = {}  # every config submitted (a hang is told by number)
@@ -181,18 +178,6 @@ class LocalBackend:
         """The pool's GPUs, as `share`'s study sees them: a replayed problem's GPU names its own recording."""
         label = self.labels.get(share.problem.name)
         return [{**g, "gpu": label} if label else g for g in self.pool.gpus]
-
-    @property
-    def measures(self) -> bool:
-        return self.pool.measures
-
-    @property
-    def arch(self) -> str:
-        return self.pool.arch
-
-    @property
-    def busy_since(self) -> float | None:
-        return self.pool.busy_since
 
     def submit(self, share: Share, number: int, params: dict[str, Any], budget_ms: float, screening: bool) -> None:
         ours = self._own(share, number)
