@@ -54,7 +54,7 @@ def space():
 
 
 def test_one_at_a_time_every_problem_gets_its_own_study_and_learns_from_the_ones_before(tmp_path, space):
-    opts = _opts(tmp_path, one_at_a_time=True)
+    opts = _opts(tmp_path, one_at_a_time=True, problems="all")
     out = run_problems(opts, "all", replays=[REPLAYS["m64"], REPLAYS["m1"]])  # matched by problem, not by order
     rows = {r["problem"]: r for r in out["problems"]}
     assert list(rows) == ["m1", "m64"]  # the space's order
@@ -135,7 +135,7 @@ def test_a_neighbour_s_best_configs_start_the_next_shape_near_its_optimum(tmp_pa
     """On the ladder, M = 2's study measures M = 1's best configs first; recorded on the H200, M = 1's best
     configs run at 0.89 to 1.0 of M = 2's optimum, so the first three trials of M = 2 already hold 0.98 of it
     (after 8 trials at M = 1)."""
-    opts = _opts(tmp_path, space=LADDER, trials=8, one_at_a_time=True)
+    opts = _opts(tmp_path, space=LADDER, trials=8, one_at_a_time=True, problems="all")
     replays = [str(GRID / f"gemv_ladder_{m}.db.gz") for m in ("m1", "m2")]
     out = run_problems(opts, "m1,m2", replays=replays)
     rows = {r["problem"]: r for r in out["problems"]}
@@ -346,6 +346,8 @@ def test_bad_problems_and_replays_are_one_line_and_write_nothing(tmp_path, monke
     _one_line_error(rc, err, "--replay is given once, or once per problem with --problems")
     rc, _, err = _cli(*base, "--problems", "all", "--replay", REPLAYS["m1"])
     _one_line_error(rc, err, "no recording of problem m64")
+    rc, _, err = _cli(*base, "--one-at-a-time", "--replay", REPLAYS["m1"])
+    _one_line_error(rc, err, "--one-at-a-time orders the studies of several problems: give it with --problems")
     transpose = str(ROOT / "tests" / "data" / "transpose_h200.db")
     rc, _, err = _cli(*base, "--problems", "m1", "--replay", REPLAYS["m1"], "--warm-start", transpose)
     _one_line_error(rc, err, "is of another space: knobs only there: order, pad, rows_per_thread, tile")

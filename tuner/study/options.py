@@ -311,6 +311,8 @@ class StudyOptions:
             if len(self.replay) > 1:
                 raise InputError("--replay is given once, or once per problem with --problems")
             self.replay = self.replay[0] if self.replay else None
+        if self.one_at_a_time and self.problems is None:
+            raise InputError("--one-at-a-time orders the studies of several problems: give it with --problems")
 
 
 @cache

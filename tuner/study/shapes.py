@@ -310,7 +310,12 @@ def _prelude(problem, first, label: str, **more):
 def _one(opts: StudyOptions, problem: space_mod.Problem, recordings: dict[str, str]) -> StudyOptions:
     """The options of `problem`'s own study."""
     return dataclasses.replace(
-        opts, problem=problem.name, problems=None, warm_start=None, replay=recordings.get(problem.name)
+        opts,
+        problem=problem.name,
+        problems=None,
+        one_at_a_time=False,
+        warm_start=None,
+        replay=recordings.get(problem.name),
     )
 
 
