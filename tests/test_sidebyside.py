@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import optuna
+import pytest
 from test_shapes import _recorded_worker  # a sibling test module: a GPU worker process answering from a recording
 
 from tuner.result import TrialAttr
@@ -162,3 +163,34 @@ def test_a_share_s_width_grows_as_the_other_studies_end():
     for s in shares[:5]:
         s.close()
     assert shares[6].capacity == 10  # two studies left: ceil(19 / 2), with 3 + 0 in flight of 19
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "writer-processes"])
+def test_a_study_that_fails_stops_the_others_and_the_command_resumes_them_all(tmp_path, monkeypatch, in_process):
+    """A fault in one study (here: its loop raises) ends the command; what every study measured is in the
+    database (written in this process, or by each study's writer process), and the same command then resumes all
+    of them to their trials."""
+    from tuner.study.driver import Driver
+
+    collect = Driver._collect
+    calls = {"n": 0}
+
+    def faulty(driver, s):
+        if driver.problem.name == "m2":
+            calls["n"] += 1
+            if calls["n"] == 6:
+                raise RuntimeError("a fault in m2's study")
+        return collect(driver, s)
+
+    monkeypatch.setattr(Driver, "_collect", faulty)
+    opts = _opts(tmp_path, in_process=in_process)
+    with pytest.raises(RuntimeError, match="a fault in m2's study"):
+        run_problems(opts)
+    monkeypatch.setattr(Driver, "_collect", collect)
+    kept = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(opts.storage)}
+    assert len(kept) == 3 and all(n > 0 for n in kept.values()), kept
+    out = run_problems(opts)
+    assert all(r["trials"] == 16 and not r["complete_before_run"] for r in out["problems"])
+    for row in out["problems"]:
+        states = {t.state.name for t in _trials(opts.storage, row["study"])}
+        assert "RUNNING" not in states and "WAITING" not in states
