@@ -45,9 +45,9 @@ class Share:
     """One study's share of a backend's pool: the driver's pool (`tuner.study.cluster.Pool`'s interface). Its trial
     numbers are its own; its `capacity` is its share of the backend's width (see the module docstring)."""
 
-    def __init__(self, backend: LocalBackend, space, problem):
+    def __init__(self, backend: LocalBackend, problem):
         self.backend = backend
-        self.space, self.problem = space, problem
+        self.problem = problem  # the study sets its GPU's facts on it as it opens
         self.inbox: deque[tuple[int, Result]] = deque()
         self.ran_on: dict[int, int] = {}
         self.ran_by: dict[int, dict[str, Any]] = {}
@@ -160,8 +160,9 @@ class LocalBackend:
         self.numbers = itertools.count()
 
     def share(self, space, problem) -> Share:
-        """A new study's share (`tuner.study.opening.Prelude.pool`)."""
-        share = Share(self, space, problem)
+        """A new study's share (`tuner.study.opening.Prelude.pool`); `space` is the pool's already (one space file
+        for every study)."""
+        share = Share(self, problem)
         self.shares.append(share)
         return share
 
