@@ -194,3 +194,54 @@ def test_a_study_that_fails_stops_the_others_and_the_command_resumes_them_all(tm
     for row in out["problems"]:
         states = {t.state.name for t in _trials(opts.storage, row["study"])}
         assert "RUNNING" not in states and "WAITING" not in states
+
+
+def test_side_by_side_over_the_local_engine_compiles_measures_and_retimes_each_problem(tmp_path, monkeypatch):
+    """The GPU path of side by side: the local engine's pool (real NVRTC compiles in its compile processes) and a
+    measuring evaluator standing in for the GPU (the transpose H200 recording, as tests/test_screen_cutoff.py
+    uses it), two problems of one space: each study compiles at its own sizes, screens under its own cut-off,
+    re-times its own finalists, and every study's trials go to the database through its writer process."""
+    from test_screen_cutoff import RECORDING, CutoffProbe
+
+    from tuner.space import limits
+    from tuner.study import local
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    CutoffProbe.calls = []
+    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
+    monkeypatch.setattr(limits, "local_gpus", lambda: 1)  # the probe stands in for one GPU
+    text = (ROOT / "search_spaces" / "transpose.yaml").read_text()
+    two = text.replace(
+        "problem: {name: n16384, rows: 16384, cols: 16384, dtype: float32}",
+        "problem:\n- {name: n16384, rows: 16384, cols: 16384, dtype: float32}\n"
+        "- {name: n8192, rows: 8192, cols: 8192, dtype: float32}",
+    )
+    assert two != text
+    space_file = tmp_path / "transpose2.yaml"
+    space_file.write_text(two)
+    opts = StudyOptions(
+        kernel="transpose",
+        space=str(space_file),
+        trials=12,
+        seed=1,
+        gpus=1,
+        progress=False,
+        finalists=2,
+        storage=f"sqlite:///{tmp_path}/t2.db",
+        problems="all",
+    )
+    out = run_problems(opts)
+    assert out["side_by_side"] and [r["problem"] for r in out["problems"]] == ["n16384", "n8192"]
+    for row in out["problems"]:
+        summary = out["studies"][row["problem"]]
+        assert row["trials"] == 12 and len(summary["finalists"]) == 2
+        assert summary["phases_s"]["compile"] > 0  # this study's own compiles
+        trials = _trials(opts.storage, row["study"])
+        assert sum(1 for t in trials if t.values) >= 12
+        # the source each measured trial ran (its artifact) was rendered at its own problem's sizes
+        rows = row["sizes"]["rows"]
+        sources = [t.user_attrs[TrialAttr.ARTIFACTS]["source"] for t in trials if TrialAttr.ARTIFACTS in t.user_attrs]
+        assert len(sources) >= 12
+        for artifact in sources:
+            assert f"ROWS = {rows};" in (tmp_path / "t2.artifacts" / artifact).read_text()
+    assert len(CutoffProbe.calls) == 2 * 12 + 2 * 2  # every screening config and every finalist, measured once
