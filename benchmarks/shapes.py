@@ -233,18 +233,16 @@ def header_check(work: Path, together: dict) -> dict:
 
 
 def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
-    """The three runs over `kernel`'s `problems` (module docstring)."""
+    """The four runs over `kernel`'s `problems` (module docstring)."""
     work = Path(tempfile.mkdtemp(prefix="shapes-"))
     runs: dict[str, dict] = {}
-    together, wall = _study([kernel, "--problems", "all", "--trials", str(trials), "--storage", "all.db"], work)
-    runs["transfer"] = {"wall_s": wall, "db": f"sqlite:///{work}/all.db", "studies": {}}
-    for row in together["problems"]:
-        runs["transfer"]["studies"][row["problem"]] = row["study"]
-    argv = [kernel, "--problems", "all", "--one-at-a-time", "--trials", str(trials), "--storage", "in_turn.db"]
-    in_turn, wall = _study(argv, work)
-    runs["one_at_a_time"] = {"wall_s": wall, "db": f"sqlite:///{work}/in_turn.db", "studies": {}}
-    for row in in_turn["problems"]:
-        runs["one_at_a_time"]["studies"][row["problem"]] = row["study"]
+    one_command: dict[str, dict] = {}  # the summary of each --problems command
+    for label, db, order in (("transfer", "all.db", []), ("one_at_a_time", "in_turn.db", ["--one-at-a-time"])):
+        argv = [kernel, "--problems", "all", *order, "--trials", str(trials), "--storage", db]
+        one_command[label], wall = _study(argv, work)
+        studies = {row["problem"]: row["study"] for row in one_command[label]["problems"]}
+        runs[label] = {"wall_s": wall, "db": f"sqlite:///{work}/{db}", "studies": studies}
+    together = one_command["transfer"]
     for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
         runs[label] = {"wall_s": 0.0, "db": f"sqlite:///{work}/{label}.db", "studies": {}}
         for name in problems:

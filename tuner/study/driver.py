@@ -198,7 +198,7 @@ class Driver(Opening):
         key = params_key(params)
         if key in s.measured or key in s.failed or key in s.running or key in s.offered:
             return False
-        if set(params) != set(self.space.params) or self.space.validate(params, self.problem) is not None:
+        if self.space.validate(params, self.problem) is not None:  # knobs this space lacks, too
             return False
         s.offered.add(key)
         s.fast.enqueue_trial(self.codec.encode(dict(params)), user_attrs={TrialAttr.TAKEN_FROM: source})

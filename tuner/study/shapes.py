@@ -232,7 +232,8 @@ def first_configs(
             if len(chosen) >= limit or taken >= (FROM_NEAREST if rank == 0 else 1):
                 break
             key = params_key(params)
-            if key in seen or set(params) != set(space.params) or space.validate(params, problem) is not None:
+            # validate refuses a config with a knob this space lacks or one it misses, too
+            if key in seen or space.validate(params, problem) is not None:
                 continue
             seen.add(key)
             chosen.append(dict(params))
@@ -301,10 +302,14 @@ def _side_by_side(opts: StudyOptions, chosen: Sequence[space_mod.Problem]) -> bo
     return not (opts.replay and opts.replay_delay_s)
 
 
-def _prelude(problem, first, label: str, **more):
+def _prelude(space, problem, stored: dict[str, Source], warm: list[Source], label: str, **more):
+    """The `tuner.study.opening.Prelude` of `problem`'s study: it starts from the best configs of every study of
+    this space in the database but its own (on any GPU) and of `warm`'s (`first_configs`); the runner prints the
+    table."""
     from tuner.study.opening import Prelude
 
-    return Prelude(first=first, label=label, table=False, **more)
+    sources = [s for s in stored.values() if s.problem != problem.name] + warm
+    return Prelude(first=first_configs(space, problem, sources), label=label, table=False, **more)
 
 
 def _one(opts: StudyOptions, problem: space_mod.Problem, recordings: dict[str, str]) -> StudyOptions:
@@ -328,18 +333,14 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm):
     with shared_workers():
         for i, problem in enumerate(chosen):
             started = time.perf_counter()
-            # Every study of this space in the database but this problem's own (on any GPU).
-            sources = [s for s in stored.values() if s.problem != problem.name] + warm
-            first = first_configs(space, problem, sources)
             label = f"{problem.name} ({i + 1}/{len(chosen)})"
-            summary = run_study(
-                _one(opts, problem, recordings), _prelude(problem, first, label, spare_writer=i + 1 < len(chosen))
-            )
+            prelude = _prelude(space, problem, stored, warm, label, spare_writer=i + 1 < len(chosen))
+            summary = run_study(_one(opts, problem, recordings), prelude)
             summaries[problem.name] = summary
             source = _source(_load(summary)) if url != ":memory:" else None
             if source is not None:
                 stored[source.study] = source
-            rows.append(_row(problem, summary, time.perf_counter() - started, len(first)))
+            rows.append(_row(problem, summary, time.perf_counter() - started, len(prelude.first)))
     return rows, summaries
 
 
@@ -352,12 +353,10 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
     from tuner.study.sidebyside import LocalBackend, run_side_by_side
 
     bar = progress_display(opts.progress)
-    drivers, firsts = {}, {}
+    drivers = {}
     for problem in chosen:
-        sources = [s for s in stored.values() if s.problem != problem.name] + warm
-        firsts[problem.name] = first = first_configs(space, problem, sources)
         # the pool is made below, once every study's options are checked: the share is taken as the study opens
-        prelude = _prelude(problem, first, problem.name, bar=bar)
+        prelude = _prelude(space, problem, stored, warm, problem.name, bar=bar)
         drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude)
     if url != ":memory:":
         open_storage(url)  # made here, once: each study's writer would otherwise race to create the same file
@@ -369,7 +368,8 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
         replays = ProblemReplays(chosen, recordings, opts.replay_study)
         # Answered at once, in the driver's thread and in order, as a one-problem replay is (reproducible).
         pool = LocalPool(space, chosen[0], lambda i: replays, gpus=opts.gpus or 1, inline=True)
-        width = opts.replay_in_flight if opts.in_process else _local_width(opts)
+        # in process: the width asked for; else this machine's pool's (its capacity, the LocalBackend default)
+        width = opts.replay_in_flight if opts.in_process else None
         backend = LocalBackend(pool, searching, width, recordings)
     else:
         first_driver = next(iter(drivers.values()))
@@ -386,15 +386,8 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
     for problem in chosen:
         summary, wall_s, taken = done[problem.name]
         summaries[problem.name] = summary
-        rows.append(_row(problem, summary, wall_s, len(firsts[problem.name]), taken))
+        rows.append(_row(problem, summary, wall_s, len(drivers[problem.name].prelude.first), taken))
     return rows, summaries
-
-
-def _local_width(opts: StudyOptions) -> int:
-    """Configs in flight on the local engine's pool on this machine (`tuner.study.local.LocalPool.capacity`)."""
-    from tuner.study.local import QUEUE_DEPTH, host_cores
-
-    return host_cores() + (opts.gpus or 1) * (QUEUE_DEPTH + 1)
 
 
 def _row(
