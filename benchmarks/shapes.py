@@ -22,7 +22,10 @@ command's wall over the sum of the independent commands' at the same trials per 
 (benchmarks/spaces/grid_gemv_ladder.yaml, answered by the complete H200 recordings
 benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds: per seed the four runs above, answered in
 this process; the optimum of each problem is known exactly (every valid config is recorded), and each problem's
-neighbours are recorded too, so transfer between neighbouring shapes is measured without a GPU's noise.
+neighbours are recorded too, so transfer between neighbouring shapes is measured without a GPU's noise. A fifth
+run, side by side at 3T ("transfer_3x"), gives the issue's quality measure per problem, ``trials_ratio_to_0.99``:
+the median trials side by side needs to reach 0.99 of the optimum over the median independent studies need, both
+at 3T (the target: at most 1/3; ``max_trials_ratio_to_0.99`` is the worst problem's).
 ``--in-flight`` configs are outstanding at a time (default: as many as on the H200 host, `H200_IN_FLIGHT`): the
 sampler then proposes as it does there (side by side, each study its share of them). Walls of a replay say nothing
 of a GPU and are not compared.
@@ -34,6 +37,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import shlex
 import shutil
@@ -98,7 +102,13 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
         records = load_recording(str(REPLAYS[problem.name]))[0]
         valid = {params_key(c) for c in space.valid_configs(problem)}
         optimum[problem.name] = max(float(a.get("tbps") or 0) for k, (_, a) in records.items() if k in valid)
-    runs: dict[str, dict[str, list]] = {"transfer": {}, "one_at_a_time": {}, "independent": {}, "independent_3x": {}}
+    runs: dict[str, dict[str, list]] = {
+        "transfer": {},
+        "one_at_a_time": {},
+        "independent": {},
+        "independent_3x": {},
+        "transfer_3x": {},
+    }
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(seeds):
             base = StudyOptions(
@@ -112,9 +122,16 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
                 replay_in_flight=in_flight,
             )
             replays = [str(p) for p in REPLAYS.values()]
-            for label, in_turn in (("transfer", False), ("one_at_a_time", True)):
+            # at 3x trials too, so that the trials each needs to reach REACH compare with independent studies' at 3x
+            for label, in_turn, budget in (
+                ("transfer", False, trials),
+                ("one_at_a_time", True, trials),
+                ("transfer_3x", False, 3 * trials),
+            ):
                 db = f"sqlite:///{scratch}/{label}-{seed}.db"
-                opts = dataclasses.replace(base, storage=db, problems="all", replay=replays, one_at_a_time=in_turn)
+                opts = dataclasses.replace(
+                    base, storage=db, trials=budget, problems="all", replay=replays, one_at_a_time=in_turn
+                )
                 for row in run_problems(opts)["problems"]:
                     runs[label].setdefault(row["problem"], []).append(_curve(db, row["study"]))
             for label, budget in (("independent", trials), ("independent_3x", 3 * trials)):
@@ -135,6 +152,7 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
                 f"seeds_reaching_{REACH}": sum(r is not None for r in reached),
                 f"median_trials_to_{REACH}": statistics.median(r if r is not None else float("inf") for r in reached),
             }
+        row[f"trials_ratio_to_{REACH}"] = _trials_ratio(row)
         problems.append(row)
     return {
         "mode": "replay",
@@ -145,7 +163,19 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
         "in_flight": in_flight,
         "problems": problems,
         "min_fraction_of_best_known": min(p["transfer"]["min_fraction_of_optimum"] for p in problems),
+        f"max_trials_ratio_to_{REACH}": max(
+            (p[f"trials_ratio_to_{REACH}"] for p in problems if p[f"trials_ratio_to_{REACH}"] is not None), default=None
+        ),
     }
+
+
+def _trials_ratio(row: dict) -> float:
+    """The issue's quality measure for one problem: the median trials side by side needs to reach REACH of the
+    optimum over the median independent studies need, both given 3x the trials (inf where side by side does not
+    reach it in most seeds; None where independent studies do not; the target is at most 1/3)."""
+    ours = row["transfer_3x"][f"median_trials_to_{REACH}"]
+    theirs = row["independent_3x"][f"median_trials_to_{REACH}"]
+    return ours / theirs if math.isfinite(theirs) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
