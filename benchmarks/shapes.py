@@ -8,24 +8,25 @@ problems tuned one command at a time.
 ``--gpu`` runs, on this machine's GPUs and from cold caches (a fresh cache folder per command): (1) ``tuner study
 gemv --problems all --trials T`` over the shipped space's 11 problems (GEMV at M = 1 … 64 on N = K = 8192 and the
 four Llama-70B projections), the studies side by side over one pool ("transfer"); (1b) the same with
-``--one-at-a-time`` ("one_at_a_time"); (2) the same problems one command each, ``--problem P --trials T``; (3) the
-same with ``--trials 3T``. Each command's whole wall is what a user waits, start-up included. Per problem it
-records the best throughput of each run, the best known (the best of these runs and of the recorded studies listed
-in ``BEST_KNOWN_RESULTS``), and the trial at which each run first reached 0.99 of it. The record
-(benchmarks/results/shapes-DATE.json) carries ``gpu``, ``problems``, ``wall_ratio_vs_independent`` (the one
-command's wall over the sum of the independent commands' at the same trials per problem) and
-``min_fraction_of_best_known`` (the worst problem's best over its best known). For GEMV it then checks the header
-(`header_check`). ``--kernel decode_attention`` runs the same over that space's three batch x sequence shapes
-(best known: the best of the runs; record shapes-decode_attention-DATE.json).
+``--one-at-a-time`` ("one_at_a_time"); (1c) the same as (1) with ``--trials 3T`` ("transfer_3x"); (2) the same
+problems one command each, ``--problem P --trials T``; (3) the same with ``--trials 3T``. Each command's whole
+wall is what a user waits, start-up included. Per problem it records the best throughput of each run, the best
+known (the best of these runs and of the recorded studies listed in ``BEST_KNOWN_RESULTS``), the trial at which
+each run first reached 0.99 of it, and ``trials_ratio_to_0.99``: the trials (1c) took to reach 0.99 of the best
+known over the trials (3) took (the quality target: at most 1/3). The record (benchmarks/results/shapes-DATE.json)
+carries ``gpu``, ``problems``, ``wall_ratio_vs_independent`` (the one command's wall over the sum of the
+independent commands' at the same trials per problem), ``wall_ratio_3x_vs_independent_3x`` (the same for (1c) and
+(3)), ``min_fraction_of_best_known`` (the worst problem's best over its best known) and
+``max_trials_ratio_to_0.99`` (the worst problem's ratio). For GEMV it then checks the header (`header_check`).
+``--kernel decode_attention`` runs the same over that space's three batch x sequence shapes (best known: the best
+of the runs; record shapes-decode_attention-DATE.json).
 
 ``--replay`` needs no GPU: the GEMV grid space at every M of the decode ladder, M = 1, 2, 4, ... 64
 (benchmarks/spaces/grid_gemv_ladder.yaml, answered by the complete H200 recordings
-benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds: per seed the four runs above, answered in
-this process; the optimum of each problem is known exactly (every valid config is recorded), and each problem's
-neighbours are recorded too, so transfer between neighbouring shapes is measured without a GPU's noise. A fifth
-run, side by side at 3T ("transfer_3x"), gives the issue's quality measure per problem, ``trials_ratio_to_0.99``:
-the median trials side by side needs to reach 0.99 of the optimum over the median independent studies need, both
-at 3T (the target: at most 1/3; ``max_trials_ratio_to_0.99`` is the worst problem's).
+benchmarks/data/grid/gemv_ladder_mM.db.gz), over ``--seeds`` seeds: per seed the five runs above, answered in this
+process; the optimum of each problem is known exactly (every valid config is recorded), and each problem's
+neighbours are recorded too, so transfer between neighbouring shapes is measured without a GPU's noise.
+``trials_ratio_to_0.99`` is then the median over the seeds of the trials (1c) needs over the median (3) needs.
 ``--in-flight`` configs are outstanding at a time (default: as many as on the H200 host, `H200_IN_FLIGHT`): the
 sampler then proposes as it does there (side by side, each study its share of them). Walls of a replay say nothing
 of a GPU and are not compared.
@@ -263,12 +264,16 @@ def header_check(work: Path, together: dict) -> dict:
 
 
 def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
-    """The four runs over `kernel`'s `problems` (module docstring)."""
+    """The five runs over `kernel`'s `problems` (module docstring)."""
     work = Path(tempfile.mkdtemp(prefix="shapes-"))
     runs: dict[str, dict] = {}
     one_command: dict[str, dict] = {}  # the summary of each --problems command
-    for label, db, order in (("transfer", "all.db", []), ("one_at_a_time", "in_turn.db", ["--one-at-a-time"])):
-        argv = [kernel, "--problems", "all", *order, "--trials", str(trials), "--storage", db]
+    for label, db, order, budget in (
+        ("transfer", "all.db", [], trials),
+        ("one_at_a_time", "in_turn.db", ["--one-at-a-time"], trials),
+        ("transfer_3x", "all_3x.db", [], 3 * trials),  # for the trials each needs to reach REACH (see replay)
+    ):
+        argv = [kernel, "--problems", "all", *order, "--trials", str(budget), "--storage", db]
         one_command[label], wall = _study(argv, work)
         studies = {row["problem"]: row["study"] for row in one_command[label]["problems"]}
         runs[label] = {"wall_s": wall, "db": f"sqlite:///{work}/{db}", "studies": studies}
@@ -294,6 +299,8 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
                 "fraction_of_best_known": max(curve) / known,
                 f"trials_to_{REACH}": _reached(curve, REACH * known),
             }
+        ours, theirs = (row[label][f"trials_to_{REACH}"] for label in ("transfer_3x", "independent_3x"))
+        row[f"trials_ratio_to_{REACH}"] = (ours if ours is not None else math.inf) / theirs if theirs else None
         rows.append(row)
     return {
         "mode": "gpu",
@@ -305,7 +312,11 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
         "wall_ratio_vs_independent": runs["transfer"]["wall_s"] / runs["independent"]["wall_s"],
         "wall_ratio_vs_independent_3x": runs["transfer"]["wall_s"] / runs["independent_3x"]["wall_s"],
         "wall_ratio_one_at_a_time_vs_independent": runs["one_at_a_time"]["wall_s"] / runs["independent"]["wall_s"],
+        "wall_ratio_3x_vs_independent_3x": runs["transfer_3x"]["wall_s"] / runs["independent_3x"]["wall_s"],
         "min_fraction_of_best_known": min(r["transfer"]["fraction_of_best_known"] for r in rows),
+        f"max_trials_ratio_to_{REACH}": max(
+            (r[f"trials_ratio_to_{REACH}"] for r in rows if r[f"trials_ratio_to_{REACH}"] is not None), default=None
+        ),
         "header": header,
         "rows": rows,
     }
