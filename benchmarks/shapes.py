@@ -60,6 +60,8 @@ REPLAYS = {f"m{m}": GRID / f"gemv_ladder_m{m}.db.gz" for m in (1, 2, 4, 8, 16, 3
 #: earlier H200 results whose per-problem best (impl "tuner") counts as best known, beside this run's own
 BEST_KNOWN_RESULTS = ("decode-2026-12-01-gemv-300.json", "decode-2026-12-01-gemv-llama.json")
 REACH = 0.99
+#: each problem's `_trials_ratio`, in the records
+RATIO = f"trials_ratio_to_{REACH}"
 
 
 def _curve(storage: str, study: str) -> list[float]:
@@ -153,7 +155,9 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
                 f"seeds_reaching_{REACH}": sum(r is not None for r in reached),
                 f"median_trials_to_{REACH}": statistics.median(r if r is not None else float("inf") for r in reached),
             }
-        row[f"trials_ratio_to_{REACH}"] = _trials_ratio(row)
+        row[RATIO] = _trials_ratio(
+            *(row[run][f"median_trials_to_{REACH}"] for run in ("transfer_3x", "independent_3x"))
+        )
         problems.append(row)
     return {
         "mode": "replay",
@@ -164,19 +168,23 @@ def replay(trials: int, seeds: int, in_flight: int = H200_IN_FLIGHT) -> dict:
         "in_flight": in_flight,
         "problems": problems,
         "min_fraction_of_best_known": min(p["transfer"]["min_fraction_of_optimum"] for p in problems),
-        f"max_trials_ratio_to_{REACH}": max(
-            (p[f"trials_ratio_to_{REACH}"] for p in problems if p[f"trials_ratio_to_{REACH}"] is not None), default=None
-        ),
+        f"max_{RATIO}": _worst_ratio(problems),
     }
 
 
-def _trials_ratio(row: dict) -> float:
-    """The issue's quality measure for one problem: the median trials side by side needs to reach REACH of the
-    optimum over the median independent studies need, both given 3x the trials (inf where side by side does not
-    reach it in most seeds; None where independent studies do not; the target is at most 1/3)."""
-    ours = row["transfer_3x"][f"median_trials_to_{REACH}"]
-    theirs = row["independent_3x"][f"median_trials_to_{REACH}"]
-    return ours / theirs if math.isfinite(theirs) else None
+def _trials_ratio(ours: float | None, theirs: float | None) -> float | None:
+    """The quality measure for one problem: the trials side by side at 3T took to reach REACH of the best known
+    (`ours`) over the trials an independent 3T study took (`theirs`), each a count or a median over the seeds
+    (None or inf: never). inf where side by side never reached it, None where the independent study never did.
+    The target is at most 1/3."""
+    if theirs is None or math.isinf(theirs):
+        return None
+    return (math.inf if ours is None else ours) / theirs
+
+
+def _worst_ratio(rows: list[dict]) -> float | None:
+    """The largest `RATIO` over the problems' rows that have one."""
+    return max((row[RATIO] for row in rows if row[RATIO] is not None), default=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -299,8 +307,7 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
                 "fraction_of_best_known": max(curve) / known,
                 f"trials_to_{REACH}": _reached(curve, REACH * known),
             }
-        ours, theirs = (row[label][f"trials_to_{REACH}"] for label in ("transfer_3x", "independent_3x"))
-        row[f"trials_ratio_to_{REACH}"] = (ours if ours is not None else math.inf) / theirs if theirs else None
+        row[RATIO] = _trials_ratio(*(row[run][f"trials_to_{REACH}"] for run in ("transfer_3x", "independent_3x")))
         rows.append(row)
     return {
         "mode": "gpu",
@@ -314,9 +321,7 @@ def gpu(trials: int, kernel: str, problems: list[str]) -> dict:
         "wall_ratio_one_at_a_time_vs_independent": runs["one_at_a_time"]["wall_s"] / runs["independent"]["wall_s"],
         "wall_ratio_3x_vs_independent_3x": runs["transfer_3x"]["wall_s"] / runs["independent_3x"]["wall_s"],
         "min_fraction_of_best_known": min(r["transfer"]["fraction_of_best_known"] for r in rows),
-        f"max_trials_ratio_to_{REACH}": max(
-            (r[f"trials_ratio_to_{REACH}"] for r in rows if r[f"trials_ratio_to_{REACH}"] is not None), default=None
-        ),
+        f"max_{RATIO}": _worst_ratio(rows),
         "header": header,
         "rows": rows,
     }
