@@ -96,26 +96,71 @@ def device_kernels():
     if not HAVE_GPU:
         pytest.skip("needs a CUDA GPU")
     arch = f"sm_{cupy.cuda.Device(0).compute_capability}"
-    stream = cupy.cuda.Stream(non_blocking=True)
     # as the GPU worker builds them: the first checks up front, the other pairs (int32 below) from `later`
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), arch)
     rest = devicekernels.LATER_CHECKS
     later = devicekernels.Built(rest, arch)
-    return devicekernels.DeviceKernels(first, stream, devicekernels.FIRST_CHECKS, later)
+    return devicekernels.DeviceKernels(first, devicekernels.FIRST_CHECKS, later)
+
+
+@pytest.fixture
+def stream():
+    """A non-blocking stream, as the GPU worker's: nothing orders it with the legacy default stream."""
+    if not HAVE_GPU:
+        pytest.skip("needs a CUDA GPU")
+    return cupy.cuda.Stream(non_blocking=True)
 
 
 @pytest.mark.gpu
-def test_read_flush_reads_without_writing(device_kernels):
-    flush = devicekernels.ReadFlush(device_kernels.stream)  # the shipped PTX, loaded by the driver
-    buf = cupy.zeros(64 << 20, dtype=cupy.uint8)
-    sink = cupy.full(1, 0xDEAD, dtype=cupy.uint32)
-    flush(buf, sink)
-    device_kernels.stream.synchronize()
-    assert int(sink[0]) == 0xDEAD
-    buf[:16] = 255  # a word of all ones: the one case the kernel stores, so its loads did happen
-    flush(buf[:16], sink)
-    device_kernels.stream.synchronize()
-    assert int(sink[0]) == 0xFFFFFFFF
+def test_read_flush_reads_without_writing(stream):
+    flush = devicekernels.ReadFlush(stream)  # the shipped PTX, loaded by the driver
+    with stream:
+        buf = cupy.zeros(64 << 20, dtype=cupy.uint8)
+        sink = cupy.full(1, 0xDEAD, dtype=cupy.uint32)
+        flush(buf, sink)
+        stream.synchronize()
+        assert int(sink[0]) == 0xDEAD
+        buf[:16] = 255  # a word of all ones: the one case the kernel stores, so its loads did happen
+        flush(buf[:16], sink)
+        stream.synchronize()
+        assert int(sink[0]) == 0xFFFFFFFF
+
+
+@pytest.mark.gpu
+def test_a_check_reads_what_the_callers_stream_wrote_before_it(device_kernels, stream):
+    """The producer delayed: NaNs written on the caller's stream behind 0.3 s of GPU work. A check that ran on a
+    stream of its own would read the output before they land and count none."""
+    from gpu_helpers import spin
+
+    with stream:
+        ref = cupy.zeros(1 << 22, dtype=cupy.float64)
+        out = cupy.zeros(1 << 22, dtype=cupy.float32)
+        stream.synchronize()
+        spin(stream, 0.3)
+        out[::2] = cupy.nan
+        counted = device_kernels.check(out, ref, 1e-6)
+    assert counted is not None and counted[0] == counted[1] == out.size // 2
+
+
+@pytest.mark.gpu
+def test_a_draw_lands_after_what_the_callers_stream_did_to_its_memory(device_kernels, stream):
+    """CuPy's memory pool hands a block freed on a stream to the next array of that stream at once, while work
+    enqueued there may still write it: here a fill of 5s behind 0.3 s of GPU work. A draw on the caller's stream
+    lands after the fill; one on a stream of its own would land first and be overwritten."""
+    from gpu_helpers import spin
+
+    n = 1 << 20
+    expected = cupy.asnumpy(device_kernels.rng(11).standard_normal((n,), dtype=np.float32))
+    with stream:
+        spin(stream, 0.3)
+        scratch = cupy.empty((n,), dtype=np.float32)
+        scratch.fill(5.0)
+        address = scratch.data.ptr
+        del scratch
+        drawn = device_kernels.rng(11).standard_normal((n,), dtype=np.float32)
+        assert drawn.data.ptr == address  # the premise: the draw got the block the pending fill writes
+        copy = cupy.asnumpy(drawn, stream=stream)
+    assert np.array_equal(copy, expected)
 
 
 @pytest.mark.gpu
@@ -166,14 +211,13 @@ def test_one_pass_check_agrees_with_cupy(device_kernels, case):
 
 
 @pytest.mark.gpu
-def test_the_hold_keeps_the_hosts_time_out_of_the_timings(device_kernels):
+def test_the_hold_keeps_the_hosts_time_out_of_the_timings(stream):
     """A call that sleeps 2 ms on the host before a 1 MB memset: timed without the hold, each event pair holds
     the GPU idling for the sleep; behind the hold, only the memset."""
     import time
 
     from tuner.gpu.timing import time_launches
 
-    stream = device_kernels.stream
     hold = devicekernels.Hold(stream)
     buf = cupy.empty(1 << 20, dtype=cupy.uint8)
 
@@ -188,13 +232,12 @@ def test_the_hold_keeps_the_hosts_time_out_of_the_timings(device_kernels):
 
 
 @pytest.mark.gpu
-def test_a_hold_the_host_does_not_release_in_time_gives_up(device_kernels):
+def test_a_hold_the_host_does_not_release_in_time_gives_up(stream):
     """The hold lets the stream go after its timeout (no hang), says so, and the next batch is smaller."""
     import time
 
     from tuner.gpu.timing import time_launches
 
-    stream = device_kernels.stream
     hold = devicekernels.Hold(stream, timeout_s=0.005)
     buf = cupy.empty(1 << 20, dtype=cupy.uint8)
 

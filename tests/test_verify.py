@@ -261,6 +261,24 @@ class HostCounted(Counted):
         return super().reference(xp, inputs, problem, config)
 
 
+class OwnStream(Counted):
+    """Counted whose reference computes on another stream than the evaluator's, as a torch reference computes on
+    torch's current stream: one of its own, or the legacy default stream, behind 0.3 s of GPU work there."""
+
+    def __init__(self, legacy: bool):
+        super().__init__()
+        self.legacy = legacy
+
+    def reference(self, xp, inputs, problem, config=None):
+        from gpu_helpers import spin
+
+        self.calls += 1
+        stream = xp.cuda.Stream.null if self.legacy else xp.cuda.Stream(non_blocking=True)
+        with stream:
+            spin(stream, 0.3)
+            return {"y": inputs["x"].astype(xp.float64)}
+
+
 @pytest.fixture(scope="module")
 def evaluator():
     from tuner.gpu.evaluator import GpuEvaluator
@@ -346,10 +364,23 @@ def test_a_wrong_kernel_still_fails_and_a_kept_reference_written_over_is_restore
     assert isinstance(wrong, WrongResult) and wrong.details["verification"].startswith("pool of 2")
     assert family.calls == POOL_SIZE  # a confirmed set is not computed again to blame a config
     key = pool_key(family, PROBLEM, {"mode": "good"})
-    for kept in evaluator._pool.sets[key]:
-        kept.device["y"].fill(7.0)  # as a kernel writing out of bounds might
+    with evaluator.stream:  # where a kernel of the evaluator's would write it
+        for kept in evaluator._pool.sets[key]:
+            kept.device["y"].fill(7.0)  # as a kernel writing out of bounds might
     assert all(isinstance(_run(evaluator, binaries, family), Measurement) for _ in range(2))
     assert family.calls == POOL_SIZE  # restored from the host copies, not computed again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("legacy", [False, True], ids=["its-own-stream", "legacy-default-stream"])
+def test_a_reference_computed_on_another_stream_is_read_once_it_is_done(evaluator, binaries, legacy):
+    """The producer delayed: read before its stream is done, the reference would be memory nothing wrote yet,
+    and the right kernel a WrongResult."""
+    family = OwnStream(legacy)
+    assert all(isinstance(r, Measurement) for r in [_run(evaluator, binaries, family) for _ in range(2)])
+    assert family.calls == POOL_SIZE
+    assert isinstance(_run(evaluator, binaries, family, "wrong"), WrongResult)
 
 
 @pytest.mark.gpu

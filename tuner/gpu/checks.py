@@ -78,6 +78,16 @@ class Verification:
     def _sync(self) -> None:  # the evaluator's wait for the GPU, with its hang deadline
         raise NotImplementedError
 
+    def _after_user_code(self) -> None:
+        """Wait until what a family's own code enqueued is done: our stream (with its hang deadline), then every
+        stream of the device. Inputs and references are the user's code, and may compute on a stream of their
+        own (torch's current stream, a stream they made, the legacy default stream) that nothing orders with
+        ours; what they produced is read next on ours. Once per input set or check: microseconds."""
+        from tuner.cudalib import runtime
+
+        self._sync()
+        runtime.deviceSynchronize()
+
     def _check(self, name: str, out, ref, tolerance: float) -> OutputCheck:
         """`check_output` on the device with our own kernel (no CuPy JIT); CuPy's path for dtypes it lacks."""
         import cupy
@@ -95,7 +105,7 @@ class Verification:
 
         started = time.perf_counter()
         inputs = family.inputs(cupy, problem, self._kernels.rng(seed))
-        self._sync()
+        self._after_user_code()
         phases["inputs"] += time.perf_counter() - started
         return inputs
 
@@ -110,6 +120,7 @@ class Verification:
             what = f"reference of {family.name}"
             try:
                 expected = family.reference(cupy, inputs, problem, config=config)
+                self._after_user_code()
             except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
                 raise ReferenceFailed(f"{what} ran out of memory: {exc}".splitlines()[0]) from None
             reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes, what)
@@ -220,6 +231,7 @@ class Verification:
         )
         started = time.perf_counter()
         expected = family.reference(cupy, fresh_inputs, problem, config=config)
+        self._after_user_code()
         reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes)
         self._sync()
         phases["reference"] += time.perf_counter() - started

@@ -102,7 +102,7 @@ class Device:
         # The checks of the other dtypes (a family of one's own may store int8 or float64) compile behind the
         # first trials; a check that needs one waits for them.
         later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
-        self._kernels = devicekernels.DeviceKernels(built, self.stream, devicekernels.FIRST_CHECKS, later)
+        self._kernels = devicekernels.DeviceKernels(built, devicekernels.FIRST_CHECKS, later)
         self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
         if self._reserved is not None:
             self._pool.reserve(self._reserved)

@@ -15,6 +15,12 @@ with its reference in one pass (a grid-stride loop, warp reductions, four atomic
 `tuner.gpu.checks.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
 `ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2) and `Hold` its stream hold (no
 timed launch waits on the host): PTX the driver loads, no NVRTC.
+
+Streams: `DeviceKernels` and `DeviceRng` launch on the caller's current CuPy stream, as CuPy's own operations do,
+so what the caller wrote on that stream before a call is what the call reads, and what a call writes is there for
+the caller's next operation on it. (A stream of their own, unordered with the caller's, let a check read an
+output before the caller's writes to it had landed.) `ReadFlush` and `Hold` belong to the timing protocol and
+take its stream explicitly.
 """
 
 from __future__ import annotations
@@ -329,8 +335,12 @@ class Built:
 
 
 def _launch(kernel, n: int, args: tuple, stream, sm_count: int) -> None:
-    """Launch a grid-stride kernel over n items on `stream`: blocks of _THREADS, enough to fill the GPU, at most
-    8 per SM."""
+    """Launch a grid-stride kernel over n items on `stream` (None: the current CuPy stream): blocks of _THREADS,
+    enough to fill the GPU, at most 8 per SM."""
+    if stream is None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
     blocks = max(1, min(math.ceil(n / _THREADS), sm_count * 8))
     kernel((blocks,), (_THREADS,), args, stream=stream)
 
@@ -421,12 +431,12 @@ class Hold:
 class DeviceKernels:
     """The module loaded on the current device, from `compiled` (a `tuner.build.compile.Compiled` of
     `source(checks)`); check pairs outside `checks` come from `later` (a `Built` of the other pairs, loaded when
-    a check first needs it), else the check answers None."""
+    a check first needs it), else the check answers None. Every launch runs on the caller's current CuPy stream
+    (see the module docstring)."""
 
-    def __init__(self, compiled, stream, checks=CHECK_PAIRS, later: Built | None = None):
+    def __init__(self, compiled, checks=CHECK_PAIRS, later: Built | None = None):
         import cupy
 
-        self.stream = stream
         self.module = cupy.cuda.function.Module()
         self.module.load(compiled.cubin)
         self.checks = frozenset(checks)
@@ -461,14 +471,15 @@ class DeviceKernels:
         return self._functions[name]
 
     def launch(self, name: str, n: int, args: tuple) -> None:
-        _launch(self.function(name), n, args, self.stream, self._sm_count)
+        _launch(self.function(name), n, args, None, self._sm_count)
 
     def rng(self, seed: int) -> DeviceRng:
         return DeviceRng(self, seed)
 
     def check(self, out, ref, tolerance: float) -> tuple[int, int, float, float] | None:
         """(mismatches, NaN count, max abs error, max rel error) of `out` against `ref`, or None where the
-        dtypes are not covered (the caller then compares with CuPy)."""
+        dtypes are not covered (the caller then compares with CuPy). Reads both after whatever the caller's
+        current stream wrote to them, and waits for that stream to answer."""
         import cupy
         import numpy as np
 
@@ -480,21 +491,21 @@ class DeviceKernels:
         kernel = self._check_function((o_name, r_name))
         if kernel is None:
             return None
+        stream = cupy.cuda.get_current_stream()
         acc = cupy.empty(4, dtype=cupy.uint64)
-        acc.data.memset_async(0, acc.nbytes, self.stream)
-        _launch(
-            kernel, out.size, (out, ref, np.uint64(out.size), np.float64(tolerance), acc), self.stream, self._sm_count
-        )
+        acc.data.memset_async(0, acc.nbytes, stream)
+        _launch(kernel, out.size, (out, ref, np.uint64(out.size), np.float64(tolerance), acc), stream, self._sm_count)
         host = np.empty(4, dtype=np.uint64)
-        acc.data.copy_to_host_async(host.ctypes.data, acc.nbytes, self.stream)
-        self.stream.synchronize()
+        acc.data.copy_to_host_async(host.ctypes.data, acc.nbytes, stream)
+        stream.synchronize()
         maxima = host[2:].view(np.float64)
         return int(host[0]), int(host[1]), float(maxima[0]), float(maxima[1])
 
 
 class DeviceRng:
     """The generator calls the kernel families make (a subset of `numpy.random.Generator`'s signatures),
-    answered by `DeviceKernels`; each call draws from a fresh stream of the seed."""
+    answered by `DeviceKernels` on the caller's current CuPy stream; each call draws from a fresh sequence of the
+    seed."""
 
     def __init__(self, kernels: DeviceKernels, seed: int):
         self.kernels = kernels

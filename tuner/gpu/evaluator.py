@@ -293,7 +293,9 @@ class GpuEvaluator(Device, Verification):
         self.start()
         phase = ["load"]
         try:
-            with self._device:
+            # One stream for everything of this evaluation: CuPy's operations (allocations, uploads of a reference
+            # computed ahead, a CuPy reference), our own kernels and the config's launches run on it in order.
+            with self._device, self.stream:
                 return self._evaluate(request, family, problem, phase)
         except CUDA_ERRORS as exc:
             failure = cuda_failure(exc, phase[0])
@@ -457,36 +459,35 @@ class GpuEvaluator(Device, Verification):
         key = verify.pool_key(family, problem, config)
         explicit = request.seed is not None  # an explicit seed: a fresh set, beside the pool's (the finalists')
         pooled, seed = self._input_set(key, request.seed, phases)
-        with self.stream:
-            inputs = self._inputs(family, problem, seed, phases)
-            # A checked name that is not an output is an input the kernel updates in place.
-            checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
-            checked_dtypes.update(
-                (name, np.dtype(inputs[name].dtype).name)
-                for name in family.checked()
-                if name not in outputs_spec and name in inputs
+        inputs = self._inputs(family, problem, seed, phases)
+        # A checked name that is not an output is an input the kernel updates in place.
+        checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
+        checked_dtypes.update(
+            (name, np.dtype(inputs[name].dtype).name)
+            for name in family.checked()
+            if name not in outputs_spec and name in inputs
+        )
+        kept = pooled is not None and pooled.ready
+        if not kept and not explicit and pooled is not None and family.reference_on_host():
+            # The key's first set: the other sets' references (the pool's second, the finalists') start on
+            # the host in the background now, so that all of them are ready about when this one is.
+            for later in self._pool.ahead(key):
+                self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
+        try:
+            reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
+        except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
+            return WrongResult(
+                reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
             )
-            kept = pooled is not None and pooled.ready
-            if not kept and not explicit and pooled is not None and family.reference_on_host():
-                # The key's first set: the other sets' references (the pool's second, the finalists') start on
-                # the host in the background now, so that all of them are ready about when this one is.
-                for later in self._pool.ahead(key):
-                    self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
-            try:
-                reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
-            except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
-                return WrongResult(
-                    reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
-                )
-            outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
-            arrays = {**inputs, **outputs}
-            run = self._runner(loaded, launches, arrays, problem, config)
-            checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
-            if kept and not all(check.ok for check in checks):
-                checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
-            elif kept and pooled is not None:
-                pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
-            del reference
+        outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
+        arrays = {**inputs, **outputs}
+        run = self._runner(loaded, launches, arrays, problem, config)
+        checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
+        if kept and not all(check.ok for check in checks):
+            checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
+        elif kept and pooled is not None:
+            pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
+        del reference
         verification = "fresh input set" if explicit else self._pool.protocol(key)
         bad = [check for check in checks if not check.ok]
         if bad:
