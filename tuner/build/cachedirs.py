@@ -56,9 +56,9 @@ def _fault(folder: Path) -> str | None:
     so a command that fails on bad input leaves no cache folder behind). A probe file is the only test that holds
     for root and read-only mounts alike (`os.access` says yes to root on a folder it cannot write)."""
     here = folder
-    while not here.exists() and here.parent != here:
-        here = here.parent
-    try:
+    try:  # a folder on the way that cannot be searched (a home of mode 000) raises here, as a fault of `folder`
+        while not here.exists() and here.parent != here:
+            here = here.parent
         if not here.is_dir():
             return "Not a directory"
         fd, probe = tempfile.mkstemp(dir=here, prefix=".tuner-probe-")

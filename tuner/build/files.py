@@ -20,7 +20,8 @@ __all__ = ["atomic_write", "check_writable", "locked"]
 def check_writable(path: str | Path, suffixes: Sequence[str] | None = None, what: str = "output") -> Path:
     """The path, once it is known that a file can be written there (its folder exists and is writable, it is not
     a folder) and, where `suffixes` are given, that its suffix is one of them. Else InputError. Nothing is
-    created."""
+    left behind: the folder is tried with a probe file, made and removed at once (`os.access` says yes to root
+    on a folder no file can be made in, such as /proc)."""
     path = Path(path)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise InputError(f"{what} {path}: expected a {' or '.join(suffixes)} file")
@@ -31,6 +32,12 @@ def check_writable(path: str | Path, suffixes: Sequence[str] | None = None, what
         raise InputError(f"{what} {path}: no such directory {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what} {path}: directory {parent} is not writable")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".tuner-probe-")
+    except OSError as exc:
+        raise InputError(f"{what} {path}: directory {parent} is not writable ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
 
 

@@ -213,19 +213,21 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tuner.results import export
+    from tuner.results import export, kt
 
+    if not (args.header or args.kt_cache):
+        raise InputError("tuner export: give --header PATH, --kt-cache PATH, or both")
+    # both outputs are checked before either is written
     if args.kt_cache:
-        from tuner.results import kt
-
+        kt.check_cache_path(args.kt_cache)
+    if args.header:
+        export.check_namespace(args.namespace)
+        export.check_writable(args.header, None, "--header")
+    if args.kt_cache:
         study = export.open_study(args.study, args.storage)
         print(f"wrote {kt.write_cache(study, args.kt_cache)}: study {study.study_name} as a Kernel Tuner cache")
         if not args.header:
             return 0
-    if not args.header:
-        raise InputError("tuner export: give --header PATH, --kt-cache PATH, or both")
-    export.check_namespace(args.namespace)
-    export.check_writable(args.header, None, "--header")
     studies = export.open_studies(args.study, args.storage)
     path = export.write_header(
         studies, args.header, pick=args.pick, namespace=args.namespace, with_source=args.with_source

@@ -17,6 +17,7 @@ import gzip
 import json
 import math
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def read_cache(path: str | Path) -> dict[str, Any]:
         raise InputError("no such Kernel Tuner cache file", str(path)) from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read: {exc}", str(path)) from None
+    except zlib.error as exc:  # a gzip header over a damaged stream: gzip raises zlib's own error
+        raise InputError(f"cannot decompress: corrupt gzip data ({exc})", str(path)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -394,19 +397,23 @@ def cache_from_study(study, params_order: list[str] | None = None) -> dict[str, 
     }
 
 
-def write_cache(study, path: str | Path, params_order: list[str] | None = None) -> Path:
-    """Write `study` as a Kernel Tuner cache (``.json`` or ``.json.gz``), atomically."""
-    import os
-    import tempfile
+def check_cache_path(path: str | Path) -> Path:
+    """The path a Kernel Tuner cache can be written to (``.json`` or ``.json.gz``, in a folder that exists and
+    can be written), else InputError. Nothing is created."""
+    from tuner.build.files import check_writable
 
     path = Path(path)
     if not is_cache_path(path):
         raise InputError("--kt-cache: the file must end in .json or .json.gz", str(path))
+    return check_writable(path, None, "--kt-cache")
+
+
+def write_cache(study, path: str | Path, params_order: list[str] | None = None) -> Path:
+    """Write `study` as a Kernel Tuner cache (``.json`` or ``.json.gz``), atomically. InputError (file and fault)
+    where it cannot be written; nothing is left behind then."""
+    from tuner.build.files import atomic_write
+
+    path = check_cache_path(path)
     text = json.dumps(cache_from_study(study, params_order), indent=1)
     blob = gzip.compress(text.encode()) if path.name.endswith(".gz") else text.encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(blob)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, blob)

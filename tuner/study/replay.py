@@ -304,15 +304,19 @@ def _load_gzipped_db(path: str, study_name: str | None):
     import gzip
     import shutil
     import tempfile
+    import zlib
 
-    try:
-        with gzip.open(path, "rb") as src, tempfile.NamedTemporaryFile(suffix=".db", delete=False) as dst:
-            shutil.copyfileobj(src, dst)
-            tmp = dst.name
-    except FileNotFoundError:
-        raise InputError("replay file not found", path) from None
-    except (OSError, EOFError) as exc:
-        raise InputError(f"cannot decompress: {exc}", path) from None
+    if not Path(path).is_file():
+        raise InputError("replay file not found", path)
+    with tempfile.NamedTemporaryFile(suffix=".db", delete=False) as dst:
+        tmp = dst.name
+        try:
+            with gzip.open(path, "rb") as src:
+                shutil.copyfileobj(src, dst)
+        except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a gzip header over a damaged stream
+            dst.close()
+            Path(tmp).unlink(missing_ok=True)
+            raise InputError(f"cannot decompress: {exc}", path) from None
     try:
         return _load_recording(tmp, study_name)
     finally:
