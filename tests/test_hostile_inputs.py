@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -511,3 +513,160 @@ def test_replay_delay_is_checked_before_anything_starts():
         with pytest.raises(InputError, match="--replay-delay"):
             limits.replay_delay(bad)
     assert limits.replay_delay(0.0) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ctrl-C in a terminal
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def in_terminal(argv, cwd: Path, press_when, limit_s: float = 300.0) -> tuple[int, str, str, bool]:
+    """Run ``python -m tuner ARGV`` as the foreground job of a pseudo-terminal, and type Ctrl-C (which the
+    terminal sends as SIGINT to the whole foreground process group) once ``press_when(pid, output so far)`` says
+    so. (exit code, output before the key, output after it, whether it was pressed)."""
+    import pty
+    import select
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "COLUMNS": "160"}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session leader whose controlling terminal is the pty
+        try:
+            os.chdir(cwd)
+            os.execve(sys.executable, [sys.executable, "-m", "tuner", *argv], env)
+        finally:
+            os._exit(127)
+    before, after, pressed = b"", b"", False
+    deadline = time.monotonic() + limit_s
+    try:
+        while time.monotonic() < deadline:
+            if not pressed and press_when(pid, before):
+                os.write(fd, b"\x03")
+                pressed = True
+            if select.select([fd], [], [], 0.02)[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # EIO: the last process holding the terminal is gone
+                    break
+                if not data:
+                    break
+                if pressed:
+                    after += data
+                else:
+                    before += data
+        else:
+            os.kill(pid, 9)
+            pytest.fail(f"still running after {limit_s} s")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), before.decode(errors="replace"), after.decode(errors="replace"), pressed
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+BAR = re.compile(r"\b(\d+)/(\d+)\b")
+
+
+def shown_lines(text: str) -> list[str]:
+    """What a terminal shows of `text`, line by line, without colours, the echoed ^C and the progress bars'
+    redraws."""
+    parts = re.split(r"\r|\n|\x1b\[2K", text)
+    lines = [ANSI.sub("", p).replace("^C", "").strip() for p in parts]
+    return [line for line in lines if line and "━" not in line]
+
+
+def told(output: str) -> int:
+    """The most trials the progress bar has shown as told (counted: done, failed or pruned)."""
+    return max((int(m.group(1)) for m in BAR.finditer(ANSI.sub("", output))), default=0)
+
+
+def counted(db: Path) -> tuple[int, int]:
+    """(studies, trials that count towards --trials) in a study database."""
+    from tuner.study.preflight import counted_trials
+
+    with sqlite3.connect(db) as conn:
+        names = [name for (name,) in conn.execute("SELECT study_name FROM studies")]
+    found = counted_trials(db, names[0]) if len(names) == 1 else None
+    return len(names), found[0] if found else 0
+
+
+INTERRUPT_TRIALS = 40
+INTERRUPTED_STUDY = (*STUDY[:2], "--trials", str(INTERRUPT_TRIALS), "--replay", str(RECORDING), "--replay-delay", "0.1")
+
+
+def writer_started(pid: int, output: bytes) -> bool:
+    return bool(child_pids(pid))  # the study's writer process: started first thing, while the study opens
+
+
+def measuring(pid: int, output: bytes) -> bool:
+    return told(output.decode(errors="replace")) >= 5
+
+
+def finishing(pid: int, output: bytes) -> bool:
+    return told(output.decode(errors="replace")) >= INTERRUPT_TRIALS  # the writer's last flush, the summary
+
+
+@pytest.mark.parametrize("moment", [writer_started, measuring, finishing], ids=lambda f: f.__name__)
+def test_ctrl_c_in_a_terminal_is_one_line_and_the_same_command_resumes(moment, tmp_path):
+    """Ctrl-C reaches the whole foreground process group: the study's own processes (its writer) must not die of it
+    mid-write, and the driver says one line and exits 130. The trials told before it are stored, and the same
+    command runs the study on to its end."""
+    rc, before, after, pressed = in_terminal(INTERRUPTED_STUDY, tmp_path, moment)
+    assert pressed
+    assert "Traceback" not in before + after, (before + after)[-4000:]
+    db = tmp_path / "studies" / "transpose.db"
+    if rc == 0:  # finishing: the study may end before the key arrives; it must then be whole
+        assert moment is finishing and counted(db) == (1, INTERRUPT_TRIALS), after[-2000:]
+    else:
+        assert rc == 130, (before + after)[-2000:]
+        assert shown_lines(after) == ["tuner: interrupted"], after[-2000:]
+        assert all(": trials go to " in line for line in shown_lines(before)), before[-2000:]  # its first line
+        if db.exists():
+            studies, complete = counted(db)
+            assert studies == 1 and complete >= told(before)
+        else:
+            assert moment is writer_started  # interrupted before the study was stored
+    again = subprocess.run(
+        [sys.executable, "-m", "tuner", *INTERRUPTED_STUDY],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr
+    assert counted(db) == (1, INTERRUPT_TRIALS)
+
+
+def test_ctrl_c_while_compiling_is_one_line_and_leaves_no_process(tmp_path):
+    """`tuner check` compiles in processes of its own: Ctrl-C while they compile is one line, exit 130, and none of
+    them is left running."""
+    seen: list[int] = []
+
+    def compiling(pid: int, output: bytes) -> bool:
+        children = child_pids(pid)
+        seen[:] = children
+        return len(children) >= 2
+
+    rc, before, after, pressed = in_terminal(
+        ("check", "gemm", "--sample", "400", "--jobs", "2", "--arch", "sm_90"), tmp_path, compiling
+    )
+    assert pressed and rc == 130, (before + after)[-2000:]
+    assert "Traceback" not in before + after
+    assert shown_lines(after) == ["tuner: interrupted"], after[-2000:]
+    for _ in range(100):  # they were told to stop as the command ended; give the kernel a moment to reap them
+        if not any(Path(f"/proc/{pid}").exists() for pid in seen):
+            break
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in seen), seen

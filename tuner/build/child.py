@@ -27,7 +27,9 @@ child itself:
   lines: a child that dies says why (`Child.stderr_tail`), not only its exit code. Its stdout is inherited; its
   stdin is ``/dev/null`` (under ``python -`` the parent's stdin is the program).
 * children belong to the parent: those still running when it exits are terminated (`atexit`, as multiprocessing
-  did its daemonic ones), and a child whose parent was killed reads EOF on its pipe and leaves.
+  did its daemonic ones), and a child whose parent was killed reads EOF on its pipe and leaves. Each starts in a
+  process group of its own, so a Ctrl-C in the terminal reaches the parent alone, which shuts them down in order
+  (a study's writer first writes what it was sent).
 
 The child's work before its target runs is what spawn's was (an interpreter and multiprocessing's connection
 module, this module importing only the standard library), less the main module's re-import; the parent starts no
@@ -156,6 +158,9 @@ def start_child(target: Callable[..., Any], args: tuple = (), name: str = "tuner
             stdin=subprocess.DEVNULL,
             stderr=stderr_write,
             pass_fds=(fd,),
+            # A process group of its own: Ctrl-C in a terminal signals the foreground group, and the parent alone
+            # must hear it (it shuts its children down); a child that got it too would die mid-write.
+            process_group=0,
         )
     except BaseException:
         os.close(stderr_read)

@@ -181,20 +181,23 @@ def compile_many(
     jobs = jobs or os.cpu_count() or 1
     items = list(sources)
     processes = CompileProcesses(jobs) if len(items) > jobs > 1 else None
+    pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
 
-            def one(source: Source) -> Compiled | CompileFailed:
-                if processes is not None:
-                    return processes.compile(source, arch, use_cache)
-                return compile_source(source, arch, (), use_cache)
+        def one(source: Source) -> Compiled | CompileFailed:
+            if processes is not None:
+                return processes.compile(source, arch, use_cache)
+            return compile_source(source, arch, (), use_cache)
 
-            futures = [pool.submit(one, s) for s in items]
-            for src, fut in zip(items, futures, strict=True):
-                result = fut.result()
-                if on_done:
-                    on_done(src, result)
-                yield src, result
+        futures = [pool.submit(one, s) for s in items]
+        for src, fut in zip(items, futures, strict=True):
+            result = fut.result()
+            if on_done:
+                on_done(src, result)
+            yield src, result
     finally:
+        # Interrupted (Ctrl-C) or abandoned by its caller: the compiles not started are dropped, not waited for
+        # (the pool's own `with` would run all of them first).
+        pool.shutdown(wait=False, cancel_futures=True)
         if processes is not None:
             processes.close()

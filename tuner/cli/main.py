@@ -14,7 +14,6 @@ import os
 import sys
 from typing import NoReturn
 
-from tuner.cli import gpu, results, spaces, study
 from tuner.errors import InputError
 
 EXIT_BAD_INPUT = 2
@@ -56,6 +55,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tuner.cli import gpu, lesson, results, spaces, study
+
     parser = _Parser(prog="tuner", description="Auto-tune memory-bound CUDA kernels.")
     parser.add_argument("--version", action="version", version=f"tuner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -66,9 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_commands(sub)  # study
     results.add_import_command(sub)  # import-kt
     results.add_commands(sub)  # studies, pareto, export, dashboard, trials, best
-
-    from tuner.cli import lesson
-
     lesson.add_commands(sub)  # explain, lesson
     return parser
 
@@ -85,19 +83,22 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. Everything after this module's own import runs inside the ``try``: a
+    Ctrl-C at any moment, even while the parser is built, is the one line ``tuner: interrupted`` and 130."""
     words = sys.argv[1:] if argv is None else argv
-    if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
-        # A study will need its writer process (tuner.study.writer): start it before this process builds its parser,
-        # so that the writer's imports (a second or two) overlap everything after. Bad flags end it with us.
-        from tuner.study.writer import launch_writer
-
-        launch_writer()
-    parser = build_parser()
-    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (register-python-argcomplete tuner)
-        import argcomplete
-
-        argcomplete.autocomplete(parser)
     try:
+        if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
+            # A study will need its writer process (tuner.study.writer): start it before this process builds its
+            # parser, so that the writer's imports (a second or two) overlap everything after. Bad flags end it
+            # with us.
+            from tuner.study.writer import launch_writer
+
+            launch_writer()
+        parser = build_parser()
+        if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (register-python-argcomplete tuner)
+            import argcomplete
+
+            argcomplete.autocomplete(parser)
         args = parser.parse_args(argv)
         from tuner.build.cachedirs import ensure_writable
         from tuner.build.child import profiled

@@ -14,6 +14,7 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections import defaultdict
@@ -181,8 +182,9 @@ class Driver(Opening):
             return
         try:
             self.summary = yield from self._run()
-        except BaseException:
-            self._stop_set_up()  # refused during set-up: stop what was started for it
+        except BaseException as exc:
+            with _quiet_if(isinstance(exc, KeyboardInterrupt)):
+                self._stop_set_up()  # refused or interrupted during set-up: stop what was started for it
             raise
         finally:
             if self.lease is not None:
@@ -251,6 +253,7 @@ class Driver(Opening):
         self._set_cutoff(pool, stats)  # a resumed study screens against its best so far from the start
         # "After start-up" counts from here: the pool is up and the study open, the first config goes out now.
         ran: dict[str, Any] = {"loop_started": time.perf_counter()}
+        interrupted = False
         try:
             with s.progress:
                 yield from self._loop(s, index_build)
@@ -261,10 +264,20 @@ class Driver(Opening):
             ran["gpus"], ran["measures"] = pool.gpus, pool.measures
             ran["compile_threads"] = getattr(pool, "compile_slots", None)
             ran["startup"] = self._startup_figures(s, opened, ran["loop_started"])
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            pool.close()
-            ran["flush_started"] = time.perf_counter()
-            writer = s.mirror.close()
+            try:
+                with _quiet_if(interrupted):
+                    pool.close()
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
+            finally:  # the trials told so far are written, whatever happened above
+                ran["flush_started"] = time.perf_counter()
+                with _quiet_if(interrupted):
+                    writer = _close_writer(s.mirror)
         summary = self._summary(s, opened, ran, finalists, writer)
         if self.prelude.table:
             s.progress.final(summary)
@@ -592,6 +605,32 @@ def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # progress and summary
+
+
+@contextlib.contextmanager
+def _quiet_if(interrupted: bool) -> Iterator[None]:
+    """Tear-down after an interrupt: a child process that ended meanwhile (its pool's, the writer) is part of the
+    interrupt, not a fault of its own to report over it; the trials the writer took are stored either way."""
+    try:
+        yield
+    except Exception:
+        if not interrupted:
+            raise
+
+
+#: how long the writer may go on writing the trials it was sent after a Ctrl-C cut its close short
+FLUSH_AFTER_INTERRUPT_S = 30.0
+
+
+def _close_writer(mirror) -> dict[str, Any]:
+    """`mirror.close()`; a Ctrl-C while it waits still lets the writer write what it was sent (within
+    `FLUSH_AFTER_INTERRUPT_S`), then goes on as the interrupt."""
+    try:
+        return mirror.close()
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            mirror.drain(FLUSH_AFTER_INTERRUPT_S)
+        raise
 
 
 def run_study(opts: StudyOptions, prelude: Prelude | None = None) -> dict[str, Any]:

@@ -320,6 +320,14 @@ class Mirror:
         self.proc.join(10.0)
         self.proc.close()
 
+    def drain(self, timeout: float) -> None:
+        """After an interrupt cut `close` short: let the writer write what it was sent and leave, waiting up to
+        `timeout` seconds; its report and exit code are not read (the interrupt is what the user is told)."""
+        deadline = time.monotonic() + timeout
+        self.outbox.put(("stop",))  # a second stop, after close's own, is never read
+        self.outbox.close(timeout)
+        self.proc.join(max(0.0, deadline - time.monotonic()))
+
     def close(self, timeout: float = 300.0) -> dict[str, Any]:
         """Stop the writer once it has written every trial; its timings (epoch seconds, `_writer_main`), or {}."""
         self.outbox.put(("stop",))
@@ -372,6 +380,9 @@ class InlineMirror:
         for key, value in frozen.system_attrs.items():
             self.storage.set_trial_system_attr(trial_id, key, value)
         self.storage.set_trial_state_values(trial_id, frozen.state, frozen.values)
+
+    def drain(self, timeout: float) -> None:
+        """Nothing to wait for: each trial was written when it was told."""
 
     def close(self, timeout: float = 0.0) -> dict[str, Any]:
         return {}
