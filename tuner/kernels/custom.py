@@ -7,8 +7,8 @@ A space file chooses its family with one of
 * ``family: FILE.py:Class`` (a file next to the space) or ``family: package.module:Class`` (importable from the
   space's directory or the environment) — importing it runs the user's code, by the user's choice;
 * ``kernel: {name: ..., arguments: [...], launch: {...}, ...}`` — a declarative family
-  (`tuner.kernels.declarative`): data only, no code runs but AST-checked expressions (and the reference, if the
-  block names one, which is again the user's choice).
+  (`tuner.kernels.declarative`): data only, no code runs but AST-checked expressions (the reference and any
+  init function it names are read from their source here and imported only where they run, by the user's choice).
 
 ``template: FILE.cu.j2`` (next to the space) gives the family a template of its own (``template: FILE.cu``, a plain
 source whose config arrives as ``#define``s: `tuner.kernels.plain`; it must declare the ``__global__`` function
@@ -126,8 +126,8 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
     """Run a user family's reference once with NumPy on `problem` (default: the space's first) for the default
     config, and check it returns every checked output with its declared shape. InputError naming the reference's
     file (and line) otherwise; also when `required` (a study on a GPU) and a declarative family has none.
-    With `run` False the reference itself is not run (a study on a GPU: its worker runs it once per input set,
-    where the data is); loading the space has already imported it and checked it can take its arguments.
+    With `run` False the reference itself is not run nor imported (a study on a GPU: its worker imports it and
+    runs it once per input set, where the data is); loading the space has read its signature from its source.
     Running it allocates the problem's arrays on the host (GBs at LLM sizes), so only a replay, which has no
     worker to run it, asks for that. Shipped and registered families are not checked (their own tests do that)."""
     import numpy as np
@@ -156,17 +156,18 @@ def check_reference(space, problem=None, required: bool = False, run: bool = Tru
         raise InputError(str(exc), where) from None
     if not isinstance(expected, dict):
         raise InputError(f"{family.name}: reference returned {type(expected).__name__}, not a dict of outputs", where)
-    outputs = family.outputs(env, config)
+    # what the kernel writes: its outputs, and the inputs it updates in place (checked names that are inputs)
+    written = {name: tuple(shape) for name, (shape, _) in family.outputs(env, config).items()}
+    written.update((n, tuple(np.shape(inputs[n]))) for n in family.checked() if n not in written and n in inputs)
     for name in family.checked() or tuple(expected):
         if name not in expected:
             raise InputError(f"{family.name}: reference returned no {name!r} (returned: {sorted(expected)})", where)
-        if name not in outputs:
+        if name not in written:
             raise InputError(f"{family.name}: reference returned {name!r}, which is not an output", where)
         shape = tuple(np.shape(expected[name]))
-        if shape != tuple(outputs[name][0]):
+        if shape != written[name]:
             raise InputError(
-                f"{family.name}: reference output {name!r} has shape {shape}, the kernel writes "
-                f"{tuple(outputs[name][0])}",
+                f"{family.name}: reference output {name!r} has shape {shape}, the kernel writes {written[name]}",
                 where,
             )
 

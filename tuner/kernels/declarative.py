@@ -8,8 +8,10 @@ expressions of the problem's sizes and the config. A space file says so in its `
       dtypes: [float32]                    # problem dtypes it supports (default [float32])
       arguments:                           # in the order of the template's entry point
         - {name: x, role: input, shape: [n]}             # dtype: the problem's, unless given
-        - {name: y, role: input, shape: [n]}
+        - {name: y, role: input, shape: [n], init: {kind: uniform, low: -1, high: 1}}
+        - {name: ids, role: input, dtype: int32_t, shape: [n], init: {kind: permutation}}
         - {name: out, role: output, shape: [n]}
+        - {name: count, role: inout, dtype: int, shape: [1], init: zeros}   # read and written in place
         - {name: alpha, role: scalar, dtype: float32, value: "2"}   # value: expression of problem sizes
         - {name: n, role: scalar, dtype: int64}                      # value defaults to the name
       launch:
@@ -27,15 +29,22 @@ expressions of the problem's sizes and the config. A space file says so in its `
 Shapes, scalar values, bytes and FLOPs read only the problem (sizes, ``dtype``, ``elem_bytes``); the launch may
 also read params and derived values. Every expression goes through `tuner.expr` (AST-checked, no code runs).
 
-An array's dtype is the problem's (``dtype``), a name (float32, float16, bfloat16, float64) or the CUDA type the
-kernel takes (``__nv_bfloat16``, ``__half``, ``float``, ``double``): a kernel written with ``cuda_bf16.h`` types
-takes ``const __nv_bfloat16*`` and is launched with 2-byte arrays of bf16 bits.
+An array's dtype is the problem's (``dtype``), a name (float32, float16, bfloat16, float64, int8 ... int64,
+uint8 ... uint64, bool) or the CUDA type the kernel takes (``__nv_bfloat16``, ``__half``, ``float``, ``int``,
+``int64_t``, ``uint8_t``, ``unsigned int``, ...: `tuner.kernels.declared`): a kernel written with ``cuda_bf16.h``
+types takes ``const __nv_bfloat16*`` and is launched with 2-byte arrays of bf16 bits.
 
-Inputs are standard-normal arrays of the declared dtype drawn on the GPU (`tuner.gpu.verify`: a pool of input sets
-whose references are computed once); outputs are NaN-poisoned before each checked launch. The reference receives
-every input and every scalar by name (keyword arguments) and returns the expected output (one output) or a dict
-name → array; it runs the user's code, by the user's choice. How it receives the arrays (``reference_arrays``,
-read from the function when not given):
+Each input is made as its ``init:`` says (`tuner.kernels.declared`: normal, uniform, integers, permutation,
+arange, zeros, ones, constant, or ``FILE.py:function``; standard normal for floats and integers in [0, 100) for
+ints by default), drawn on the GPU from the study's seeded generator (`tuner.gpu.verify`: a pool of input sets whose
+references are computed once); outputs are NaN-poisoned before each checked launch. An ``inout`` array is made as
+an input, read and written by the kernel, and checked after the launch against what the reference returns for it
+from its values before the launch (the reference gets a copy). The reference receives every input, inout and
+scalar by name (keyword arguments) and returns the expected output (one output) or a dict name → array; it runs
+the user's code, by the user's choice. Loading the space reads its module's source (its signature is checked)
+but never imports it: that happens where the reference first runs, the GPU worker (or a replay's host check), so
+``tuner render``, ``tuner check`` and a study's driver run none of its code. Integer and bool arrays reach it as
+they are; float arrays as ``reference_arrays`` says (read from the function when not given):
 
 * ``numpy`` (the default): NumPy arrays on the host — the inputs travel to the host once per input set — in
   float64, or in float32 when every output is 16 bits wide (bf16/fp16 kernels: exact for 16-bit inputs, far
@@ -66,39 +75,37 @@ from typing import Any
 import numpy as np
 
 from tuner.expr import Expr, ExprError
-from tuner.kernels import bf16, ktgeometry, usercode
+from tuner.kernels import bf16, declared, ktgeometry, usercode
 from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
 
 FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference", "reference_arrays")
 REQUIRED = ("name", "arguments", "launch")
-ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value")
-ROLES = ("input", "output", "scalar")
+ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value", "init")
+ROLES = ("input", "output", "inout", "scalar")
+#: roles whose arrays the family makes before a launch (`inputs`): read by the kernel, and for inout written too
+MADE = ("input", "inout")
 LAUNCH_FIELDS = ("grid", "block", "smem", *ktgeometry.KEYS)
-ARRAY_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-#: The CUDA types a kernel's pointer arguments name, as the array dtypes that launch them.
-CUDA_TYPES = {
-    "__nv_bfloat16": "bfloat16",
-    "__half": "float16",
-    "half": "float16",
-    "float": "float32",
-    "double": "float64",
-}
+ARRAY_DTYPES, CUDA_TYPES = declared.ARRAY_DTYPES, declared.CUDA_TYPES
 #: How a reference receives its arrays (see the module docstring).
 REFERENCE_ARRAYS = ("numpy", "xp", "torch")
-SCALAR_DTYPES = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "float64": np.float64}
+SCALAR_DTYPES = {
+    **{name: np.dtype(name).type for name in ARRAY_DTYPES if name not in ("bfloat16", "float16")},
+    "bool": np.bool_,
+}
 PROBLEM_DTYPE = "dtype"  # an argument whose dtype is the problem's
 
 
 @dataclass(frozen=True)
 class Argument:
     """One kernel argument. `dtype` is a concrete dtype or "dtype" (the problem's); arrays have a `shape`,
-    scalars a `value`."""
+    scalars a `value`; inputs and inout arrays an `init` (None: `declared.Init.default` of their dtype)."""
 
     name: str
     role: str
     dtype: str
     shape: tuple[Expr, ...] = ()
     value: Expr | None = None
+    init: declared.Init | None = None
 
     def dtype_of(self, problem: Problem) -> str:
         return problem["dtype"] if self.dtype == PROBLEM_DTYPE else self.dtype
@@ -149,7 +156,7 @@ class DeclarativeFamily(Family):
         dtypes = block.get("dtypes", ["float32"])
         if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
             raise fail(f"kernel: dtypes must be a list of {', '.join(DTYPES)}", "kernel", "dtypes")
-        arguments = _arguments(block["arguments"], fail)
+        arguments = _arguments(block["arguments"], directory, fail)
         grid, threads, smem = _launch(block["launch"], fail)
         bytes_expr = _expr(block["bytes"], fail, "kernel", "bytes") if "bytes" in block else None
         flops_expr = _expr(block["flops"], fail, "kernel", "flops") if "flops" in block else None
@@ -208,6 +215,8 @@ class DeclarativeFamily(Family):
                 check(expr, problem_names, "shape", "arguments", i, "shape")
             if arg.value is not None:
                 check(arg.value, problem_names, "value", "arguments", i, "value")
+            for key, expr in (arg.init.fields if arg.init is not None else {}).items():
+                check(expr, problem_names, f"init {key}", "arguments", i, "init", key)
         for key, expr in self._launch_expressions():
             check(expr, config_names, key, "launch", key)
         for key, optional in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
@@ -221,6 +230,18 @@ class DeclarativeFamily(Family):
                     _positive(
                         expr, env, fail, f"shape of {arg.name!r} on problem {problem.name!r}", "arguments", i, "shape"
                     )
+                if arg.init is not None:
+                    dtype, count = arg.dtype_of(env), math.prod(arg.shape_of(env))
+                    fault = arg.init.fault(env, dtype, count)
+                    if fault is not None:
+                        raise fail(
+                            f"kernel: init {arg.init.kind} of {arg.name!r} ({dtype}) on problem {problem.name!r}: "
+                            f"{fault}",
+                            "kernel",
+                            "arguments",
+                            i,
+                            "init",
+                        )
             config = space.resolve(space.default or next(space.enumerate(problem)), problem)
             launch_env = {**env, **config}
             for key, expr in self._launch_expressions():
@@ -252,10 +273,10 @@ class DeclarativeFamily(Family):
         """Why the reference cannot take, by name, the arguments `reference` passes it, or None."""
         if self.reference_fn is None:
             return None
-        names = [a.name for a in self.arguments if a.role in ("input", "scalar")]
+        names = [a.name for a in self.arguments if a.role in (*MADE, "scalar")]
         names += ["xp"] if self.reference_arrays == "xp" else []
-        fn = self.reference_fn
-        fault = _call_fault(fn.args[0] if isinstance(fn, functools.partial) else fn, names)  # inside `guarded`
+        fn = self.reference_fn.args[0] if isinstance(self.reference_fn, functools.partial) else self.reference_fn
+        fault = _call_fault(fn.signature if isinstance(fn, usercode.UserFunction) else fn, names)  # inside guarded
         return None if fault is None else f"cannot be called with its arguments ({', '.join(names)}): {fault}"
 
     # -- the Family contract ------------------------------------------------------------------------------------
@@ -276,14 +297,10 @@ class DeclarativeFamily(Family):
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for arg in self.arguments:
-            if arg.role == "input":
+            if arg.role in MADE:
                 shape, dtype = arg.shape_of(problem), arg.dtype_of(problem)
-                if dtype == "bfloat16":
-                    out[arg.name] = bf16.random(xp, rng, shape)
-                elif dtype == "float64":
-                    out[arg.name] = rng.standard_normal(shape, dtype=xp.float64)
-                else:
-                    out[arg.name] = rng.standard_normal(shape, dtype=xp.float32).astype(dtype, copy=False)
+                init = arg.init or declared.Init.default(dtype)
+                out[arg.name] = init.draw(xp, rng, shape, dtype, problem)
             elif arg.role == "scalar" and arg.value is not None:  # every scalar has one (default: its name)
                 out[arg.name] = SCALAR_DTYPES[arg.dtype](arg.value(problem))
         return out
@@ -291,14 +308,31 @@ class DeclarativeFamily(Family):
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
         return {a.name: (a.shape_of(problem), a.dtype_of(problem)) for a in self.arguments if a.role == "output"}
 
+    def checked(self) -> tuple[str, ...]:
+        """Every output, then every inout argument (compared as the kernel left it)."""
+        return tuple(a.name for a in self.arguments if a.role == "output") + self._in_place()
+
+    def _in_place(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arguments if a.role == "inout")
+
+    def checked_value(self, xp, name: str, array, dtype: str | None):
+        if dtype is None and name in self._in_place():  # an inout argument: its declared dtype says how to read it
+            dtype = next(a for a in self.arguments if a.name == name).dtype
+            if dtype == PROBLEM_DTYPE:
+                dtype = "bfloat16" if array.dtype == np.uint16 else None
+        return super().checked_value(xp, name, array, dtype)
+
     def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict:
         if self.reference_fn is None:
             raise ReferenceFailed(f"kernel {self.name!r} declares no reference: results cannot be verified")
         kwargs = {}
         host = np.float32 if self._narrow_outputs(problem) else np.float64
         for arg in self.arguments:
-            if arg.role == "input":
-                kwargs[arg.name] = self._reference_array(xp, inputs[arg.name], arg.dtype_of(problem), host)
+            if arg.role in MADE:
+                value = inputs[arg.name]
+                if arg.role == "inout":  # the kernel updates it after this: the reference gets its own copy
+                    value = value.copy()
+                kwargs[arg.name] = self._reference_array(xp, value, arg.dtype_of(problem), host)
             elif arg.role == "scalar":
                 kwargs[arg.name] = inputs[arg.name]
         if self.reference_arrays == "xp":
@@ -312,26 +346,26 @@ class DeclarativeFamily(Family):
                 if isinstance(result, dict)
                 else _from_torch(xp, result)
             )
-        outputs = self.outputs(problem, config or {})
+        written = {a.name: a.shape_of(problem) for a in self.arguments if a.name in self.checked()}
         if not isinstance(result, dict):
-            if len(outputs) != 1:
+            if len(written) != 1:
                 raise ReferenceFailed(
                     f"reference {self.reference_name} returned {type(result).__name__}; with "
-                    f"{len(outputs)} outputs it must return a dict of {', '.join(outputs)}"
+                    f"{len(written)} outputs it must return a dict of {', '.join(written)}"
                 )
-            result = {next(iter(outputs)): result}
+            result = {next(iter(written)): result}
         expected = {}
         for name, value in result.items():
-            if name not in outputs:
+            if name not in written:
                 raise ReferenceFailed(
                     f"reference {self.reference_name} returned {name!r}, which is not an output "
-                    f"(outputs: {', '.join(outputs)})"
+                    f"(outputs: {', '.join(written)})"
                 )
             shape = tuple(np.shape(value))
-            if shape != outputs[name][0]:
+            if shape != written[name]:
                 raise ReferenceFailed(
                     f"reference {self.reference_name} returned {name!r} with shape {shape}, "
-                    f"but the kernel writes {outputs[name][0]}"
+                    f"but the kernel writes {written[name]}"
                 )
             expected[name] = xp.asarray(value)
         return expected
@@ -341,7 +375,7 @@ class DeclarativeFamily(Family):
 
     def _narrow_outputs(self, problem: Problem) -> bool:
         """Whether every output is 16 bits wide (a NumPy reference then computes in float32)."""
-        return all(ARRAY_DTYPES[a.dtype_of(problem)] == 2 for a in self.arguments if a.role == "output")
+        return all(a.dtype_of(problem) in ("float16", "bfloat16") for a in self.arguments if a.name in self.checked())
 
     def _reference_array(self, xp, value, dtype: str, host=np.float64):
         """One input as the reference receives it (`reference_arrays`; a NumPy reference's arrays as `host`)."""
@@ -349,6 +383,8 @@ class DeclarativeFamily(Family):
             return _to_torch(xp, value, dtype)
         if dtype == "bfloat16":
             value = bf16.decode(xp, value)
+        elif dtype not in declared.FLOATS:  # indices, masks, counts: as they are, never widened to floats
+            return value.get() if hasattr(value, "get") and xp is not np and self.reference_arrays == "numpy" else value
         if self.reference_arrays == "xp":
             return value if value.dtype.kind == "f" and value.dtype.itemsize >= 4 else value.astype(xp.float32)
         value = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
@@ -361,7 +397,7 @@ class DeclarativeFamily(Family):
         if self.bytes_expr is not None:
             return int(self.bytes_expr(problem))
         return sum(
-            math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)]
+            math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)] * (2 if a.role == "inout" else 1)
             for a in self.arguments
             if a.role != "scalar"
         )
@@ -438,7 +474,7 @@ def _positive(expr: Expr, env: dict[str, Any], fail, what: str, *keys) -> int:
     return value
 
 
-def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
+def _arguments(spec: Any, directory: Path, fail) -> tuple[Argument, ...]:
     if not isinstance(spec, list) or not spec:
         raise fail("kernel: arguments must be a non-empty list of {name, role, shape, dtype}", "kernel", "arguments")
     out: list[Argument] = []
@@ -461,24 +497,37 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
             raise fail(f"kernel: argument {name!r} is listed twice", *keys, "name")
         if role not in ROLES:
             raise fail(f"kernel: argument {name!r}: role must be one of {', '.join(ROLES)}", *keys, "role")
+        if role == "inout" and "shape" not in item:
+            raise fail(
+                f"kernel: inout {name!r} is updated in place, so it must be an array: give it a shape "
+                "(a scalar is role: scalar)",
+                *keys,
+                "role",
+            )
+        if "init" in item and role not in MADE:
+            raise fail(f"kernel: {role} {name!r} takes no init (only input and inout arrays do)", *keys, "init")
         if role == "scalar":
             if "shape" in item:
                 raise fail(f"kernel: scalar {name!r} has no shape", *keys, "shape")
-            dtype = item.get("dtype", "int64")
+            dtype = declared.array_dtype(item.get("dtype", "int64"))
             if dtype not in SCALAR_DTYPES:
-                raise fail(f"kernel: scalar {name!r}: dtype must be one of {', '.join(SCALAR_DTYPES)}", *keys, "dtype")
+                raise fail(
+                    f"kernel: scalar {name!r}: dtype must be one of {', '.join(SCALAR_DTYPES)} or their CUDA types",
+                    *keys,
+                    "dtype",
+                )
             out.append(Argument(name, role, dtype, value=_expr(item.get("value", name), fail, *keys, "value")))
             continue
         if "value" in item:
             raise fail(f"kernel: array {name!r} takes no value (only scalars do)", *keys, "value")
         if "shape" not in item:
             raise fail(f"kernel: argument: missing field 'shape' for array {name!r}", *keys)
-        dtype = item.get("dtype", PROBLEM_DTYPE)
-        dtype = CUDA_TYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-        if dtype != PROBLEM_DTYPE and dtype not in ARRAY_DTYPES:
+        spelled = item.get("dtype", PROBLEM_DTYPE)
+        dtype = PROBLEM_DTYPE if spelled == PROBLEM_DTYPE else declared.array_dtype(spelled)
+        if dtype is None:
             raise fail(
-                f"kernel: array {name!r}: dtype must be 'dtype' (the problem's), one of {', '.join(ARRAY_DTYPES)} "
-                f"or a CUDA type ({', '.join(CUDA_TYPES)})",
+                f"kernel: array {name!r}: dtype {spelled!r} must be 'dtype' (the problem's), one of "
+                f"{', '.join(ARRAY_DTYPES)} or a CUDA type (int, int64_t, uint8_t, unsigned int, __half, ...)",
                 *keys,
                 "dtype",
             )
@@ -486,36 +535,37 @@ def _arguments(spec: Any, fail) -> tuple[Argument, ...]:
         shape = shape if isinstance(shape, list) else [shape]
         if not shape:
             raise fail(f"kernel: array {name!r}: shape needs at least one dimension", *keys, "shape")
-        out.append(Argument(name, role, dtype, shape=tuple(_expr(s, fail, *keys, "shape") for s in shape)))
-    if not any(a.role == "output" for a in out):
-        raise fail("kernel: arguments name no output (role: output)", "kernel", "arguments")
+        init = None
+        if "init" in item:
+            init = declared.Init.parse(item["init"], None if dtype == PROBLEM_DTYPE else dtype, directory, fail, keys)
+        shape_exprs = tuple(_expr(s, fail, *keys, "shape") for s in shape)
+        out.append(Argument(name, role, dtype, shape=shape_exprs, init=init))
+    if not any(a.role in ("output", "inout") for a in out):
+        raise fail("kernel: arguments name no output (role: output or inout)", "kernel", "arguments")
     return tuple(out)
 
 
 def _reference(spec: Any, directory: Path, fail, arrays: str | None):
     """(the reference `spec` names, guarded: `usercode.guarded`; how it receives its arrays: `arrays`, else read
-    from its signature). Imports the user's module (their code runs) but never calls the function."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise fail("kernel: reference expects FILE.py:function or module:function", "kernel", "reference")
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr.isidentifier():
-        raise fail(f"kernel: reference {spec!r}: expected FILE.py:function or module:function", "kernel", "reference")
+    from its signature). Reads the user's module's source, never imports it: the module is imported where the
+    reference first runs (`usercode.UserFunction`), so render, check and a study's driver run none of its code."""
 
     def ref_fail(message: str, *_keys):
         return fail(f"kernel: reference: {message}", "kernel", "reference")
 
-    module = usercode.import_user(target, directory, ref_fail, "reference")
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise fail(f"kernel: reference {spec!r}: {target} has no function {attr!r}", "kernel", "reference")
-    return functools.partial(usercode.guarded, fn, f"reference {spec}", directory), arrays or reference_arrays_of(fn)
+    fn = usercode.find(spec, directory, ref_fail, "reference")
+    read = "numpy" if fn.signature is None else reference_arrays_of(fn.signature)
+    return functools.partial(usercode.guarded, fn, f"reference {spec}", directory), arrays or read
 
 
 def _call_fault(fn, names: list[str]) -> str | None:
-    """Why `fn` cannot be called with keyword arguments `names` (its signature binds them or not), or None; also
-    None where Python cannot read its signature (a builtin): the first call will say."""
+    """Why `fn` (a function or its `inspect.Signature`) cannot be called with keyword arguments `names` (its
+    signature binds them or not), or None; also None where the signature is unknown (a builtin, a function its
+    module's source does not show): the first call will say."""
+    if fn is None:
+        return None
     try:
-        signature = inspect.signature(fn)
+        signature = fn if isinstance(fn, inspect.Signature) else inspect.signature(fn)
     except (TypeError, ValueError):
         return None
     try:
@@ -526,10 +576,11 @@ def _call_fault(fn, names: list[str]) -> str | None:
 
 
 def reference_arrays_of(fn) -> str:
-    """How `fn` wants its arrays, read from its signature: "xp" when it has a parameter named ``xp``, "torch" when
-    a parameter is annotated ``torch.Tensor`` (or ``Tensor``), else "numpy"."""
+    """How `fn` (a function or its `inspect.Signature`) wants its arrays, read from its signature: "xp" when it
+    has a parameter named ``xp``, "torch" when a parameter is annotated ``torch.Tensor`` (or ``Tensor``), else
+    "numpy"."""
     try:
-        parameters = inspect.signature(fn).parameters
+        parameters = (fn if isinstance(fn, inspect.Signature) else inspect.signature(fn)).parameters
     except (TypeError, ValueError):
         return "numpy"
     if "xp" in parameters:
