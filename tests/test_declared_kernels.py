@@ -393,3 +393,152 @@ def test_the_gather_and_its_in_place_argument_verify_on_the_gpu(gather):
     write(gather, {"gather.cu.j2": GATHER_TEMPLATE.replace("hits[t] += ", "hits[t] += hits[t] + ")})
     wrong = evaluate_config(gather / "gather.yaml", {"block": 128})
     assert wrong.kind == "wrong_result" and "hits" in wrong.reason, wrong
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# several launches: a split sum, then its combine, through a scratch array whose size the config sets
+
+SPLIT_SUM = """\
+kernel:
+  name: split_sum
+  arguments:
+    - {name: x, role: input, shape: [n]}
+    - {name: partial, role: scratch, dtype: float, shape: [splits]}
+    - {name: out, role: output, dtype: double, shape: [1]}
+    - {name: n, role: scalar, dtype: int64}
+  launch:
+    - {grid: [splits], block: [block], arguments: [x, partial, n]}
+    - {entry: combine, grid: [1], block: [32], arguments: [partial, out]}
+  reference: sum_ref.py:total
+  tolerance: 1.0e-4
+template: split_sum.cu.j2
+problem: {name: p, n: 1048576, dtype: float32}
+params: {splits: [64, 128], block: [128, 256]}
+"""
+SPLIT_SUM_TEMPLATE = """\
+extern "C" __global__ void {{ entry }}(const float* x, float* partial, long long n)
+{
+    __shared__ float sums[{{ block }}];
+    float s = 0.0f;
+    for (long long i = blockIdx.x * {{ block }} + threadIdx.x; i < n; i += {{ splits }} * {{ block }}) s += x[i];
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = {{ block }} / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) sums[threadIdx.x] += sums[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+extern "C" __global__ void {{ entry }}_combine(const float* partial, double* out)
+{
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < {{ splits }}; ++i) s += partial[i];
+        out[0] = s;
+    }
+}
+"""
+SUM_REF = "def total(x, n):\n    return x.sum(keepdims=True)\n"
+
+
+@pytest.fixture
+def split_sum(tmp_path):
+    write(tmp_path, {"s.yaml": SPLIT_SUM, "split_sum.cu.j2": SPLIT_SUM_TEMPLATE, "sum_ref.py": SUM_REF})
+    return tmp_path
+
+
+def test_several_launches_are_declared_with_their_entries_and_arguments(split_sum):
+    space = space_mod.load(split_sum / "s.yaml")
+    family, env = space.family, space.problem().env
+    config = space.resolve({"splits": 128, "block": 256}, space.problem())
+    first, combine = family.launches("split_sum_s128", config, env)
+    assert (first.entry, first.grid, first.block, first.args) == (
+        "split_sum_s128",
+        (128, 1, 1),
+        (256, 1, 1),
+        ("x", "partial", "n"),
+    )
+    assert (combine.entry, combine.grid, combine.block, combine.args) == (
+        "split_sum_s128_combine",
+        (1, 1, 1),
+        (32, 1, 1),
+        ("partial", "out"),
+    )
+    # the scratch array is allocated (and poisoned) by the config's size, never checked nor counted as traffic
+    assert family.outputs(env, config) == {"partial": ((128,), "float32"), "out": ((1,), "float64")}
+    assert family.checked() == ("out",)
+    assert family.bytes_moved(env) == 4 * 1048576 + 8
+    check_reference(space)
+
+
+def test_every_launch_of_every_config_compiles(split_sum):
+    from tuner.build.compile import compile_source
+    from tuner.build.render import render
+
+    space = space_mod.load(split_sum / "s.yaml")
+    problem = space.problem()
+    config = {"splits": 64, "block": 128}
+    source = render(space.family, config, space.resolve(config, problem), problem.env)
+    compiled = compile_source(source, "sm_90")
+    assert compiled.ok, compiled
+    entries = {
+        launch.entry for launch in space.family.launches(source.entry, space.resolve(config, problem), problem.env)
+    }
+    assert entries <= set(compiled.functions) and len(entries) == 2
+    proc = tuner("check", "s.yaml", "--arch", "sm_90", "--json", cwd=split_sum)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["compiled"] == 4
+
+
+LAUNCH_BAD = {
+    "argument declared nowhere": (
+        SPLIT_SUM.replace("arguments: [partial, out]}", "arguments: [partial, result]}"),
+        r"s\.yaml:10: kernel: launch 1: arguments 'result' name nothing declared \(declared: x, partial, out, n\)",
+    ),
+    "unknown launch field": (
+        SPLIT_SUM.replace("{entry: combine, grid", "{entry: combine, grd: [1], grid"),
+        r"s\.yaml:10: kernel: launch 1: unknown field 'grd'",
+    ),
+    "entry not an identifier": (
+        SPLIT_SUM.replace("entry: combine", "entry: 'combine()'"),
+        r"s\.yaml:10: kernel: launch 1: entry 'combine\(\)' is not a C identifier",
+    ),
+    "launch reads an unknown name": (
+        SPLIT_SUM.replace("grid: [splits], block: [block]", "grid: [split], block: [block]"),
+        r"s\.yaml:9: kernel: grid 'split' names unknown symbol\(s\) split",
+    ),
+    "scratch shape unknown": (
+        SPLIT_SUM.replace("shape: [splits]}", "shape: [parts]}"),
+        r"s\.yaml:5: kernel: shape 'parts' names unknown symbol\(s\) parts",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAUNCH_BAD))
+def test_bad_launch_lists_are_one_line_exit_2_nothing_written(split_sum, case):
+    text, pattern = LAUNCH_BAD[case]
+    write(split_sum, {"s.yaml": text})
+    before = sorted(p.name for p in split_sum.iterdir())
+    proc = tuner("check", "s.yaml", "--arch", "sm_90", cwd=split_sum)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert sorted(p.name for p in split_sum.iterdir() if p.name != "__pycache__") == before
+
+
+@pytest.mark.gpu
+def test_the_split_sum_verifies_on_the_gpu(split_sum):
+    if not _have_gpu():
+        pytest.skip("needs a CUDA GPU")
+    from tuner.gpu.evaluate import evaluate_config
+
+    result = evaluate_config(split_sum / "s.yaml", {"splits": 128, "block": 256})
+    assert result.ok, result
+    # a combine that drops a split is caught
+    write(
+        split_sum, {"split_sum.cu.j2": SPLIT_SUM_TEMPLATE.replace("i < {{ splits }}; ++i", "i < {{ splits }} - 1; ++i")}
+    )
+    wrong = evaluate_config(split_sum / "s.yaml", {"splits": 128, "block": 256})
+    assert wrong.kind == "wrong_result", wrong

@@ -55,7 +55,19 @@ they are; float arrays as ``reference_arrays`` says (read from the function when
 * ``torch`` (a parameter annotated ``torch.Tensor``): torch tensors of the declared dtype on the GPU through
   DLPack (bf16 as ``torch.bfloat16``, no bit patterns), CPU tensors where there is no GPU; it may return
   tensors. Without a reference, ``tuner render`` and ``tuner check`` work, but results cannot be verified, so a
-study on a GPU refuses to start. One launch per config (a kernel that needs several is a `Family` subclass).
+study on a GPU refuses to start.
+
+Several launches (a split then its combine) are a list under ``launch:``, run in order, each with the fields of
+one launch and its ``entry`` and ``arguments``::
+
+      launch:
+        - {grid: [splits], block: [block], arguments: [x, partial, n]}          # the config's entry
+        - {entry: combine, grid: [1], block: [32], arguments: [partial, out]}   # {{ entry }}_combine
+
+A launch's ``entry`` is a suffix of the config's entry in a Jinja2 template, the ``__global__`` function itself
+in a plain source; its ``arguments`` name declared arguments, in call order (default: all of them). An array one
+launch writes for another is ``role: scratch``: allocated and poisoned like an output, never checked nor counted
+in the default bytes, its shape may read params and derived values.
 
 The template is a Jinja2 template (``kernel.cu.j2``) whose entry point is ``{{ entry }}``, or a plain source
 (``kernel.cu``) whose ``__global__`` function is the block's ``name`` and whose config arrives as ``#define``s
@@ -75,16 +87,19 @@ from typing import Any
 import numpy as np
 
 from tuner.expr import Expr, ExprError
-from tuner.kernels import bf16, declared, ktgeometry, usercode
+from tuner.kernels import bf16, declared, ktgeometry, plain, usercode
 from tuner.kernels.base import DTYPES, Config, Family, Launch, Problem, ReferenceFailed
 
 FIELDS = ("name", "dtypes", "arguments", "launch", "bytes", "flops", "tolerance", "reference", "reference_arrays")
 REQUIRED = ("name", "arguments", "launch")
 ARGUMENT_FIELDS = ("name", "role", "dtype", "shape", "value", "init")
-ROLES = ("input", "output", "inout", "scalar")
+ROLES = ("input", "output", "inout", "scratch", "scalar")
 #: roles whose arrays the family makes before a launch (`inputs`): read by the kernel, and for inout written too
 MADE = ("input", "inout")
 LAUNCH_FIELDS = ("grid", "block", "smem", *ktgeometry.KEYS)
+#: what one launch of a ``launch:`` list adds: its entry (a suffix of the config's entry, or a plain source's
+#: ``__global__`` function) and the names of its arguments, in call order (default: every declared argument)
+LIST_LAUNCH_FIELDS = ("entry", "arguments", *LAUNCH_FIELDS)
 ARRAY_DTYPES, CUDA_TYPES = declared.ARRAY_DTYPES, declared.CUDA_TYPES
 #: How a reference receives its arrays (see the module docstring).
 REFERENCE_ARRAYS = ("numpy", "xp", "torch")
@@ -114,6 +129,19 @@ class Argument:
         return tuple(int(e(problem)) for e in self.shape)
 
 
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch of the block: its entry (None: the config's entry), geometry expressions and argument names
+    (None: every declared argument); `keys` locate it in the space file."""
+
+    entry: str | None
+    grid: tuple[Expr, ...] | ktgeometry.KtGrid
+    block: tuple[Expr, ...] | None
+    smem: Expr
+    args: tuple[str, ...] | None = None
+    keys: tuple = ("launch",)
+
+
 class DeclarativeFamily(Family):
     """A `Family` built from a ``kernel:`` block (see the module docstring)."""
 
@@ -122,9 +150,7 @@ class DeclarativeFamily(Family):
         name: str,
         dtypes: tuple[str, ...],
         arguments: tuple[Argument, ...],
-        grid: tuple[Expr, ...] | ktgeometry.KtGrid,
-        block: tuple[Expr, ...] | None,
-        smem: Expr,
+        launch_specs: tuple[LaunchSpec, ...],
         bytes_expr: Expr | None,
         flops_expr: Expr | None,
         tolerance_value: float | None,
@@ -133,7 +159,7 @@ class DeclarativeFamily(Family):
         reference_arrays: str = "numpy",
     ):
         self.name, self.dtypes, self.arguments = name, dtypes, arguments
-        self.grid, self.block, self.smem = grid, block, smem
+        self.launch_specs = launch_specs
         self.bytes_expr, self.flops_expr, self.tolerance_value = bytes_expr, flops_expr, tolerance_value
         self.reference_fn, self.reference_name = reference_fn, reference_name
         self.reference_arrays = reference_arrays
@@ -157,7 +183,7 @@ class DeclarativeFamily(Family):
         if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
             raise fail(f"kernel: dtypes must be a list of {', '.join(DTYPES)}", "kernel", "dtypes")
         arguments = _arguments(block["arguments"], directory, fail)
-        grid, threads, smem = _launch(block["launch"], fail)
+        launch_specs = _launches(block["launch"], arguments, fail)
         bytes_expr = _expr(block["bytes"], fail, "kernel", "bytes") if "bytes" in block else None
         flops_expr = _expr(block["flops"], fail, "kernel", "flops") if "flops" in block else None
         tolerance = block.get("tolerance")
@@ -179,9 +205,7 @@ class DeclarativeFamily(Family):
             name,
             tuple(dtypes),
             arguments,
-            grid,
-            threads,
-            smem,
+            launch_specs,
             bytes_expr,
             flops_expr,
             None if tolerance is None else float(tolerance),
@@ -211,25 +235,27 @@ class DeclarativeFamily(Family):
                 )
 
         for i, arg in enumerate(self.arguments):
-            for expr in arg.shape:
-                check(expr, problem_names, "shape", "arguments", i, "shape")
+            for expr in arg.shape:  # a scratch array's shape may read the config (a split count)
+                check(expr, config_names if arg.role == "scratch" else problem_names, "shape", "arguments", i, "shape")
             if arg.value is not None:
                 check(arg.value, problem_names, "value", "arguments", i, "value")
             for key, expr in (arg.init.fields if arg.init is not None else {}).items():
                 check(expr, problem_names, f"init {key}", "arguments", i, "init", key)
-        for key, expr in self._launch_expressions():
-            check(expr, config_names, key, "launch", key)
+        for spec in self.launch_specs:
+            for key, expr in _launch_expressions(spec):
+                check(expr, config_names, key, *spec.keys, key)
         for key, optional in (("bytes", self.bytes_expr), ("flops", self.flops_expr)):
             if optional is not None:
                 check(optional, problem_names, key, key)
 
         for problem in space.problems:
             env = problem.env
+            config = space.resolve(space.default or next(space.enumerate(problem)), problem)
+            launch_env = {**env, **config}
             for i, arg in enumerate(self.arguments):
                 for expr in arg.shape:
-                    _positive(
-                        expr, env, fail, f"shape of {arg.name!r} on problem {problem.name!r}", "arguments", i, "shape"
-                    )
+                    what = f"shape of {arg.name!r} on problem {problem.name!r}"
+                    _positive(expr, launch_env if arg.role == "scratch" else env, fail, what, "arguments", i, "shape")
                 if arg.init is not None:
                     dtype, count = arg.dtype_of(env), math.prod(arg.shape_of(env))
                     fault = arg.init.fault(env, dtype, count)
@@ -242,32 +268,23 @@ class DeclarativeFamily(Family):
                             i,
                             "init",
                         )
-            config = space.resolve(space.default or next(space.enumerate(problem)), problem)
-            launch_env = {**env, **config}
-            for key, expr in self._launch_expressions():
-                if key != "smem":
-                    what = f"launch {key} for the default config on problem {problem.name!r}"
-                    _positive(expr, launch_env, fail, what, "launch", key)
-            for name in ktgeometry.BLOCK_NAMES if self.block is None else ():
-                value = config.get(name, 1)
-                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise fail(
-                        f"kernel: launch: the block is block_size_x/y/z, but {name}={value!r} in the default "
-                        "config is not a positive integer (or give 'block:')",
-                        "kernel",
-                        "launch",
-                    )
+            for spec in self.launch_specs:
+                for key, expr in _launch_expressions(spec):
+                    if key != "smem":
+                        what = f"launch {key} for the default config on problem {problem.name!r}"
+                        _positive(expr, launch_env, fail, what, *spec.keys, key)
+                for name in ktgeometry.BLOCK_NAMES if spec.block is None else ():
+                    value = config.get(name, 1)
+                    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                        raise fail(
+                            f"kernel: launch: the block is block_size_x/y/z, but {name}={value!r} in the default "
+                            "config is not a positive integer (or give 'block:')",
+                            "kernel",
+                            *spec.keys,
+                        )
         fault = self._reference_call_fault()
         if fault is not None:
             raise fail(f"kernel: reference {self.reference_name!r} {fault}", "kernel", "reference")
-
-    def _launch_expressions(self) -> list[tuple[str, Expr]]:
-        """(launch key, expression) of every expression of the launch."""
-        if isinstance(self.grid, ktgeometry.KtGrid):
-            grid = self.grid.expressions()
-        else:
-            grid = [("grid", e) for e in self.grid]
-        return [*grid, *(("block", e) for e in self.block or ()), ("smem", self.smem)]
 
     def _reference_call_fault(self) -> str | None:
         """Why the reference cannot take, by name, the arguments `reference` passes it, or None."""
@@ -281,18 +298,20 @@ class DeclarativeFamily(Family):
 
     # -- the Family contract ------------------------------------------------------------------------------------
     def launches(self, entry: str, config: Config, problem: Problem) -> list[Launch]:
+        """One launch per entry of the block's ``launch:`` list, in order. A launch's ``entry:`` is a suffix of
+        the config's entry in a Jinja2 template (``combine`` launches ``{{ entry }}_combine``, as
+        `tuner.build.render` names extra kernels), the ``__global__`` function itself in a plain source."""
         env = {**problem, **config}
-        grid = self.grid(env, config) if isinstance(self.grid, ktgeometry.KtGrid) else _dim3(self.grid, env)
-        block = ktgeometry.default_block(config) if self.block is None else _dim3(self.block, env)
-        return [
-            Launch(
-                entry=entry,
-                grid=grid,
-                block=block,
-                args=tuple(a.name for a in self.arguments),
-                smem_dynamic=int(self.smem(env)),
-            )
-        ]
+        everything = tuple(a.name for a in self.arguments)
+        out = []
+        for spec in self.launch_specs:
+            grid = spec.grid(env, config) if isinstance(spec.grid, ktgeometry.KtGrid) else _dim3(spec.grid, env)
+            block = ktgeometry.default_block(config) if spec.block is None else _dim3(spec.block, env)
+            name = entry
+            if spec.entry is not None:
+                name = spec.entry if plain.is_plain(self.template) else f"{entry}_{spec.entry}"
+            out.append(Launch(name, grid, block, spec.args or everything, smem_dynamic=int(spec.smem(env))))
+        return out
 
     def inputs(self, xp, problem: Problem, rng) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -306,7 +325,11 @@ class DeclarativeFamily(Family):
         return out
 
     def outputs(self, problem: Problem, config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {a.name: (a.shape_of(problem), a.dtype_of(problem)) for a in self.arguments if a.role == "output"}
+        """The outputs, then the scratch arrays one launch writes for a later one (poisoned too, never checked)."""
+        env = {**problem, **config}
+        return {
+            a.name: (a.shape_of(env), a.dtype_of(problem)) for a in self.arguments if a.role in ("output", "scratch")
+        }
 
     def checked(self) -> tuple[str, ...]:
         """Every output, then every inout argument (compared as the kernel left it)."""
@@ -399,7 +422,7 @@ class DeclarativeFamily(Family):
         return sum(
             math.prod(a.shape_of(problem)) * ARRAY_DTYPES[a.dtype_of(problem)] * (2 if a.role == "inout" else 1)
             for a in self.arguments
-            if a.role != "scalar"
+            if a.role not in ("scalar", "scratch")
         )
 
     def flops(self, problem: Problem) -> int:
@@ -415,6 +438,63 @@ def _expr(text: Any, fail, *keys) -> Expr:
         return Expr.parse(text)
     except ExprError as exc:
         raise fail(f"{': '.join(str(k) for k in keys if isinstance(k, str))}: {exc}", *keys) from None
+
+
+def _launches(spec: Any, arguments: tuple[Argument, ...], fail) -> tuple[LaunchSpec, ...]:
+    """The launches of a ``launch:`` mapping (one launch of every argument) or list (each with its ``entry``
+    and ``arguments``, names of declared arguments)."""
+    if not isinstance(spec, list):
+        return (LaunchSpec(None, *_launch(spec, fail)),)
+    if not spec:
+        raise fail("kernel: launch: a list of launches needs at least one", "kernel", "launch")
+    declared_names = [a.name for a in arguments]
+    out: list[LaunchSpec] = []
+    for i, item in enumerate(spec):
+
+        def item_fail(message: str, *keys, index=i):  # the same faults, at this item's line
+            keys = (*keys[:2], index, *keys[2:]) if keys[:2] == ("kernel", "launch") else keys
+            return fail(message.replace("kernel: launch:", f"kernel: launch {index}:", 1), *keys)
+
+        if not isinstance(item, dict):
+            raise fail(
+                f"kernel: launch {i}: expected a mapping of entry, grid, block, arguments", "kernel", "launch", i
+            )
+        for key in item:
+            if key not in LIST_LAUNCH_FIELDS:
+                raise item_fail(
+                    f"kernel: launch: unknown field {key!r} (allowed: {', '.join(LIST_LAUNCH_FIELDS)})",
+                    "kernel",
+                    "launch",
+                    key,
+                )
+        entry = item.get("entry")
+        if entry is not None and (not isinstance(entry, str) or not plain.C_IDENTIFIER.fullmatch(entry)):
+            raise item_fail(f"kernel: launch: entry {entry!r} is not a C identifier", "kernel", "launch", "entry")
+        names = item.get("arguments")
+        if names is not None:
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise item_fail(
+                    "kernel: launch: arguments is a list of argument names", "kernel", "launch", "arguments"
+                )
+            unknown = [n for n in names if n not in declared_names]
+            if unknown:
+                raise item_fail(
+                    f"kernel: launch: arguments {', '.join(map(repr, unknown))} name nothing declared "
+                    f"(declared: {', '.join(declared_names)})",
+                    "kernel",
+                    "launch",
+                    "arguments",
+                )
+        geometry = {k: v for k, v in item.items() if k not in ("entry", "arguments")}
+        grid, block, smem = _launch(geometry, item_fail)
+        out.append(LaunchSpec(entry, grid, block, smem, None if names is None else tuple(names), ("launch", i)))
+    return tuple(out)
+
+
+def _launch_expressions(spec: LaunchSpec) -> list[tuple[str, Expr]]:
+    """(launch key, expression) of every expression of one launch."""
+    grid = spec.grid.expressions() if isinstance(spec.grid, ktgeometry.KtGrid) else [("grid", e) for e in spec.grid]
+    return [*grid, *(("block", e) for e in spec.block or ()), ("smem", spec.smem)]
 
 
 def _launch(launch: Any, fail) -> tuple[tuple[Expr, ...] | ktgeometry.KtGrid, tuple[Expr, ...] | None, Expr]:
