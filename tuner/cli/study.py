@@ -18,12 +18,12 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     that a study refused by them starts no worker; and none start for a study that may hold its trials already:
     the driver's exact check then comes first (it starts them itself otherwise)."""
     from tuner.gpu.worker import launch_gpu_workers
-    from tuner.results.dbfiles import default_storage_url, plain_sqlite_file, storage_url
+    from tuner.results.dbfiles import plain_sqlite_file, study_storage_url
     from tuner.space import limits
     from tuner.study import preflight
 
     preflight.check_study_name(args.study_name)
-    url = storage_url(args.storage) if args.storage is not None else kernel and default_storage_url(kernel)
+    url = study_storage_url(args.storage, kernel or "") if args.storage is not None or kernel else None
     if url and plain_sqlite_file(url) is not None:  # another URL needs SQLAlchemy, or a server: the driver's
         preflight.check_storage(url, given=args.storage is not None)
     if kernel and preflight.maybe_complete(args.storage, kernel, args.trials, args.study_name):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -55,26 +56,56 @@ def plain_sqlite_file(url: str) -> Path | None:
     return None
 
 
+#: the names a database file given as a path may end in
+DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+#: what a ``--storage`` value must be, for the message that refuses one
+STORAGE_FORMS = (
+    "a SQLAlchemy URL (DIALECT://..., e.g. sqlite:///studies/x.db, or sqlite:////abs/x.db for an absolute path) "
+    "or a path to a database file (.db, .sqlite or .sqlite3)"
+)
+#: the start of a URL (a scheme and its colon), with or without the slashes that must follow
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def default_storage_url(kernel: str) -> str:
     """Where a study of `kernel` is stored when no storage is given: ``sqlite:///studies/KERNEL.db``, relative to
     the working directory."""
     return f"sqlite:///studies/{kernel}.db"
 
 
+def study_storage_url(storage: str | None, kernel: str) -> str:
+    """The storage URL of a study of `kernel`: `storage_url` of the ``--storage`` given, else the default
+    (`default_storage_url`). Every command and the API decide a study's storage here."""
+    return default_storage_url(kernel) if storage is None else storage_url(storage)
+
+
 def storage_url(storage: str) -> str:
     """The SQLAlchemy URL of a ``--storage`` value: a URL (``sqlite:///studies/x.db``, ``postgresql://...``) as
-    given, a plain path (``studies/x.db``) as the URL of that SQLite file, relative where the path is. A path
-    with characters a URL reserves (``?``, ``%``, ``#``) is escaped by SQLAlchemy's own URL builder. The empty
-    string is an InputError: it names nothing."""
+    given, a path to a database file (``studies/x.db``; `DB_SUFFIXES`) as the URL of that SQLite file, relative
+    where the path is. Anything else is an InputError naming the forms expected (`STORAGE_FORMS`): the empty
+    string, a folder, a scheme without its slashes (``sqlite:/x.db``), a path of another kind of file (a typo
+    would otherwise become a new database of that name)."""
     if not storage.strip():
-        raise InputError("--storage '': names no database (give a .db path or a URL)")
+        raise InputError(f"--storage '': names no database; give {STORAGE_FORMS}")
     if "://" in storage or storage == ":memory:":
         return storage
-    if not set("?%#") & set(storage):
-        return f"sqlite:///{storage}"
+    if _SCHEME.match(storage):
+        raise InputError(f"--storage {storage}: not a URL (a URL's scheme is followed by //); give {STORAGE_FORMS}")
+    if Path(storage).is_dir():
+        raise InputError("--storage: is a directory, not a database file", storage)
+    if not storage.lower().endswith(DB_SUFFIXES):
+        raise InputError(f"--storage {storage!r}: not a database file's name; give {STORAGE_FORMS}")
+    return file_url(storage)
+
+
+def file_url(path: str) -> str:
+    """The SQLAlchemy URL of the SQLite file at `path` (relative where the path is). A path with characters a
+    URL reserves (``?``, ``%``, ``#``) is escaped by SQLAlchemy's own URL builder."""
+    if not set("?%#") & set(path):
+        return f"sqlite:///{path}"
     from sqlalchemy.engine import URL
 
-    return URL.create("sqlite", database=storage).render_as_string(hide_password=False)
+    return URL.create("sqlite", database=path).render_as_string(hide_password=False)
 
 
 def sqlite_path(url: str, *, in_memory_ok: bool = False) -> Path | None:

@@ -58,12 +58,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _as_url(storage: str) -> str:
-    """A storage URL as given, or a path to a SQLite file turned into the URL of its absolute path."""
+    """A ``--storage`` value as a URL (`tuner.results.dbfiles.storage_url`), a path turned into the URL of its
+    absolute path."""
     from tuner.results.dbfiles import storage_url
 
-    if "://" in storage:
-        return storage
-    return storage_url(str(Path(storage).resolve()) if storage.strip() else storage)
+    url = storage_url(storage)  # the form is checked as a study's --storage is
+    return url if "://" in storage or not url.startswith("sqlite:///") else _file_url(storage)
+
+
+def _file_url(path: str) -> str:
+    """The URL of the SQLite file at `path` (one found or named as STUDY), by its absolute path."""
+    from tuner.results.dbfiles import file_url
+
+    return file_url(str(Path(path).resolve()))
 
 
 def _check_database(url: str) -> None:
@@ -138,16 +145,16 @@ def _locate(study: str | None, storage: str | None) -> tuple[str, str | None]:
     if study is None:
         dbs = databases()
         if len(dbs) == 1:
-            return _as_url(str(dbs[0])), None
+            return _file_url(str(dbs[0])), None
         found = ", ".join(p.stem for p in dbs) or "none"
         raise InputError(f"name a study, a kernel or a database (in {STUDIES_DIR}/: {found})")
     if "://" in study:
         return study, None
     if Path(study).is_file():
-        return _as_url(study), None
+        return _file_url(study), None
     by_kernel = STUDIES_DIR / f"{study}.db"
     if by_kernel.is_file():
-        return _as_url(str(by_kernel)), study
+        return _file_url(str(by_kernel)), study
     if study.endswith(DB_SUFFIXES) or "/" in study:
         # Not a file: a path that is not there, or a study's name that ends like one (a replay's default name
         # ends in ".db"); the name is looked for before the path is called missing.

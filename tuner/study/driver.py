@@ -26,14 +26,14 @@ from tuner import kernels
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.result import Invalid, Result, TrialAttr
-from tuner.results.dbfiles import storage_url
+from tuner.results.dbfiles import study_storage_url
 from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study.engines import Engine
 from tuner.study.finalists import retime_finalists
 from tuner.study.opening import Opened, Opening, Prelude
-from tuner.study.options import SAMPLERS, StudyOptions, default_storage, engine_of
+from tuner.study.options import SAMPLERS, StudyOptions, engine_of
 from tuner.study.preflight import check_storage, check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
 from tuner.study.repair import Repair
@@ -117,7 +117,7 @@ class Driver(Opening):
         # The name and the storage before anything else: a study that could not be opened by its name again, or
         # could not record its trials, is refused before any work (`tuner.study.preflight`).
         check_study_name(opts.study_name)
-        self.url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
+        self.url = study_storage_url(opts.storage, opts.kernel)
         # Checked (and probed with a write, rolled back) now, created only in run() once the pool is up: a refused
         # command leaves no database behind.
         #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study

@@ -161,7 +161,7 @@ class StudyOptions:
         help="a .db path or SQLAlchemy URL (default sqlite:///studies/KERNEL.db, relative to the current directory)",
     )
     study_name: str | None = option(None, help="default: KERNEL-PROBLEM-GPU, so the same command resumes")
-    sampler: str = option("tpe", choices=SAMPLERS)
+    sampler: str = option("forest", choices=SAMPLERS, help="search (docs/search.md says when to use which)")
     seed: int | None = option(None, kind=INTEGER)
     gpus: int | None = option(
         None,
@@ -393,13 +393,6 @@ def from_keywords(space: str, trials: int, values: Mapping[str, Any]) -> StudyOp
 
 def _alternatives(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-
-
-def default_storage(kernel: str) -> str:
-    """``sqlite:///studies/KERNEL.db``, relative to the working directory."""
-    from tuner.results.dbfiles import default_storage_url
-
-    return default_storage_url(kernel)
 
 
 def engine_of(opts: StudyOptions) -> str:

@@ -112,7 +112,7 @@ def check_storage(url: str, given: bool = True) -> Path | None:
         if path.exists():
             _probe_file(path, label)
         else:
-            _probe_new_file(path, label)
+            _probe_new_file(path, label, given)
     _WRITABLE.add(url)
     return path
 
@@ -142,13 +142,17 @@ def _folder_fault(folder: Path) -> str | None:
     return None
 
 
-def _probe_new_file(path: Path, label: str) -> None:
-    """A database to be created: the nearest folder that exists must take a file (the rest is created later)."""
-    folder = path.absolute().parent
+def _probe_new_file(path: Path, label: str, given: bool) -> None:
+    """A database to be created: a storage the user named must be in a folder that exists (a mistyped folder is
+    refused, not made); the default one's folders are made as needed, so the nearest folder that exists must take
+    a file."""
+    parent = folder = path.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
         raise InputError(f"cannot create the database: {folder} is not a folder", label)
+    if given and folder != parent:
+        raise InputError(f"cannot create the database: folder {parent} does not exist (make it first)", label)
     fault = _folder_fault(folder)
     if fault is not None:
         raise InputError(f"cannot create the database: folder {folder} cannot be written ({fault})", label)
@@ -261,10 +265,10 @@ def maybe_complete(storage: str | None, kernel: str, trials: int, study_name: st
     no Optuna): study `study_name`, or else a study of `kernel` on this machine's GPU model
     (`tuner.space.limits.local_gpu_model`), holds `trials` counted trials. True only says the driver's exact check
     (which knows the study's name and space) should run before GPU workers start; False costs nothing."""
-    from tuner.results.dbfiles import plain_sqlite_file, storage_url
+    from tuner.results.dbfiles import plain_sqlite_file, study_storage_url
     from tuner.space.limits import local_gpu_model
 
-    url = storage_url(storage) if storage else f"sqlite:///studies/{kernel}.db"
+    url = study_storage_url(storage, kernel)
     path = plain_sqlite_file(url)
     if path is None or not path.is_file():
         return False

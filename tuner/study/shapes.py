@@ -32,10 +32,10 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
-from tuner.results.dbfiles import storage_url
+from tuner.results.dbfiles import study_storage_url
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
-from tuner.study.options import StudyOptions, default_storage
+from tuner.study.options import StudyOptions
 
 __all__ = [
     "FIRST_LIMIT",
@@ -272,7 +272,7 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     chosen = problem_list(space, opts.problems)
     replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
     recordings = match_replays(chosen, replays) if replays else {}
-    url = storage_url(opts.storage) if opts.storage is not None else default_storage(opts.kernel)
+    url = study_storage_url(opts.storage, opts.kernel)
     warm = warm_sources(opts.warm_start, space) if opts.warm_start else []
     # The database's studies of this space, read once; each study run here is added as it ends.
     stored = {source.study: source for source in stored_sources(url, space)}
