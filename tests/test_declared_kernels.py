@@ -542,3 +542,62 @@ def test_the_split_sum_verifies_on_the_gpu(split_sum):
     )
     wrong = evaluate_config(split_sum / "s.yaml", {"splits": 128, "block": 256})
     assert wrong.kind == "wrong_result", wrong
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the C++ headers a CUDA programmer includes, under NVRTC through CCCL's cuda/std
+
+STD_KERNEL = """\
+{includes}
+extern "C" __global__ void k(uint32_t* out, const float* x, std::size_t n)
+{{
+    static_assert(std::is_same_v<std::uint32_t, uint32_t> && std::is_integral<int64_t>::value, "");
+    std::array<int, 3> a{{1, 2, 3}};
+    auto [first, second] = std::make_pair(std::numeric_limits<int8_t>::max(), INT_MAX);
+    float y = std::sqrt(std::fabs(x[0])) + sqrtf(x[1]) + FLT_EPSILON;
+    std::swap(a[0], a[2]);
+    out[0] = std::min<uint32_t>(n, UINT32_MAX) + first + second + std::accumulate(a.begin(), a.end(), 0)
+           + std::popcount(5u) + (uint32_t)y + std::get<0>(std::make_tuple(1u));
+}}
+"""
+
+
+def _compiles(text: str):
+    from tuner.build.compile import compile_source
+    from tuner.build.render import Source
+
+    return compile_source(Source(kernel="std", text=text, entry="k", uri="std_headers", template="k.cu.j2"), "sm_90")
+
+
+def test_the_standard_headers_compile_under_nvrtc_through_cccl():
+    from tuner.build import includes
+
+    every = "\n".join(f"#include <{name}>" for name in includes.STD_HEADERS)
+    compiled = _compiles(STD_KERNEL.format(includes=every))
+    assert compiled.ok, compiled
+    # each header the kernel uses, included on its own with the others it needs
+    used = ("cstdint", "cstddef", "type_traits", "array", "utility", "limits", "climits", "cmath", "cfloat")
+    compiled = _compiles(
+        STD_KERNEL.format(
+            includes="\n".join(f"#include <{n}>" for n in (*used, "algorithm", "numeric", "bit", "tuple"))
+        )
+    )
+    assert compiled.ok, compiled
+
+
+@pytest.mark.parametrize("header", ["cstdint", "type_traits", "limits", "cmath", "utility"])
+def test_each_common_header_compiles_alone(header):
+    body = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+    compiled = _compiles(f"#include <{header}>\n{body}")
+    assert compiled.ok, compiled
+    without = _compiles(f"#include <{header}_not_a_header>\n{body}")
+    assert not without.ok  # the compile is real: a header that does not exist fails
+
+
+def test_a_header_with_no_equivalent_is_one_line_naming_the_replacement(gather):
+    write(gather, {"gather.cu.j2": "#include <cstdint>\n#include <cstdio>\n" + GATHER_TEMPLATE})
+    proc = tuner("check", "gather.yaml", "--arch", "sm_90", cwd=gather)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(r"gather\.cu\.j2:2: #include <cstdio> has no equivalent under NVRTC: printf is built in", lines[0])

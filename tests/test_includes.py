@@ -91,7 +91,12 @@ def test_cuda_header_folders_are_the_pathfinders():
     from cuda.pathfinder import find_nvidia_header_directory
 
     dirs = includes.system_include_dirs()
-    assert dirs == (find_nvidia_header_directory("cudart"), find_nvidia_header_directory("cccl"))
+    # CUDA's own, then our answers to the C++ standard headers (CCCL's cuda/std under the standard names)
+    assert dirs == (
+        find_nvidia_header_directory("cudart"),
+        find_nvidia_header_directory("cccl"),
+        includes.std_header_dir(),
+    )
     assert (Path(dirs[0]) / "cuda_fp8.h").is_file() and (Path(dirs[1]) / "cuda" / "pipeline").is_file()
     versions = compile_mod.versions()
     assert versions["cudart_headers"].startswith("13.") and versions["cccl_headers"].count(".") == 2

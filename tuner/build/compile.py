@@ -431,6 +431,9 @@ def describe_missing(source: Source, missing: includes.MissingInclude) -> str:
         where = f" in {os.path.basename(missing.file)}:{missing.line}"
     folders = list(dict.fromkeys([*beside, *source.include_dirs, *system_dirs]))
     text = f'#include "{missing.name}"{where} not found (searched: {", ".join(folders) or "no folders"})'
+    if missing.name in includes.NO_STD_EQUIVALENT:  # a C++ standard header device code has no equivalent of
+        instead = includes.NO_STD_EQUIVALENT[missing.name]
+        text = f"#include <{missing.name}>{where} has no equivalent under NVRTC: {instead}"
     if not system_dirs:
         text += (
             "; CUDA's headers were not found: install nvidia-cuda-runtime and nvidia-cuda-cccl "

@@ -11,6 +11,12 @@ Two kinds of headers reach NVRTC:
   small, edited by the user between runs, so `local_includes` finds every one the source can open, transitively,
   and the key covers each one's bytes.
 
+The C++ standard headers a CUDA programmer includes (``<cstdint>``, ``<type_traits>``, ``<limits>``, ``<cmath>``,
+``<utility>``, ...: `STD_HEADERS`) are not NVRTC's; each is answered by a one-line header of ours that includes
+CCCL's ``cuda/std`` equivalent and makes its names visible in ``std`` (`std_header_dir`), so ``uint32_t``,
+``std::numeric_limits`` and ``std::is_same_v`` work as under nvcc. Those with no equivalent in device code
+(`NO_STD_EQUIVALENT`: ``<cstdio>``, ``<vector>``, ...) stay missing, and the fault names what to use instead.
+
 `missing_include` reads NVRTC's log of a failed compile for the one fault that is about includes rather than
 about the kernel: a file NVRTC cannot open.
 """
@@ -25,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "NO_STD_EQUIVALENT",
+    "STD_HEADERS",
     "MissingInclude",
     "header_versions",
     "local_includes",
     "missing_include",
+    "std_header_dir",
     "system_include_dirs",
 ]
 
@@ -56,7 +65,67 @@ def system_include_dirs() -> tuple[str, ...]:
             directory = None
         if directory and directory not in found:
             found.append(directory)
+    if any((Path(d) / "cuda" / "std" / "cstdint").is_file() for d in found):  # the standard headers need CCCL's
+        std_dir = std_header_dir()
+        found += [std_dir] if std_dir else []
     return tuple(found)
+
+
+#: C++ standard headers answered under NVRTC by CCCL's ``cuda/std/<name>``.
+STD_HEADERS = (
+    *("algorithm", "array", "atomic", "bit", "bitset", "cassert", "cfloat", "climits", "cmath", "complex"),
+    *("concepts", "cstddef", "cstdint", "cstdlib", "cstring", "functional", "initializer_list", "iterator"),
+    *("limits", "memory", "numbers", "numeric", "optional", "ratio", "span", "string_view", "tuple"),
+    *("type_traits", "utility", "variant"),
+)
+#: C++ standard headers device code has no equivalent of, with what to write instead.
+NO_STD_EQUIVALENT = {
+    "cstdio": "printf is built into device code: drop the include",
+    "stdio.h": "printf is built into device code: drop the include",
+    "iostream": "device code has no streams: printf is built in",
+    "vector": "use a fixed-size array or std::array (<array>, CCCL's cuda::std::array)",
+    "string": "use std::string_view (<string_view>, CCCL's cuda::std::string_view)",
+    "map": "device code has no node containers: a sorted array and a binary search",
+    "unordered_map": "device code has no node containers: a hash table in an array",
+    "set": "device code has no node containers: a sorted array",
+    "stdexcept": "device code cannot throw: assert (<cassert>) or a status flag",
+    "exception": "device code cannot throw: assert (<cassert>) or a status flag",
+    "thread": "device code has no threads of the host: the launch's threads are the kernel's",
+    "mutex": "use cuda::std::atomic (<atomic>) or cuda::barrier (<cuda/barrier>)",
+}
+#: One of `STD_HEADERS` as we answer it (``cuda::std`` declared first: cassert, cfloat and climits hold macros only).
+_STD_HEADER = (
+    "#pragma once\n#include <cuda/std/{name}>\nnamespace cuda {{ namespace std {{}} }}\n"
+    "namespace std {{ using namespace ::cuda::std; }}\n"
+)
+
+
+@functools.cache
+def std_header_dir() -> str | None:
+    """The folder of our `STD_HEADERS`, written once under the temporary folder and named by its content's
+    sha256 (so the compile cache key, which names the include folders, covers their text); None where it cannot
+    be written (those includes then stay missing, as without them)."""
+    import os
+    import tempfile
+
+    texts = {name: _STD_HEADER.format(name=name) for name in STD_HEADERS}
+    digest = hashlib.sha256("".join(f"{k}\0{v}\0" for k, v in sorted(texts.items())).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"tuner-std-headers-{digest}"
+    if all((folder / name).is_file() for name in texts):
+        return str(folder)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        for name, text in texts.items():
+            (staging / name).write_text(text)
+        try:
+            os.replace(staging, folder)  # atomic: another process never sees half a folder
+        except OSError:  # another process made it first
+            for name in texts:
+                (staging / name).unlink()
+            staging.rmdir()
+    except OSError:
+        return None
+    return str(folder) if all((folder / name).is_file() for name in texts) else None
 
 
 _CUDART_VERSION = re.compile(rb"#define\s+CUDART_VERSION\s+(\d+)")
