@@ -25,6 +25,8 @@ from tuner.space.reading import IDENTIFIER
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
 DATA = ROOT / "tests" / "data"
+EXAMPLES = ROOT / "examples" / "kt_kernel"
+STENCIL = (EXAMPLES / "stencil2d.yaml").read_text()
 
 COPY_HEAD = """kernel: copy
 problem: {name: n, n: 1048576, span: 32, dtype: float32}
@@ -299,6 +301,40 @@ derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile *
         ("export", "transpose", "--storage", str(RECORDING), "--kt-cache", "/proc/x.json"),
         {},
         "/proc/x.json",
+    ),
+    ("new-name-not-ascii", ("new", "größe"), {}, "tuner new größe: the name must be a C identifier"),
+    ("new-name-digit-first", ("new", "1copy"), {}, "the name must be a C identifier"),
+    (
+        "param-name-not-ascii",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space(params=COPY_PARAMS.replace("  items: [1, 2]\n", "  items: [1, 2]\n  größe: [1]\n"))},
+        "s.yaml:8: parameter name 'größe' is not a C identifier",
+    ),
+    (
+        "derived-name-not-ascii",
+        ("render", "{d}/s.yaml"),
+        {"s.yaml": copy_space().replace("derived:\n", "derived:\n  größe: block * 2\n")},
+        "s.yaml:9: derived: name 'größe' is not a C identifier",
+    ),
+    (
+        "kernel-name-not-ascii",
+        ("render", "{d}/stencil2d.yaml"),
+        {
+            "stencil2d.yaml": STENCIL.replace("  name: stencil2d ", "  name: größe "),
+            "stencil2d.cu": (EXAMPLES / "stencil2d.cu").read_text(),
+            "ref.py": (EXAMPLES / "ref.py").read_text(),
+        },
+        "stencil2d.yaml:5: kernel: name 'größe' is not a C identifier",
+    ),
+    (
+        "kernel-argument-not-ascii",
+        ("render", "{d}/stencil2d.yaml"),
+        {
+            "stencil2d.yaml": STENCIL.replace("{name: dst,", "{name: dßt,"),
+            "stencil2d.cu": (EXAMPLES / "stencil2d.cu").read_text(),
+            "ref.py": (EXAMPLES / "ref.py").read_text(),
+        },
+        "stencil2d.yaml:7: kernel: argument name 'dßt' is not a C identifier",
     ),
     (
         "export-header-unwritable",

@@ -244,7 +244,7 @@ BAD = {
     ),
     "a define name that is not C": (
         {"params": "{block_size_x: [128], größe: [1]}"},
-        r"vector_add\.yaml:11: parameter 'größe' is not a C identifier",
+        r"vector_add\.yaml:11: parameter name 'größe' is not a C identifier",
     ),
     "a derived value tuner defines": (
         {"params": "{block_size_x: [128]}", "extra": "derived: {kernel_tuner: 2}\n"},

@@ -206,7 +206,8 @@ BAD = {
     ),
     "unknown dtype": ({"problem": {"n": 1024, "dtype": "float8"}}, "problem dtype 'float8': choose from float32"),
     "problem size not an int": ({"problem": {"n": 1.5}}, "problem size 'n' must be a positive 64-bit integer"),
-    "name": ({"name": "scale-add"}, "kernel name 'scale-add' is not an identifier"),
+    "name": ({"name": "scale-add"}, "kernel name 'scale-add' is not a C identifier"),
+    "name-not-ascii": ({"name": "größe"}, "kernel name 'größe' is not a C identifier"),
 }
 
 

@@ -97,8 +97,10 @@ def tune_space(*args: Any, **kwargs: Any) -> SearchSpace:
 def write_space(kernel: KernelSpec) -> SearchSpace:
     """`tune_space` of `kernel`: its files, checked in a scratch directory, then written where it says."""
     name = kernel.name
-    if not isinstance(name, str) or not name.isidentifier():
-        raise InputError(f"tune: kernel name {name!r} is not an identifier")
+    from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
+
+    if not isinstance(name, str) or not C_IDENTIFIER.fullmatch(name):
+        raise InputError(f"tune: kernel name {name!r} is not a C identifier ({C_IDENTIFIER_RULE})")
 
     def bad(message: str) -> InputError:
         return InputError(f"tune {name!r}: {message}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.errors import InputError
+from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
 
 TEMPLATE = """\
 {#
@@ -93,8 +94,10 @@ def reference(x, n):
 def write_starter(name: str, directory: Path | str = ".") -> list[Path]:
     """Write NAME.cu.j2, NAME.yaml and NAME_ref.py into `directory`. InputError when `name` is not an identifier
     or a file exists (nothing is written then)."""
-    if not name.isidentifier() or name.startswith("__"):
-        raise InputError(f"tuner new {name}: the name must be an identifier (letters, digits, _)")
+    if not C_IDENTIFIER.fullmatch(name) or name.startswith("__"):
+        raise InputError(
+            f"tuner new {name}: the name must be a C identifier ({C_IDENTIFIER_RULE}): it names the CUDA kernel"
+        )
     directory = Path(directory)
     files = {
         directory / f"{name}.cu.j2": TEMPLATE,

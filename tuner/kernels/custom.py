@@ -109,8 +109,11 @@ def load_class(spec: str, directory: Path, fail) -> Family:
         family = obj()
     except Exception as exc:  # user code
         raise user_error(exc, f"family {spec!r}: {attr}() raised", directory) from None
-    if not family.name or not str(family.name).isidentifier():
-        raise fail(f"family {spec!r}: {attr}.name must be an identifier, got {family.name!r}", "family")
+    if not family.name or not plain.C_IDENTIFIER.fullmatch(str(family.name)):
+        raise fail(
+            f"family {spec!r}: {attr}.name must be a C identifier ({plain.C_IDENTIFIER_RULE}), got {family.name!r}",
+            "family",
+        )
     # The instance's reference turns the user's exceptions into ReferenceFailed: a failed trial, not a crash.
     family.reference = functools.partial(  # type: ignore[method-assign]
         guarded, family.reference, f"{target}:{attr}.reference", directory

@@ -177,8 +177,8 @@ class DeclarativeFamily(Family):
             if key not in block:
                 raise fail(f"kernel: missing field {key!r}", "kernel")
         name = block["name"]
-        if not isinstance(name, str) or not name.isidentifier():
-            raise fail(f"kernel: name {name!r} is not an identifier", "kernel", "name")
+        if not isinstance(name, str) or not plain.C_IDENTIFIER.fullmatch(name):
+            raise fail(f"kernel: name {name!r} is not a C identifier ({plain.C_IDENTIFIER_RULE})", "kernel", "name")
         dtypes = block.get("dtypes", ["float32"])
         if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
             raise fail(f"kernel: dtypes must be a list of {', '.join(DTYPES)}", "kernel", "dtypes")
@@ -571,8 +571,10 @@ def _arguments(spec: Any, directory: Path, fail) -> tuple[Argument, ...]:
             if key not in item:
                 raise fail(f"kernel: argument: missing field {key!r}", *keys)
         name, role = item["name"], item["role"]
-        if not isinstance(name, str) or not name.isidentifier():
-            raise fail(f"kernel: argument name {name!r} is not an identifier", *keys, "name")
+        if not isinstance(name, str) or not plain.C_IDENTIFIER.fullmatch(name):
+            raise fail(
+                f"kernel: argument name {name!r} is not a C identifier ({plain.C_IDENTIFIER_RULE})", *keys, "name"
+            )
         if any(a.name == name for a in out):
             raise fail(f"kernel: argument {name!r} is listed twice", *keys, "name")
         if role not in ROLES:

@@ -41,6 +41,8 @@ BLOCK_NAMES = ("block_size_x", "block_size_y", "block_size_z")
 #: grid_size_* as tunable params too); block_size_* may be params: they set the launch's block.
 RESERVED = (*GRID_NAMES, "kernel_tuner")
 C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: `C_IDENTIFIER` in words, for the messages that refuse a name
+C_IDENTIFIER_RULE = "ASCII letters, digits and _, not starting with a digit"
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 #: ``__global__``, then anything but a statement's or a body's end (a return type, ``__launch_bounds__(...)``), the name
 _GLOBAL = re.compile(r"\b__global__\b[^;{}]*?\b(?!__launch_bounds__\b)([A-Za-z_][A-Za-z0-9_]*)\s*\(")

@@ -14,6 +14,7 @@ import yaml
 
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
+from tuner.kernels.plain import C_IDENTIFIER_RULE
 
 if TYPE_CHECKING:
     pass
@@ -126,8 +127,8 @@ def _load_params(spec: Any, fail) -> dict[str, tuple[Any, ...]]:
         raise fail("'params' must be a non-empty mapping of name: values", "params")
     params: dict[str, tuple[Any, ...]] = {}
     for name, values in spec.items():
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
-            raise fail(f"parameter name {name!r} is not an identifier", "params", name)
+        if not isinstance(name, str) or not IDENTIFIER.fullmatch(name) or name.startswith("__"):
+            raise fail(f"parameter name {name!r} is not a C identifier ({C_IDENTIFIER_RULE})", "params", name)
         if isinstance(values, dict):
             values = _expand_range(name, values, fail)
         if not isinstance(values, list):
@@ -195,8 +196,8 @@ def _load_exprs(spec: Any, key: str, fail) -> dict[str, Expr] | list[Expr] | Any
     if isinstance(spec, dict):
         named: dict[str, Expr] = {}
         for name, text in spec.items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise fail(f"{key}: name {name!r} is not an identifier", key, name)
+            if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+                raise fail(f"{key}: name {name!r} is not a C identifier ({C_IDENTIFIER_RULE})", key, name)
             try:
                 named[name] = Expr.parse(text)
             except ExprError as exc:
