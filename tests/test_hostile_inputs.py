@@ -185,6 +185,18 @@ derived: {threads: (tile // vec) * (tile // rows_per_thread), tile_bytes: tile *
     ("replay-delay-nan", (*REPLAY, "--replay-delay", "nan"), {}, "--replay-delay"),
     ("screen-cutoff-below-1", (*REPLAY, "--screen-cutoff", "0.9"), {}, "--screen-cutoff"),
     ("screen-cutoff-word", (*REPLAY, "--screen-cutoff", "fast"), {}, "--screen-cutoff"),
+    (
+        "screen-cutoff-zero",
+        (*REPLAY, "--screen-cutoff", "0"),
+        {},
+        "--screen-cutoff: must be above 1 or off (at 1 or below even a new best would be cut), got 0",
+    ),
+    (
+        "screen-cutoff-half",
+        (*REPLAY, "--screen-cutoff", "0.5"),
+        {},
+        "--screen-cutoff: must be above 1 or off (at 1 or below even a new best would be cut), got 0.5",
+    ),
     ("storage-in-memory", (*REPLAY, "--storage", "sqlite://"), {}, "in-memory"),
     ("storage-in-memory-named", (*REPLAY, "--storage", "sqlite:///:memory:"), {}, "in-memory"),
     ("check-arch-bogus", ("check", "copy", "--sample", "1", "--arch", "sm_bogus"), {}, "--arch sm_bogus"),

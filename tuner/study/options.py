@@ -32,13 +32,14 @@ SAMPLERS = limits.SAMPLERS
 
 ENGINES = limits.ENGINES
 
-#: ``--screen-cutoff``: a factor above 1, or 0 / off for none
+#: ``--screen-cutoff``: a factor above 1, or off (none) for no cut-off. 0 is a factor like 0.5, refused like it: a
+#: number that meant "off" only at exactly 0 would read as "cut everything" to anyone who tried 0.5 first
 SCREEN_CUTOFF = Number(
     "a factor above 1 or off",
     lambda v: v > 1,
     "above 1 or off (at 1 or below even a new best would be cut)",
     "a factor above 1, or None",
-    off=("0", "off", "none"),
+    off=("off", "none"),
 )
 
 #: `option`'s "as the field says": the flag and the keyword from its name, the keyword's default its default
