@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_export import MAIN_STUDY, ROOT, attached  # a sibling test module: its study fixture
+from test_export import MAIN_STUDY, ROOT, attached, golden  # a sibling test module: its study fixture
 
 from tuner.errors import InputError
 from tuner.results import dashboard, export
@@ -145,6 +145,39 @@ def test_cli_dashboard_serves_until_stopped(tmp_path_factory):
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert f"optuna-dashboard: http://127.0.0.1:{port}/dashboard/" in out
+
+
+def test_cli_dashboard_on_a_busy_port_is_one_line_before_anything_is_written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("busy") / "studies"
+    folder.mkdir()
+    shutil.copy(golden(tmp_path_factory), folder / "transpose.db")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner", "dashboard", MAIN_STUDY, "--port", str(port)],
+            cwd=folder.parent,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"tuner: error: cannot serve on 127.0.0.1:{port}: Address already in use"]
+    assert sorted(p.name for p in folder.iterdir()) == ["transpose.db"]  # no transpose.artifacts/
+
+
+def test_start_on_a_busy_port_writes_no_artifact_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("busy_start")
+    shutil.copy(golden(tmp_path_factory), folder / "transpose.db")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(InputError, match="cannot serve on 127.0.0.1"):
+            dashboard.start(str(folder / "transpose.db"), port=taken.getsockname()[1])
+    assert sorted(p.name for p in folder.iterdir()) == ["transpose.db"]
 
 
 @pytest.mark.skipif(

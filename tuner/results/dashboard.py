@@ -12,6 +12,7 @@ Artifacts live in a `FileSystemArtifactStore`, by default `<db stem>.artifacts/`
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,28 +81,29 @@ def serve(
     storage: str | None = None,
     artifact_dir: str | Path | None = None,
 ) -> None:
-    """Attach artifacts, then run optuna-dashboard (`optuna_dashboard.run_server`) on host:port until
-    interrupted. `study_or_db`: a study or kernel name, a .db path, or None with `storage` (a URL)."""
+    """Bind host:port, attach artifacts, then serve optuna-dashboard (`optuna_dashboard.wsgi`) until interrupted.
+    `study_or_db`: a study or kernel name, a .db path, or None with `storage` (a URL). A port that cannot be bound
+    is an InputError before anything is written or printed."""
     import optuna_dashboard
 
-    prepared = prepare(study_or_db, storage, artifact_dir)
-    best = {row["name"]: row for row in studies.list_studies(prepared.url)}
-    for name, report in prepared.reports.items():
-        skipped = ""
-        if report.skipped:
-            skipped = f", {len(report.skipped)} skipped ({next(iter(report.skipped.values()))})"
-        print(f"{name}: {best_line(best.get(name))}attached source+PTX to {len(report.attached)} trials{skipped}")
-    print(
-        f"optuna-dashboard: http://{host}:{port}/dashboard/  (storage {prepared.url}, artifacts "
-        f"{prepared.artifact_dir})",
-        flush=True,
-    )
+    server = _bind(host, port)
     try:
-        optuna_dashboard.run_server(
-            prepared.url, host=host, port=port, artifact_store=_artifact_store(prepared.artifact_dir)
+        prepared = prepare(study_or_db, storage, artifact_dir)
+        best = {row["name"]: row for row in studies.list_studies(prepared.url)}
+        for name, report in prepared.reports.items():
+            skipped = ""
+            if report.skipped:
+                skipped = f", {len(report.skipped)} skipped ({next(iter(report.skipped.values()))})"
+            print(f"{name}: {best_line(best.get(name))}attached source+PTX to {len(report.attached)} trials{skipped}")
+        server.set_app(optuna_dashboard.wsgi(prepared.url, artifact_store=_artifact_store(prepared.artifact_dir)))
+        print(
+            f"optuna-dashboard: http://{host}:{server.server_port}/dashboard/  (storage {prepared.url}, artifacts "
+            f"{prepared.artifact_dir})",
+            flush=True,
         )
-    except OSError as exc:  # the port is taken, or the host cannot be bound
-        raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        server.serve_forever()
+    finally:
+        server.server_close()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -111,6 +113,24 @@ class _QuietHandler(WSGIRequestHandler):
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a browser's keep-alive connection must not hold up stop()
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+def _bind(host: str, port: int) -> WSGIServer:
+    """A server listening on host:port with no app yet (`set_app` gives it one), or an InputError: the port is
+    taken, or the host cannot be bound. Bound first, so a refusal leaves nothing written or printed."""
+    try:
+        server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+        return make_server(host, port, _no_app, server_class=server_class, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _no_app(environ, start_response):  # replaced by set_app before the server serves a request
+    raise RuntimeError("the dashboard app was not set")
 
 
 @dataclass
@@ -150,12 +170,13 @@ def start(
     free port. Returns once the socket listens; `Running.stop()` shuts it down."""
     import optuna_dashboard
 
-    prepared = prepare(study_or_db, storage, artifact_dir, attach=attach)
-    app = optuna_dashboard.wsgi(prepared.url, artifact_store=_artifact_store(prepared.artifact_dir))
+    server = _bind(host, port)
     try:
-        server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
-    except OSError as exc:
-        raise InputError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        prepared = prepare(study_or_db, storage, artifact_dir, attach=attach)
+    except BaseException:
+        server.server_close()
+        raise
+    server.set_app(optuna_dashboard.wsgi(prepared.url, artifact_store=_artifact_store(prepared.artifact_dir)))
     thread = threading.Thread(target=server.serve_forever, name="tuner-dashboard", daemon=True)
     thread.start()
     return Running(url=f"http://{host}:{server.server_port}", prepared=prepared, _server=server, _thread=thread)
