@@ -289,6 +289,30 @@ def test_a_keyword_tune_cannot_take_is_one_line_and_writes_nothing(tmp_path, key
     assert not (tmp_path / "k").exists()
 
 
+def test_tune_where_no_gpu_is_visible_refuses_before_anything_is_written(tmp_path):
+    """In a process that sees no GPU (CUDA_VISIBLE_DEVICES empty, so on any machine), a study that needs one is
+    refused in one line, and neither studies/NAME/ nor a database is made."""
+    call = (
+        "import sys, tuner\n"
+        "from test_tune import KERNEL, PARAMS, PROBLEM, TEMPLATE, _ref\n"
+        "try:\n"
+        "    tuner.tune('k', TEMPLATE, PARAMS, PROBLEM, _ref, trials=3, **KERNEL)\n"
+        "except tuner.InputError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(2)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", call], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "the local engine runs on this machine's GPUs, and it has none: CUDA_VISIBLE_DEVICES='' hides every GPU "
+        "(use --replay PATH to run without one, or --engine ray --ray-address for a cluster's)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.gpu
 def test_tune_on_the_gpu_end_to_end(tmp_path, monkeypatch):
     """The one call verifies and times every config of the README's kernel on a real GPU."""

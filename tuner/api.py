@@ -306,13 +306,17 @@ def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResu
     and the other keywords (sampler, storage, seed, gpus, replay, engine, ...: every keyword of `study`). The study
     is stored like any other (default ``sqlite:///studies/NAME.db``): ``tuner best NAME``, ``tuner export NAME``
     and the dashboard work on it, and calling `tune` again with the same arguments resumes it. A keyword `study`
-    does not take is an InputError before anything is written."""
+    does not take, or GPUs this machine cannot give (none, with neither `replay` nor a Ray address), is an
+    InputError before anything is written."""
+    from tuner.space import limits
     from tuner.study.options import check_call
 
     kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
     options = {key: value for key, value in keywords.items() if key not in kernel_fields}
-    check_call(trials, options, caller="tuner.tune", others=kernel_fields)
+    given = check_call(trials, options, caller="tuner.tune", others=kernel_fields)
     kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
+    engine = given["engine"] or ("ray" if given["ray_address"] else "local")  # as `options.engine_of` decides
+    limits.gpus(given["gpus"], given["replay"] is not None, given["ray_address"], engine)
     return study(write_space(kernel), trials, **options)
 
 
