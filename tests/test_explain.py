@@ -582,6 +582,30 @@ def test_lesson_bad_input(capsys, tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+def test_lesson_without_a_usable_gpu_says_what_bench_and_ceiling_say(tmp_path):
+    """Without a driver (this CI), `tuner lesson` names the cause in the words of the other GPU commands, not a
+    CUDA status; on a machine with a GPU the GPUs are hidden, so the same words are checked there too."""
+    import subprocess
+
+    from tuner.space import limits
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    if limits.local_gpus():
+        env["CUDA_VISIBLE_DEVICES"] = ""
+
+    def tuner(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tuner", *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    taught, ceiling = tuner("lesson", "coalescing", "--out", "out"), tuner("ceiling")
+    assert (taught.returncode, taught.stdout) == (2, "")
+    (line,) = taught.stderr.splitlines()
+    assert line.startswith("tuner: error: GPU 0: nothing to measure on: ") and "cudaError" not in line
+    assert ceiling.returncode == 2 and ceiling.stderr.splitlines() == [line]
+    assert not any(tmp_path.iterdir())
+
+
 def test_fp32_peak_from_device_facts():
     from tuner.insight.ncu import fp32_peak_tflops
 
