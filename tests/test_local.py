@@ -291,3 +291,32 @@ def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _seeded_replay(tmp_path: Path, cores: int, monkeypatch) -> tuple[list[tuple], object]:
+    """A seeded replay study of 24 trials on the local engine, in this process, on a machine of `cores` cores. TPE:
+    it is made for the configs in flight (`tuner.study.search.make_sampler`), so a width that changed would show."""
+    import optuna
+
+    import tuner
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "cpu_count", lambda: cores)
+        patched.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+        assert host_cores() == cores
+        url = f"sqlite:///{tmp_path}/cores{cores}.db"
+        result = tuner.study("transpose", 24, storage=url, seed=1, sampler="tpe", engine="local", replay=str(RECORDING))
+    (summary,) = optuna.get_all_study_summaries(url)
+    trials = optuna.load_study(study_name=summary.study_name, storage=url).trials
+    return [(t.number, t.params, t.values) for t in trials], result
+
+
+def test_a_seeded_replay_proposes_the_same_trials_whatever_the_cpu_count(tmp_path, monkeypatch):
+    """A replay's width (configs in flight) is the engine's fixed one, not the machine's cores: what a seeded
+    sampler proposes depends on it, so the trials would differ from one machine to the next."""
+    from tuner.study.engines import REPLAY_COMPILE_SLOTS
+
+    few, few_result = _seeded_replay(tmp_path, 2, monkeypatch)
+    many, many_result = _seeded_replay(tmp_path, 64, monkeypatch)
+    assert len(few) == 24 and few == many
+    assert few_result.summary["compile_threads"] == many_result.summary["compile_threads"] == REPLAY_COMPILE_SLOTS

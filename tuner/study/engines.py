@@ -21,6 +21,9 @@ from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.study.options import ENGINES, StudyOptions
 
+#: a local replay's compile threads on any machine: its width steers a seeded sampler (16: our GPU hosts' cores)
+REPLAY_COMPILE_SLOTS = 16
+
 
 @dataclass
 class Engine:
@@ -103,7 +106,14 @@ class Engine:
             factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout)
             count = opts.gpus or limits.local_gpus() or 1
         # A replay without delay answers at once: answered in the driver's thread, in order (reproducible).
-        pool = LocalPool(space, problem, factory, gpus=count, inline=bool(opts.replay) and not opts.replay_delay_s)
+        pool = LocalPool(
+            space,
+            problem,
+            factory,
+            gpus=count,
+            compile_slots=REPLAY_COMPILE_SLOTS if opts.replay else None,
+            inline=bool(opts.replay) and not opts.replay_delay_s,
+        )
         if not opts.replay:
             # Compile while the GPU worker starts: the first configs the study will submit — the space's default
             # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
