@@ -42,3 +42,18 @@ class HangsAtStart:
 
         print("waiting for a GPU that never frees up", file=sys.stderr, flush=True)
         time.sleep(3600)
+
+
+def spy_retire(monkeypatch) -> list[bool]:
+    """The `kill` flag of each child the isolated worker retires from here on (True: SIGKILLed, not waited for)."""
+    kills: list[bool] = []
+    from tuner.gpu.worker import IsolatedEvaluator
+
+    retire = IsolatedEvaluator._retire
+
+    def spy(self, kill: bool = False, wait_s: float = 10.0):
+        kills.append(kill)
+        return retire(self, kill, wait_s)
+
+    monkeypatch.setattr(IsolatedEvaluator, "_retire", spy)
+    return kills

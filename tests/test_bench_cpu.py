@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from child_helpers import spy_retire
 from cupy_backends.cuda.api import driver, runtime
 
 from tuner import kernels
@@ -384,19 +385,6 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _spy_retire(monkeypatch) -> list[bool]:
-    """The `kill` flag of each child the isolated worker retires from here on (True: SIGKILLed, not waited for)."""
-    kills: list[bool] = []
-    retire = IsolatedEvaluator._retire
-
-    def spy(self, kill: bool = False, wait_s: float = 10.0):
-        kills.append(kill)
-        return retire(self, kill, wait_s)
-
-    monkeypatch.setattr(IsolatedEvaluator, "_retire", spy)
-    return kills
-
-
 def _isolated(**kwargs) -> IsolatedEvaluator:
     return IsolatedEvaluator(evaluator_factory=FakeEvaluator, start_timeout_s=60.0, **kwargs)
 
@@ -440,7 +428,7 @@ def test_worker_hang_times_out_and_a_fresh_child_takes_over(monkeypatch):
     with _isolated(timeout_s=1.0) as evaluator:
         evaluator.start()
         hung_pid = evaluator.pid
-        kills = _spy_retire(monkeypatch)
+        kills = spy_retire(monkeypatch)
         result = evaluator.evaluate(EvaluateRequest(None, "copy", {"mode": "hang"}, {"n": 1}))
         assert isinstance(result, TimedOut) and "1 s" in result.reason
         assert result.details["timeout_s"] == 1.0

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_helpers import spy_retire
 
 from tuner.gpu.deadline import (
     EXPECTED_SLACK,
@@ -207,19 +208,6 @@ def _request(config: dict) -> EvaluateRequest:
     return EvaluateRequest(None, "copy", config, {"n": 1})
 
 
-def _spy_retire(monkeypatch) -> list[bool]:
-    """The `kill` flag of each child the isolated worker retires from here on (True: SIGKILLed, not waited for)."""
-    kills: list[bool] = []
-    retire = IsolatedEvaluator._retire
-
-    def spy(self, kill: bool = False, wait_s: float = 10.0):
-        kills.append(kill)
-        return retire(self, kill, wait_s)
-
-    monkeypatch.setattr(IsolatedEvaluator, "_retire", spy)
-    return kills
-
-
 def _isolated(**kwargs) -> IsolatedEvaluator:
     kwargs.setdefault("evaluator_factory", DeadlineChild)
     return IsolatedEvaluator(start_timeout_s=60.0, **kwargs)
@@ -239,7 +227,7 @@ def test_a_hang_fails_at_its_deadline_and_the_replacement_hears_the_deadline(mon
     with _isolated(timeout_s=30.0, floor_s=0.5) as evaluator:
         evaluator.evaluate(_request({"mode": "ok", "p80_ms": 2.0}))
         hung_pid = evaluator.pid
-        kills = _spy_retire(monkeypatch)
+        kills = spy_retire(monkeypatch)
         result = evaluator.evaluate(_request({"mode": "spin"}))
         assert isinstance(result, TimedOut) and result.details["sticky"] is True
         assert result.details["deadline_s"] == pytest.approx(0.5 + SLOWEST_SLACK * 0.002)

@@ -242,14 +242,19 @@ BAD = {
 def test_bad_declarations_are_one_line_exit_2_nothing_written(gather, case):
     text, pattern = BAD[case]
     write(gather, {"gather.yaml": text, "gen.py": "def other(xp, rng, shape, dtype, problem):\n    pass\n"})
-    before = sorted(p.name for p in gather.iterdir())
-    for args in (["check", "gather.yaml", "--arch", "sm_90"], ["render", "gather.yaml"]):
-        proc = tuner(*args, cwd=gather)
+    _refused_in_one_line(gather, pattern, ["check", "gather.yaml", "--arch", "sm_90"], ["render", "gather.yaml"])
+
+
+def _refused_in_one_line(folder, pattern: str, *commands: list[str]) -> None:
+    """Each of `commands`, run in `folder`, exits 2 with one line matching `pattern`, and writes nothing there."""
+    before = sorted(p.name for p in folder.iterdir())
+    for args in commands:
+        proc = tuner(*args, cwd=folder)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert re.search(pattern, lines[0]), lines[0]
-    assert sorted(p.name for p in gather.iterdir() if p.name != "__pycache__") == before
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == before
 
 
 def test_a_users_init_that_returns_the_wrong_shape_is_a_reference_failure(gather):
@@ -519,13 +524,7 @@ LAUNCH_BAD = {
 def test_bad_launch_lists_are_one_line_exit_2_nothing_written(split_sum, case):
     text, pattern = LAUNCH_BAD[case]
     write(split_sum, {"s.yaml": text})
-    before = sorted(p.name for p in split_sum.iterdir())
-    proc = tuner("check", "s.yaml", "--arch", "sm_90", cwd=split_sum)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert re.search(pattern, lines[0]), lines[0]
-    assert sorted(p.name for p in split_sum.iterdir() if p.name != "__pycache__") == before
+    _refused_in_one_line(split_sum, pattern, ["check", "s.yaml", "--arch", "sm_90"])
 
 
 @pytest.mark.gpu
