@@ -52,7 +52,7 @@ def test_the_flags_keep_their_names_and_defaults():
     assert flags["ordered"] == "--categorical" and flags["progress"] == "--json" and flags["kernel"] == "kernel"
     defaults = vars(build_parser().parse_args(["study", "transpose", "--trials", "3"]))
     assert {k: defaults[k] for k in ("sampler", "timeout", "replay_delay", "repair", "screen_cutoff", "screen_ms")} == {
-        "sampler": "tpe",
+        "sampler": "forest",
         "timeout": 60.0,
         "replay_delay": 0.0,
         "repair": "nearest",
@@ -86,7 +86,7 @@ def test_every_keyword_of_the_api_is_a_field_and_the_signature_lists_them():
         ({"screen_budget_ms": 5}, "tuner.study has no keyword 'screen_budget_ms': did you mean 'screen_ms'?"),
         ({"frobnicate": 1}, "tuner.study has no keyword 'frobnicate': it takes kernel, storage, "),
         ({"repair": "closest"}, "repair 'closest': choose nearest or random"),
-        ({"sampler": "anneal"}, "sampler 'anneal': choose tpe, nsga2, gp, cmaes, random or grid"),
+        ({"sampler": "anneal"}, "sampler 'anneal': choose forest, tpe, nsga2, gp, cmaes, random or grid"),
         ({"engine": "cloud"}, "engine 'cloud': choose local or ray"),
         ({"objectives": "best"}, "objectives 'best': choose first or all"),
         ({"gpus": 0}, "gpus 0: a positive integer"),

@@ -282,14 +282,14 @@ def test_bad_kt_cache_is_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize(("in_flight", "at_25", "at_40", "at_60"), [(1, 0.999, 1.0, 1.0), (8, 0.99, 0.994, 0.999)])
 def test_tpe_replay_reaches_the_optimum_early(tmp_path, in_flight, at_25, at_40, at_60):
-    """Fixed seed, the default search (TPE on throughput, ordered params, failures remembered, proposals inside
-    the valid set) over the 468-config transpose recording: one at a time this seed is within 0.1% of the optimum
-    after 25 evaluated configs and on it by 40 (mean of 20 seeds: 0.990, 0.994 and 0.999 of it at 25, 40 and 60;
-    uniform random without replacement: 0.979, 0.987, 0.993). With 8 in flight (and TPE's 128 candidates for the
+    """Fixed seed, TPE (the default before the forest: on throughput, ordered params, failures remembered, proposals
+    inside the valid set) over the 468-config transpose recording: one at a time this seed is within 0.1% of the
+    optimum after 25 evaluated configs and on it by 40 (mean of 20 seeds: 0.990, 0.994 and 0.999 of it at 25, 40 and
+    60; uniform random without replacement: 0.979, 0.987, 0.993). With 8 in flight (and TPE's 128 candidates for the
     first 15 configs, `make_sampler`): 0.993, 0.994 and 0.999 (mean of 20 seeds: 0.988, 0.995, 0.999; with 128
-    candidates for the first 100 this seed gave 0.993, 0.998, 0.999 and the mean 0.988, 0.996, 0.999). Not a
-    timing: a change that makes the search worse fails it."""
-    summary, study = run(tmp_path, trials=60, replay_in_flight=in_flight)
+    candidates for the first 100 this seed gave 0.993, 0.998, 0.999 and the mean 0.988, 0.996, 0.999). Not a timing:
+    a change that makes the search worse fails it."""
+    summary, study = run(tmp_path, trials=60, replay_in_flight=in_flight, sampler="tpe")
     assert summary["trials"] == 60
     assert fraction_of_optimum(study, 25) >= at_25
     assert fraction_of_optimum(study, 40) >= at_40
@@ -301,7 +301,7 @@ def test_tpe_is_made_for_the_configs_in_flight(in_flight, candidates):
     """The driver remakes its sampler for the pool's capacity: TPE draws 128 candidates per proposal with
     several configs in flight (Optuna's 24 one at a time) and tells configs in flight as bad ones (constant
     liar), which on the recorded GEMM space kept 8 in flight within 0.01 of one at a time (`make_sampler`)."""
-    driver = _driver(trials=12, replay_in_flight=in_flight)
+    driver = _driver(trials=12, replay_in_flight=in_flight, sampler="tpe")
     assert driver.run()["trials"] == 12
     tpe = driver.sampler.base
     assert isinstance(tpe, optuna.samplers.TPESampler)
@@ -322,7 +322,7 @@ def test_tpe_goes_back_to_24_candidates_once_enough_configs_are_evaluated(monkey
         narrow(self, fast)
 
     monkeypatch.setattr(study_mod.Driver, "_narrow_sampler", watched)
-    driver = _driver(trials=30, replay_in_flight=8)
+    driver = _driver(trials=30, replay_in_flight=8, sampler="tpe")
     assert driver.run()["trials"] == 30
     assert len(seen) == 1 and seen[0] >= 10  # switched once, after the tenth evaluated config
     tpe = driver.sampler.base

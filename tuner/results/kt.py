@@ -294,6 +294,7 @@ def space_files(
         **({"constraints": kept} if kept else {}),
         "objectives": [{"time_ms": "minimize"}],
     }
+    doc["default"] = middle_config(params, valid, keys)
     rows = [list(row) for row in valid]
     configs_text = None
     if cartesian != len(valid) and not _restrictions_exact(kept, params, len(valid)):
@@ -306,6 +307,20 @@ def space_files(
             configs_text = f'{{"params": {json.dumps(keys)},\n"configs": [\n{body}\n]}}\n'
     text = yaml.safe_dump(doc, sort_keys=False, width=10_000, default_flow_style=None)
     return text, configs_text, len(valid), notes
+
+
+def middle_config(params: dict[str, list[Any]], valid: list[tuple[Any, ...]], keys: list[str]) -> dict[str, Any]:
+    """The valid config nearest the middle of every param's values (steps along each param's sorted values, or
+    declared ones for strings and booleans): the space's default, measured first. The first valid config would be
+    the smallest value of every param, an edge of the space (the thinnest blocks, the smallest tiles)."""
+    rank = []
+    for k in keys:
+        values = params[k]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        ordered = sorted(values) if numeric else values
+        rank.append({v: i - (len(values) - 1) / 2 for i, v in enumerate(ordered)})
+    best = min(valid, key=lambda row: sum(abs(r[v]) for r, v in zip(rank, row, strict=True)))
+    return dict(zip(keys, best, strict=True))
 
 
 def space_text(data: dict[str, Any], source: str) -> tuple[str, int]:

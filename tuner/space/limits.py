@@ -16,7 +16,7 @@ from tuner.errors import InputError
 _ARCH = re.compile(r"(sm|compute)_(\d+)([af]?)")
 
 #: Names the command line offers before anything heavy is imported (the study module uses the same tuples).
-SAMPLERS = ("tpe", "nsga2", "gp", "cmaes", "random", "grid")
+SAMPLERS = ("forest", "tpe", "nsga2", "gp", "cmaes", "random", "grid")
 ENGINES = ("local", "ray")
 
 

@@ -44,6 +44,7 @@ from tuner.study.search import (
     Codec,
     IndexBuild,
     ValidSetSampler,
+    check_budget,
     counts,
     make_sampler,
     tells_failures_as_worst,
@@ -114,6 +115,7 @@ class Driver(Opening):
             raise InputError(f"--trials {opts.trials}: must be ≥ 1")
         if opts.sampler not in SAMPLERS:
             raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
+        check_budget(opts.sampler, opts.trials)
         # The name and the storage before anything else: a study that could not be opened by its name again, or
         # could not record its trials, is refused before any work (`tuner.study.preflight`).
         check_study_name(opts.study_name)

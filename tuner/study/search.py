@@ -364,6 +364,8 @@ class ValidSetSampler:
     def attach(self, repair, explored) -> None:
         """Start proposing inside the valid set of `repair` (a complete one), skipping `explored()`."""
         self._repair, self._explored = repair, explored
+        if hasattr(self.base, "attach"):  # a base that models the valid set itself (`ForestSampler`)
+            self.base.attach(repair, explored, self.codec)
 
     @property
     def attached(self) -> bool:
@@ -436,6 +438,22 @@ TPE_CANDIDATES_IN_FLIGHT = 128
 TPE_WIDE_UNTIL = 15
 
 
+#: draws a model-based sampler makes before its model proposes anything (Optuna's GP and NSGA-II defaults: 10
+#: start-up trials, a first generation of 50); the default's start-up covers the space and is a search itself
+STARTUP_DRAWS = {"tpe": TPE_STARTUP, "gp": 10, "nsga2": 50}
+
+
+def check_budget(name: str, trials: int) -> None:
+    """InputError when `trials` is smaller than the start-up draws of the sampler `name`: its model would never
+    propose a config, and the study would be a random search under another name."""
+    startup = STARTUP_DRAWS.get(name)
+    if startup is not None and trials < startup:
+        raise InputError(
+            f"--sampler {name} draws its first {startup} configs at random, more than --trials {trials}: its model "
+            "would never run (raise --trials, or use the default sampler or --sampler random)"
+        )
+
+
 def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int = 1) -> BaseSampler:
     """The Optuna sampler `name` (one of SAMPLERS) for a study that keeps `in_flight` configs outstanding;
     InputError for an unknown one or a missing extra."""
@@ -458,6 +476,11 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int 
             n_ei_candidates=candidates,
             constant_liar=True,
         )
+    if name == "forest":
+        from tuner.study.forest import ForestSampler
+
+        fallback = make_sampler("tpe", seed, n_objectives, in_flight)
+        return ForestSampler(fallback, seed, n_objectives)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name in ("random", "grid"):
