@@ -600,3 +600,35 @@ def test_a_header_with_no_equivalent_is_one_line_naming_the_replacement(gather):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.search(r"gather\.cu\.j2:2: #include <cstdio> has no equivalent under NVRTC: printf is built in", lines[0])
+
+
+def test_a_reference_called_from_several_threads_at_once_is_imported_once_and_found_by_all(tmp_path):
+    """The GPU worker computes the pool's later references ahead in threads while its main thread computes the
+    first: all three resolve the user's function at once. A module whose body is still running must not be handed
+    out from sys.modules (its function not yet defined)."""
+    import threading
+
+    (tmp_path / "slow.py").write_text(
+        "import time\nCALLS = []\nCALLS.append(1)\ntime.sleep(0.3)\n\ndef ref(xp, inputs, problem):\n    return 7\n"
+    )
+
+    def fail(message, *_keys):
+        return ValueError(message)
+
+    functions = [usercode.find("slow.py:ref", tmp_path, fail, "reference") for _ in range(4)]
+    results: list = [None] * len(functions)
+
+    def call(i: int) -> None:
+        try:
+            results[i] = functions[i](None, {}, {})
+        except Exception as exc:  # what a racing caller got, kept for the assertion
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(functions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [7] * len(functions), results
+    module = sys.modules[usercode.user_module_name((tmp_path / "slow.py").resolve())]
+    assert module.CALLS == [1]

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,20 @@ from tuner import kernels
 from tuner.errors import InputError
 from tuner.kernels.base import ReferenceFailed
 
+#: One import of a user's module at a time: the GPU worker's threads that compute references ahead call the same
+#: reference at once, and a second caller must not take the module from sys.modules before it has run.
+_IMPORT_LOCK = threading.RLock()
+
 
 def import_user(target: str, directory: Path, fail, key: str):
     """Import FILE.py (relative to `directory`) or a dotted module (from `directory` first, then the
-    environment). Runs the user's code; a failure is a one-line InputError naming their file and line."""
+    environment). Runs the user's code; a failure is a one-line InputError naming their file and line.
+    Thread-safe: concurrent callers get the module once it has run."""
+    with _IMPORT_LOCK:
+        return _import_user(target, directory, fail, key)
+
+
+def _import_user(target: str, directory: Path, fail, key: str):
     if target.endswith(".py"):
         file = (directory / target).resolve()
         if not file.is_file():
