@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +57,20 @@ def _isolated_cache(request, tmp_path_factory, monkeypatch):
         for name in SHARED_FOLDERS:
             (cache / CACHE_VERSION / name).symlink_to(shared / name, target_is_directory=True)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(cache))
+
+
+#: Held by the test that uses the GPU: every xdist worker takes it around a GPU test, its fixtures included.
+GPU_LOCK = Path(tempfile.gettempdir()) / "tuner-gpu-tests.lock"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """One GPU test at a time across the xdist workers: GPU tests time kernels and measure the copy ceiling, and
+    two at once on one GPU time each other's traffic (on a fresh H100, a copy config timed at 1.43 of a ceiling
+    measured while other tests ran). CPU tests still run side by side."""
+    if item.get_closest_marker("gpu") is None:
+        yield
+        return
+    with open(GPU_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
