@@ -132,14 +132,18 @@ def test_a_check_reads_what_the_callers_stream_wrote_before_it(device_kernels, s
     stream of its own would read the output before they land and count none."""
     from gpu_helpers import spin
 
-    with stream:
-        ref = cupy.zeros(1 << 22, dtype=cupy.float64)
-        out = cupy.zeros(1 << 22, dtype=cupy.float32)
-        stream.synchronize()
-        spin(stream, 0.3)
-        out[::2] = cupy.nan
-        counted = device_kernels.check(out, ref, 1e-6)
-    assert counted is not None and counted[0] == counted[1] == out.size // 2
+    def nans_counted(delay_s: float):
+        with stream:
+            ref = cupy.zeros(1 << 22, dtype=cupy.float64)
+            out = cupy.zeros(1 << 22, dtype=cupy.float32)
+            stream.synchronize()
+            spin(stream, delay_s)
+            out[::2] = cupy.nan
+            return device_kernels.check(out, ref, 1e-6), out.size // 2
+
+    nans_counted(0.0)  # every module loaded first: a load waits for the whole GPU and would order the race
+    counted, nans = nans_counted(0.3)
+    assert counted is not None and counted[0] == counted[1] == nans
 
 
 @pytest.mark.gpu
@@ -151,63 +155,20 @@ def test_a_draw_lands_after_what_the_callers_stream_did_to_its_memory(device_ker
 
     n = 1 << 20
     expected = cupy.asnumpy(device_kernels.rng(11).standard_normal((n,), dtype=np.float32))
-    with stream:
-        spin(stream, 0.3)
-        scratch = cupy.empty((n,), dtype=np.float32)
-        scratch.fill(5.0)
-        address = scratch.data.ptr
-        del scratch
-        drawn = device_kernels.rng(11).standard_normal((n,), dtype=np.float32)
-        assert drawn.data.ptr == address  # the premise: the draw got the block the pending fill writes
-        copy = cupy.asnumpy(drawn, stream=stream)
-    assert np.array_equal(copy, expected)
 
+    def drawn_after_a_fill(delay_s: float):
+        with stream:
+            spin(stream, delay_s)
+            scratch = cupy.empty((n,), dtype=np.float32)
+            scratch.fill(5.0)
+            address = scratch.data.ptr
+            del scratch
+            drawn = device_kernels.rng(11).standard_normal((n,), dtype=np.float32)
+            assert drawn.data.ptr == address  # the premise: the draw got the block the pending fill writes
+            return cupy.asnumpy(drawn, stream=stream)
 
-@pytest.mark.gpu
-def test_draws_have_their_moments_and_ranges_and_a_seed_repeats_them(device_kernels):
-    rng = device_kernels.rng(7)
-    x = cupy.asnumpy(rng.standard_normal((1024, 1024), dtype=np.float32))
-    assert x.dtype == np.float32 and x.shape == (1024, 1024)
-    assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01 and np.isfinite(x).all()
-    u = cupy.asnumpy(rng.random(1 << 20, dtype=np.float32))
-    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
-    w = cupy.asnumpy(rng.uniform(-2.0, 3.0, size=(100, 1000)))
-    assert w.dtype == np.float64 and w.min() >= -2 and w.max() < 3
-    k = cupy.asnumpy(rng.integers(0, 7, size=70000))
-    assert k.dtype == np.int64 and set(np.unique(k)) == set(range(7))
-    again = cupy.asnumpy(device_kernels.rng(7).standard_normal((1024, 1024), dtype=np.float32))
-    assert np.array_equal(x, again)
-    other = cupy.asnumpy(device_kernels.rng(8).standard_normal((1024, 1024), dtype=np.float32))
-    assert not np.array_equal(x, other)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", ["exact", "noise", "nan", "far", "int"])
-def test_one_pass_check_agrees_with_cupy(device_kernels, case):
-    from tuner.gpu.checks import check_output
-
-    ref = device_kernels.rng(3).standard_normal((512, 777), dtype=np.float32).astype(cupy.float64) * 10
-    out = ref.astype(cupy.float32)
-    if case == "noise":
-        out = out + device_kernels.rng(4).standard_normal(ref.shape, dtype=np.float32) * 1e-4
-    elif case == "nan":
-        out[5, 7] = cupy.nan
-        out[100, 0] = cupy.nan
-    elif case == "far":
-        out[3, 3] += 1.0
-    elif case == "int":
-        out = cupy.rint(ref).astype(cupy.int32)
-        ref = cupy.rint(ref)
-    mine = device_kernels.check(out, ref, 1e-4)
-    theirs = check_output(cupy, "y", out, ref, 1e-4)
-    assert mine is not None
-    assert mine[0] == theirs.mismatches and mine[1] == theirs.nan_count
-    assert mine[2] == pytest.approx(theirs.max_abs_error, rel=1e-12, abs=1e-300)
-    assert mine[3] == pytest.approx(theirs.max_rel_error, rel=1e-12, abs=1e-300)
-    if case in ("exact", "int"):
-        assert mine[0] == 0
-    if case == "nan":
-        assert mine[0] == 2 and mine[1] == 2
+    drawn_after_a_fill(0.0)  # every module loaded first (see above)
+    assert np.array_equal(drawn_after_a_fill(0.3), expected)
 
 
 @pytest.mark.gpu
