@@ -37,6 +37,8 @@ def test_api_study_is_the_cli_study(tmp_path):
             "transpose",
             "--trials",
             "12",
+            "--sampler",
+            "tpe",
             "--seed",
             "7",
             "--gpus",
