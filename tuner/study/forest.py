@@ -157,7 +157,7 @@ class ForestSampler(BaseSampler):
             elif t.values:
                 rows.append(r)
                 ys.append(float(t.values[0]))
-        if len(rows) + len(pending) < FOREST_STARTUP or len(rows) < 2:
+        if len(rows) < FOREST_STARTUP:  # configs in flight tell the trees nothing yet: the start waits for results
             return self._cover(free, rows + pending)
         self._proposals += 1
         if self._proposals % EXPLORE_EVERY == 0:
@@ -239,9 +239,9 @@ class ForestSampler(BaseSampler):
 
     def _best_expected(self, free: np.ndarray, rows: np.ndarray, y: np.ndarray, pending: list[int]) -> int:
         """The free row the trees fitted to (rows, y) rate best: the lowest lower confidence bound, or, on every
-        other pick while configs are in flight, the lowest value of one tree drawn at random (Thompson sampling,
-        so proposals made before their neighbours' results are back spread out). A config in flight is fitted at
-        the mean predicted for it when it was proposed."""
+        other pick while configs are in flight and twice the start-up's results are in, the lowest value of one
+        tree drawn at random (Thompson sampling, so proposals made before their neighbours' results are back
+        spread out). A config in flight is fitted at the mean predicted for it when it was proposed."""
         import numpy as np
         from sklearn.tree import ExtraTreeRegressor
 
@@ -260,7 +260,8 @@ class ForestSampler(BaseSampler):
         per_tree = np.stack([tree.tree_.value[tree.tree_.apply(x), 0, 0] for tree in trees])
         mean, spread = per_tree.mean(axis=0), per_tree.std(axis=0)
         self._model_picks += 1
-        if pending and self._model_picks % 2:
+        # One tree's draw is mostly noise while the trees know few results: the bound is the better guess then.
+        if pending and self._model_picks % 2 and len(rows) >= 2 * FOREST_STARTUP:
             pick = int(np.argmin(per_tree[int(self.rng.integers(len(per_tree)))]))
         else:
             pick = int(np.argmin(mean - OPTIMISM * spread))
