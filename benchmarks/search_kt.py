@@ -206,8 +206,11 @@ def table(report: dict[str, Any]) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     t = report["table"]
     budgets = report["budgets"]
+    against = (
+        "against Kernel Tuner's strategies" if any(m.startswith("KT ") for m in t["methods"]) else "on recorded spaces"
+    )
     lines = [
-        f"# Search against Kernel Tuner's strategies ({report['date']}, {report['machine']})",
+        f"# Search {against} ({report['date']}, {report['machine']})",
         "",
         f"    {report['command']}",
         "",
