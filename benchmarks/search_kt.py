@@ -82,8 +82,10 @@ def kt_sequence(job: dict[str, Any]) -> list[float | None]:
         if not any(v == "InvalidConfig" for v in entry.values())
     }
     plain = Path(job["tmp"]) / (Path(job["cache"]).name.removesuffix(".gz"))
-    if not plain.exists():
-        plain.write_bytes(gzip.decompress(raw) if job["cache"].endswith(".gz") else raw)
+    if not plain.exists():  # written whole, then renamed: a run beside it may read it at any moment
+        part = plain.with_name(f"{plain.name}.{os.getpid()}.part")
+        part.write_bytes(gzip.decompress(raw) if job["cache"].endswith(".gz") else raw)
+        os.replace(part, plain)
     problem = data["problem_size"]
     results, _ = tune_kernel(
         data["kernel_name"],
