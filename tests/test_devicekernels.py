@@ -172,6 +172,53 @@ def test_a_draw_lands_after_what_the_callers_stream_did_to_its_memory(device_ker
 
 
 @pytest.mark.gpu
+def test_draws_have_their_moments_and_ranges_and_a_seed_repeats_them(device_kernels):
+    rng = device_kernels.rng(7)
+    x = cupy.asnumpy(rng.standard_normal((1024, 1024), dtype=np.float32))
+    assert x.dtype == np.float32 and x.shape == (1024, 1024)
+    assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01 and np.isfinite(x).all()
+    u = cupy.asnumpy(rng.random(1 << 20, dtype=np.float32))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+    w = cupy.asnumpy(rng.uniform(-2.0, 3.0, size=(100, 1000)))
+    assert w.dtype == np.float64 and w.min() >= -2 and w.max() < 3
+    k = cupy.asnumpy(rng.integers(0, 7, size=70000))
+    assert k.dtype == np.int64 and set(np.unique(k)) == set(range(7))
+    again = cupy.asnumpy(device_kernels.rng(7).standard_normal((1024, 1024), dtype=np.float32))
+    assert np.array_equal(x, again)
+    other = cupy.asnumpy(device_kernels.rng(8).standard_normal((1024, 1024), dtype=np.float32))
+    assert not np.array_equal(x, other)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["exact", "noise", "nan", "far", "int"])
+def test_one_pass_check_agrees_with_cupy(device_kernels, case):
+    from tuner.gpu.checks import check_output
+
+    ref = device_kernels.rng(3).standard_normal((512, 777), dtype=np.float32).astype(cupy.float64) * 10
+    out = ref.astype(cupy.float32)
+    if case == "noise":
+        out = out + device_kernels.rng(4).standard_normal(ref.shape, dtype=np.float32) * 1e-4
+    elif case == "nan":
+        out[5, 7] = cupy.nan
+        out[100, 0] = cupy.nan
+    elif case == "far":
+        out[3, 3] += 1.0
+    elif case == "int":
+        out = cupy.rint(ref).astype(cupy.int32)
+        ref = cupy.rint(ref)
+    mine = device_kernels.check(out, ref, 1e-4)
+    theirs = check_output(cupy, "y", out, ref, 1e-4)
+    assert mine is not None
+    assert mine[0] == theirs.mismatches and mine[1] == theirs.nan_count
+    assert mine[2] == pytest.approx(theirs.max_abs_error, rel=1e-12, abs=1e-300)
+    assert mine[3] == pytest.approx(theirs.max_rel_error, rel=1e-12, abs=1e-300)
+    if case in ("exact", "int"):
+        assert mine[0] == 0
+    if case == "nan":
+        assert mine[0] == 2 and mine[1] == 2
+
+
+@pytest.mark.gpu
 def test_the_hold_keeps_the_hosts_time_out_of_the_timings(stream):
     """A call that sleeps 2 ms on the host before a 1 MB memset: timed without the hold, each event pair holds
     the GPU idling for the sleep; behind the hold, only the memset."""
