@@ -187,6 +187,18 @@ def test_faults_in_a_cache_name_the_cache(tmp_path, capsys):
     assert not (tmp_path / "odd.yaml").exists()
 
 
+@pytest.mark.parametrize("name", ["größe", "2x"])
+def test_a_param_that_is_no_c_identifier_is_one_line_naming_the_cache(tmp_path, capsys, name):
+    """A Kernel Tuner param reaches CUDA as a #define: a Python identifier that is no C one (größe) is refused at
+    import, not at every config's compile."""
+    cache = tmp_path / "odd.json"
+    kt_cache(cache, {name: [1, 2], "y": [3, 4]})
+    assert cli_main(["import-kt", str(cache), "-o", str(tmp_path / "odd.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(cache) in err and f"{name!r} is not a C identifier" in err, err
+    assert not (tmp_path / "odd.yaml").exists()
+
+
 def test_a_bad_configs_list_is_one_line_naming_its_file(tmp_path, capsys):
     import json
 
