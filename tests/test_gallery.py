@@ -1,0 +1,103 @@
+"""The gallery under examples/: user kernels written only as YAML + template + reference. On the CPU each example's
+space loads, a spread of its configs renders and compiles with real NVRTC (sm_90) on every dtype it takes, and its
+reference, run with NumPy on the small problem, agrees with an independent NumPy computation. On a GPU
+(``@pytest.mark.gpu``) a handful of configs of its realistic problem verify and time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.build.compile import compile_source
+from tuner.build.render import render
+from tuner.kernels.custom import check_reference
+from tuner.space import space as space_mod
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def spread(space, problem, count: int) -> list[dict]:
+    """`count` valid configs of `problem`, spread evenly over the space's enumeration (first and last included)."""
+    configs = list(space.valid_configs(problem))
+    assert len(configs) >= count
+    step = (len(configs) - 1) / max(count - 1, 1)
+    return [configs[round(i * step)] for i in range(count)]
+
+
+def compiles(space_file: Path, problem_name: str, count: int = 3) -> None:
+    space = space_mod.load(space_file)
+    problem = space.problem(problem_name)
+    for config in spread(space, problem, count):
+        source = render(space.family, config, space.resolve(config, problem), problem.env)
+        compiled = compile_source(source, "sm_90")
+        assert compiled.ok, compiled
+        assert source.entry in compiled.functions and compiled.registers > 0
+
+
+def small(space_file: Path, seed: int = 7):
+    """The space, its small problem's env, inputs drawn by NumPy and the reference's answer for them."""
+    space = space_mod.load(space_file)
+    env = space.problem("small").env
+    inputs = space.family.inputs(np, env, np.random.default_rng(seed))
+    before = {name: value.copy() for name, value in inputs.items() if isinstance(value, np.ndarray)}
+    expected = space.family.reference(np, inputs, env)
+    for name, value in before.items():  # the reference worked on copies: the kernel's inputs are as drawn
+        np.testing.assert_array_equal(inputs[name], value)
+    check_reference(space, space.problem("small"))
+    return space, env, inputs, expected
+
+
+def _have_gpu() -> bool:
+    from test_bench_gpu import HAVE_GPU
+
+    return HAVE_GPU
+
+
+def tune_some(space_file: Path, count: int = 5) -> list:
+    """Verify and time `count` configs of the space's first (realistic) problem in one GPU worker."""
+    from tuner.gpu.evaluate import evaluate_config
+    from tuner.gpu.worker import IsolatedEvaluator
+    from tuner.result import Measurement
+
+    space = space_mod.load(space_file)
+    problem = space.problem()
+    with IsolatedEvaluator(gpu=0, timeout_s=120) as evaluator:
+        results = [evaluate_config(space, c, problem, evaluator=evaluator) for c in spread(space, problem, count)]
+    for result in results:
+        assert isinstance(result, Measurement) and result.ok, result
+        assert result.bytes_moved == space.family.bytes_moved(problem.env) and result.tbps > 0
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# embedding_gather: out[r, :] = table[ids[r], :], int32 ids in [0, vocab), an fp16 or fp32 table
+
+GATHER = EXAMPLES / "embedding_gather" / "embedding_gather.yaml"
+
+
+@pytest.mark.parametrize("problem", ["llama3_64k", "llama3_32k_fp32"])
+def test_embedding_gather_compiles(problem):
+    compiles(GATHER, problem)
+
+
+def test_embedding_gather_reference_is_a_row_gather():
+    space, env, inputs, expected = small(GATHER)
+    ids, table = inputs["ids"], inputs["table"]
+    assert ids.dtype == np.int32 and ids.shape == (300,) and 0 <= ids.min() and ids.max() < 1000
+    assert len(np.unique(ids)) > 100  # drawn over the vocabulary, not one row
+    rows = np.stack([table[int(i)] for i in ids])
+    np.testing.assert_array_equal(np.asarray(expected["out"]), rows)
+    assert space.family.checked() == ("out",)
+    assert space.family.bytes_moved(env) == 2 * 300 * 256 * 4 + 4 * 300
+    big = space.problem().env  # the example's problem: about a gigabyte moved
+    assert 0.9e9 < space.family.bytes_moved(big) < 1.2e9 and big["dtype"] == "float16"
+
+
+@pytest.mark.gpu
+def test_embedding_gather_tunes_on_the_gpu():
+    if not _have_gpu():
+        pytest.skip("needs a CUDA GPU")
+    tune_some(GATHER)
