@@ -101,3 +101,45 @@ def test_embedding_gather_tunes_on_the_gpu():
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
     tune_some(GATHER)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# adamw_inplace: param, exp_avg and exp_avg_sq updated in place (role: inout) from a bf16 or fp32 gradient
+
+ADAMW = EXAMPLES / "adamw_inplace" / "adamw_inplace.yaml"
+
+
+@pytest.mark.parametrize("problem", ["llama3_mlp_bf16_grad", "small"])
+def test_adamw_inplace_compiles(problem):
+    compiles(ADAMW, problem)
+
+
+def test_adamw_inplace_reference_is_torchs_step():
+    space, env, inputs, expected = small(ADAMW)
+    assert space.family.checked() == ("param", "exp_avg", "exp_avg_sq")
+    assert {inputs[name].dtype for name in ("param", "exp_avg", "exp_avg_sq", "grad")} == {np.dtype(np.float32)}
+    assert inputs["exp_avg_sq"].min() >= 1e-4 and inputs["exp_avg_sq"].max() < 1e-3
+    # torch.optim.AdamW's single-tensor step, written out in float64 in its own order
+    lr, beta1, beta2, eps, wd, step = 1e-3, 0.9, 0.999, 1e-8, 0.1, 3
+    p, m, v, g = (inputs[name].astype(np.float64) for name in ("param", "exp_avg", "exp_avg_sq", "grad"))
+    p = p * (1 - lr * wd)
+    m = m + (g - m) * (1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1)
+    v = v * beta2 + g * g * (1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denom = np.sqrt(v) / np.sqrt(1 - beta2**step) + eps
+    p = p - step_size * (m / denom)
+    for name, want in (("param", p), ("exp_avg", m), ("exp_avg_sq", v)):
+        got = np.asarray(expected[name])  # an xp reference computes in float32: the check's metric, far below 1e-5
+        assert got.shape == want.shape and (np.abs(got - want) / np.maximum(np.abs(want), 1)).max() < 1e-6, name
+    assert np.abs(p - inputs["param"]).max() > 1e-4  # the step moves the weights by more than the tolerance
+    assert space.family.tolerance(env) == 1e-5
+    assert space.family.bytes_moved(env) == (3 * 2 * 4 + 4) * 5003
+    big = space.problem().env  # fp32 weights and moments read and written, bf16 gradients read
+    assert space.family.bytes_moved(big) == 26 * 58720256
+
+
+@pytest.mark.gpu
+def test_adamw_inplace_tunes_on_the_gpu():
+    if not _have_gpu():
+        pytest.skip("needs a CUDA GPU")
+    tune_some(ADAMW)
