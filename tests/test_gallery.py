@@ -143,3 +143,41 @@ def test_adamw_inplace_tunes_on_the_gpu():
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
     tune_some(ADAMW)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# paged_kv_write: key and value rows scattered into in-place paged caches at int32 slots (a permutation's)
+
+PAGED = EXAMPLES / "paged_kv_write" / "paged_kv_write.yaml"
+
+
+@pytest.mark.parametrize("problem", ["llama3_prefill_128k", "llama3_fp16_32k"])
+def test_paged_kv_write_compiles(problem):
+    compiles(PAGED, problem)
+
+
+def test_paged_kv_write_reference_fills_each_tokens_slot_and_leaves_the_rest():
+    space, env, inputs, expected = small(PAGED)
+    slots = inputs["slot_mapping"]
+    assert slots.dtype == np.int32 and slots.shape == (50,)
+    assert len(set(slots.tolist())) == 50 and 0 <= slots.min() and slots.max() < 8 * 16  # distinct slots
+    assert space.family.checked() == ("key_cache", "value_cache")
+    for rows, cache in (("key", "key_cache"), ("value", "value_cache")):
+        want = inputs[cache].astype(np.float32).copy()  # [blocks, block_size, heads, head_dim]
+        for token, slot in enumerate(slots.tolist()):
+            want[slot // 16, slot % 16] = inputs[rows][token]
+        got = np.asarray(expected[cache])
+        assert got.shape == (8, 16, 2, 64)
+        np.testing.assert_array_equal(got, want)
+        untouched = np.ones(8 * 16, bool)
+        untouched[slots] = False
+        np.testing.assert_array_equal(got.reshape(128, 2, 64)[untouched], inputs[cache].reshape(128, 2, 64)[untouched])
+    assert space.family.bytes_moved(env) == 4 * 50 * 2 * 64 * 2 + 4 * 50
+    assert 0.9e9 < space.family.bytes_moved(space.problem().env) < 1.2e9
+
+
+@pytest.mark.gpu
+def test_paged_kv_write_tunes_on_the_gpu():
+    if not _have_gpu():
+        pytest.skip("needs a CUDA GPU")
+    tune_some(PAGED)
