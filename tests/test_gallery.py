@@ -181,3 +181,41 @@ def test_paged_kv_write_tunes_on_the_gpu():
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
     tune_some(PAGED)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# masked_softmax: a row softmax over the positions a bool mask keeps
+
+SOFTMAX = EXAMPLES / "masked_softmax" / "masked_softmax.yaml"
+
+
+@pytest.mark.parametrize("problem", ["scores_48k_by_4k", "scores_16k_by_8k_bf16", "small"])
+def test_masked_softmax_compiles(problem):
+    compiles(SOFTMAX, problem, count=2)
+
+
+def test_masked_softmax_reference_is_a_softmax_of_the_kept_positions():
+    space, env, inputs, expected = small(SOFTMAX)
+    x, mask = inputs["x"].astype(np.float64), inputs["mask"]
+    assert mask.dtype == np.bool_ and 0.3 < mask.mean() < 0.7
+    mask[3] = False  # a row with nothing kept: all zeros, not NaN
+    expected = space.family.reference(np, inputs, env)
+    got = np.asarray(expected["out"])
+    assert got.shape == (40, 512)
+    for r in range(40):
+        want = np.zeros(512)
+        kept = np.flatnonzero(mask[r])
+        if kept.size:
+            e = np.exp(x[r, kept] - x[r, kept].max())
+            want[kept] = e / e.sum()
+        np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-7, err_msg=f"row {r}")
+    assert (got[3] == 0).all() and np.allclose(np.delete(got, 3, axis=0).sum(axis=1), 1)
+    assert space.family.bytes_moved(env) == 40 * 512 * (4 + 1 + 4)  # x and mask read once, out written once
+    assert 0.9e9 < space.family.bytes_moved(space.problem().env) < 1.2e9
+
+
+@pytest.mark.gpu
+def test_masked_softmax_tunes_on_the_gpu():
+    if not _have_gpu():
+        pytest.skip("needs a CUDA GPU")
+    tune_some(SOFTMAX)
