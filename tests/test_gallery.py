@@ -96,13 +96,6 @@ def test_embedding_gather_reference_is_a_row_gather():
     assert 0.9e9 < space.family.bytes_moved(big) < 1.2e9 and big["dtype"] == "float16"
 
 
-@pytest.mark.gpu
-def test_embedding_gather_tunes_on_the_gpu():
-    if not _have_gpu():
-        pytest.skip("needs a CUDA GPU")
-    tune_some(GATHER)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # adamw_inplace: param, exp_avg and exp_avg_sq updated in place (role: inout) from a bf16 or fp32 gradient
 
@@ -138,13 +131,6 @@ def test_adamw_inplace_reference_is_torchs_step():
     assert space.family.bytes_moved(big) == 26 * 58720256
 
 
-@pytest.mark.gpu
-def test_adamw_inplace_tunes_on_the_gpu():
-    if not _have_gpu():
-        pytest.skip("needs a CUDA GPU")
-    tune_some(ADAMW)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # paged_kv_write: key and value rows scattered into in-place paged caches at int32 slots (a permutation's)
 
@@ -174,13 +160,6 @@ def test_paged_kv_write_reference_fills_each_tokens_slot_and_leaves_the_rest():
         np.testing.assert_array_equal(got.reshape(128, 2, 64)[untouched], inputs[cache].reshape(128, 2, 64)[untouched])
     assert space.family.bytes_moved(env) == 4 * 50 * 2 * 64 * 2 + 4 * 50
     assert 0.9e9 < space.family.bytes_moved(space.problem().env) < 1.2e9
-
-
-@pytest.mark.gpu
-def test_paged_kv_write_tunes_on_the_gpu():
-    if not _have_gpu():
-        pytest.skip("needs a CUDA GPU")
-    tune_some(PAGED)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -215,7 +194,8 @@ def test_masked_softmax_reference_is_a_softmax_of_the_kept_positions():
 
 
 @pytest.mark.gpu
-def test_masked_softmax_tunes_on_the_gpu():
+@pytest.mark.parametrize("space", [GATHER, ADAMW, PAGED, SOFTMAX], ids=lambda path: path.stem)
+def test_each_example_tunes_on_the_gpu(space):
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
-    tune_some(SOFTMAX)
+    tune_some(space)
