@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tuner.build.files import folder_fault
 from tuner.errors import InputError
 
 __all__ = ["cupy_root", "ensure_writable", "tuner_root"]
@@ -61,12 +62,9 @@ def _fault(folder: Path) -> str | None:
             here = here.parent
         if not here.is_dir():
             return "Not a directory"
-        fd, probe = tempfile.mkstemp(dir=here, prefix=".tuner-probe-")
-        os.close(fd)
-        os.unlink(probe)
     except OSError as exc:
         return exc.strerror or type(exc).__name__
-    return None
+    return folder_fault(here)
 
 
 def _private_temp_root() -> Path:

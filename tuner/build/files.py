@@ -14,14 +14,26 @@ from pathlib import Path
 
 from tuner.errors import InputError
 
-__all__ = ["atomic_write", "check_writable", "locked"]
+__all__ = ["atomic_write", "check_writable", "folder_fault", "locked"]
+
+
+def folder_fault(folder: str | Path) -> str | None:
+    """Why no file can be made in `folder` (the OS's words), or None. A probe file, made and removed at once: the
+    only test that holds for root and read-only mounts alike (`os.access` says yes to root on a folder no file can
+    be made in, such as /proc)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tuner-probe-")
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def check_writable(path: str | Path, suffixes: Sequence[str] | None = None, what: str = "output") -> Path:
     """The path, once it is known that a file can be written there (its folder exists and is writable, it is not
     a folder) and, where `suffixes` are given, that its suffix is one of them. Else InputError. Nothing is
-    left behind: the folder is tried with a probe file, made and removed at once (`os.access` says yes to root
-    on a folder no file can be made in, such as /proc)."""
+    left behind: the folder is tried with a probe file (`folder_fault`)."""
     path = Path(path)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise InputError(f"{what} {path}: expected a {' or '.join(suffixes)} file")
@@ -32,12 +44,8 @@ def check_writable(path: str | Path, suffixes: Sequence[str] | None = None, what
         raise InputError(f"{what} {path}: no such directory {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what} {path}: directory {parent} is not writable")
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".tuner-probe-")
-    except OSError as exc:
-        raise InputError(f"{what} {path}: directory {parent} is not writable ({exc.strerror})") from None
-    os.close(fd)
-    os.unlink(probe)
+    if (fault := folder_fault(parent)) is not None:
+        raise InputError(f"{what} {path}: directory {parent} is not writable ({fault})")
     return path
 
 

@@ -253,14 +253,14 @@ def space_files(
     ``<out stem>.configs.json`` beside the space. Any size of cache imports; faults name the cache (`source`)."""
     import yaml
 
-    from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
+    from tuner.kernels.plain import C_IDENTIFIER_RULE
     from tuner.space.configs import INLINE_CONFIGS, MAX_CONFIGS
     from tuner.space.reading import IDENTIFIER
 
     keys = list(data["tune_params_keys"])
     for name in keys:
         # a param reaches CUDA as a #define: a C identifier, not merely a Python one
-        if not isinstance(name, str) or not C_IDENTIFIER.fullmatch(name) or name.startswith("__"):
+        if not isinstance(name, str) or not IDENTIFIER.fullmatch(name) or name.startswith("__"):
             raise InputError(
                 f"tunable param {name!r} is not a C identifier ({C_IDENTIFIER_RULE}); the space cannot name it", source
             )

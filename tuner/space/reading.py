@@ -6,7 +6,6 @@ Every fault is a `SpaceError` naming the file and the line of the key at fault (
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +13,7 @@ import yaml
 
 from tuner.errors import SpaceError
 from tuner.expr import Expr, ExprError
-from tuner.kernels.plain import C_IDENTIFIER_RULE
+from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
 
 if TYPE_CHECKING:
     pass
@@ -35,8 +34,9 @@ DEFAULT_OBJECTIVES: tuple[tuple[str, Direction], ...] = (
     ("registers", "minimize"),
     ("smem_bytes", "minimize"),
 )
-#: what a string value must look like: it selects a variant in a template, it is never pasted into CUDA as text
-IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: what a name and a string value must look like (a C identifier): a name reaches CUDA, a string value selects a
+#: variant in a template and is never pasted into CUDA as text
+IDENTIFIER = C_IDENTIFIER
 MAX_RANGE = 10**6
 MAX_FILE_BYTES = 1 << 20
 MAX_PROBLEM_SIZE = 2**63 - 1

@@ -21,12 +21,11 @@ is probed with a write in a transaction that is rolled back, a folder with a pro
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from tuner.build.files import folder_fault
 from tuner.errors import InputError
 from tuner.result import INTERRUPTED, TrialAttr
 from tuner.results.dbfiles import SQLITE_CANTOPEN, SQLITE_READONLY, connect_readonly, is_busy, sqlite_code
@@ -130,18 +129,6 @@ def _refuse_read_only_url(url: str, label: str) -> None:
         )
 
 
-def _folder_fault(folder: Path) -> str | None:
-    """Why no file can be made in `folder` (the OS's words), or None. A probe file, made and removed: the only
-    test that holds for root and read-only mounts alike."""
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tuner-probe-")
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
 def _probe_new_file(path: Path, label: str, given: bool) -> None:
     """A database to be created: a storage the user named must be in a folder that exists (a mistyped folder is
     refused, not made); the default one's folders are made as needed, so the nearest folder that exists must take
@@ -153,7 +140,7 @@ def _probe_new_file(path: Path, label: str, given: bool) -> None:
         raise InputError(f"cannot create the database: {folder} is not a folder", label)
     if given and folder != parent:
         raise InputError(f"cannot create the database: folder {parent} does not exist (make it first)", label)
-    fault = _folder_fault(folder)
+    fault = folder_fault(folder)
     if fault is not None:
         raise InputError(f"cannot create the database: folder {folder} cannot be written ({fault})", label)
 
@@ -164,7 +151,7 @@ def _probe_file(path: Path, label: str) -> None:
     if not path.is_file():
         raise InputError("is not a regular file", label)
     folder = path.absolute().parent
-    fault = _folder_fault(folder)
+    fault = folder_fault(folder)
     if fault is not None:
         raise InputError(
             f"folder {folder} cannot be written ({fault}); SQLite keeps the database's journal and WAL files beside it",
