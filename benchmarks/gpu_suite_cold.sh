@@ -12,7 +12,7 @@ outfile=${2:-${OUT:-/tmp}/gpu-suite-cold.txt}
   echo "command: python3 -m pytest -m gpu tests/ -q -p no:cacheprovider  (x$runs, fresh processes)"
   echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "commit: ${SUITE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 } > "$outfile"
 for i in $(seq 1 "$runs"); do
   log="${outfile%.txt}-run$i.log"
