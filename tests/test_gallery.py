@@ -1,7 +1,8 @@
 """The gallery under examples/: user kernels written only as YAML + template + reference. On the CPU each example's
 space loads, a spread of its configs renders and compiles with real NVRTC (sm_90) on every dtype it takes, and its
-reference, run with NumPy on the small problem, agrees with an independent NumPy computation. On a GPU
-(``@pytest.mark.gpu``) a handful of configs of its realistic problem verify and time.
+reference, run on the small problem, agrees with an independent NumPy computation (add_rmsnorm's reference is torch:
+that part is skipped where torch is not installed). On a GPU (``@pytest.mark.gpu``) a handful of configs of its
+realistic problem verify and time.
 """
 
 from __future__ import annotations
@@ -193,9 +194,50 @@ def test_masked_softmax_reference_is_a_softmax_of_the_kept_positions():
     assert 0.9e9 < space.family.bytes_moved(space.problem().env) < 1.2e9
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# add_rmsnorm: h = x + residual (fp16), out = h / rms(h) * weight; two outputs, a torch reference on the GPU
+
+RMSNORM = EXAMPLES / "add_rmsnorm" / "add_rmsnorm.yaml"
+
+
+@pytest.mark.parametrize("problem", ["llama3_16k", "small"])
+def test_add_rmsnorm_compiles(problem):
+    compiles(RMSNORM, problem)
+
+
+def test_add_rmsnorm_space_loads_without_running_its_torch_reference():
+    space = space_mod.load(RMSNORM)  # ref.py imports torch: read, not imported
+    family = space.family
+    assert family.reference_arrays == "torch" and family.checked() == ("out", "residual_out")
+    env = space.problem("small").env
+    assert family.bytes_moved(env) == 4 * 37 * 2048 * 2 + 2048 * 2  # x, residual, out, residual_out; the weight
+    big = space.problem().env
+    assert 0.5e9 < family.bytes_moved(big) < 0.6e9 and big["dtype"] == "float16"
+    assert space.count_valid(space.problem()) == 41
+
+
+def test_add_rmsnorm_reference_is_the_fused_add_and_norm():
+    pytest.importorskip("torch", reason="ref.py computes with torch; without it only the compiles are checked")
+    space, env, inputs, expected = small(RMSNORM)
+    x, residual, weight = (inputs[name] for name in ("x", "residual", "weight"))
+    assert x.dtype == np.float16 and x.shape == (37, 2048) and weight.shape == (2048,)
+    assert 0.8 < weight.astype(np.float64).mean() < 1.2  # drawn around 1, as a norm's weight is
+    # the kernel's math in NumPy: the sum rounded to fp16 once, the norm in fp32 on it, one rounding at the end
+    h = (x.astype(np.float32) + residual.astype(np.float32)).astype(np.float16)
+    hf = h.astype(np.float32)
+    scale = 1 / np.sqrt((hf * hf).mean(axis=1, keepdims=True) + np.float32(1e-6))
+    out = (hf * scale * weight.astype(np.float32)).astype(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(np.asarray(expected["residual_out"]), h.astype(np.float32))
+    got = np.asarray(expected["out"], dtype=np.float64)
+    assert got.shape == (37, 2048)
+    assert (np.abs(got - out) / np.maximum(np.abs(out), 1)).max() <= space.family.tolerance(env)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("space", [GATHER, ADAMW, PAGED, SOFTMAX], ids=lambda path: path.stem)
+@pytest.mark.parametrize("space", [GATHER, ADAMW, PAGED, SOFTMAX, RMSNORM], ids=lambda path: path.stem)
 def test_each_example_tunes_on_the_gpu(space):
     if not _have_gpu():
         pytest.skip("needs a CUDA GPU")
+    if space == RMSNORM:
+        pytest.importorskip("torch", reason="add_rmsnorm's reference computes with torch")
     tune_some(space)
