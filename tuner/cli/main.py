@@ -17,6 +17,7 @@ from typing import NoReturn
 from tuner.errors import InputError
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,10 +83,66 @@ def _version() -> str:
         return __version__
 
 
+class _Interrupts:
+    """Ctrl-C delivered until the command has heard it. Python raises KeyboardInterrupt wherever the main thread
+    is when the signal's handler runs, and where that is a weakref callback or a ``__del__`` (the import system
+    runs such callbacks while a study starts) the exception is printed as ignored and lost: the command would run
+    on. So each SIGINT also starts a thread that, `AGAIN_S` later, raises it again in the main thread unless
+    `heard` says the ``except`` clause took it; from then on SIGINT is ignored, so a second press cannot turn the
+    exit code 130 into a death by signal. Installed only in the command line's own process (a caller of `main`
+    keeps its handler)."""
+
+    AGAIN_S = 0.2
+
+    def __init__(self, install: bool):
+        import threading
+
+        self._heard = threading.Event()
+        self._installed = install and threading.current_thread() is threading.main_thread()
+        if self._installed:
+            import signal
+
+            signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        import threading
+
+        if not self._heard.is_set():  # one thread at a time: each re-delivery runs this handler again
+            threading.Thread(target=self._again, name="tuner-interrupt", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _again(self) -> None:
+        import _thread
+
+        if not self._heard.wait(self.AGAIN_S):
+            _thread.interrupt_main()
+
+    def heard(self) -> None:
+        self._heard.set()
+        if self._installed:
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    @staticmethod
+    def exit(code: int) -> NoReturn:
+        """End the process with `code` after the exit handlers (children ended, buffers flushed), without the
+        interpreter's own exit: CPython marks a KeyboardInterrupt that passed through C code running a string of
+        Python (some imports do) as unhandled even when our ``except`` took it, and then ends a normal exit by
+        killing itself with SIGINT (exit status -2 where 130 was returned)."""
+        import atexit
+
+        atexit._run_exitfuncs()  # noqa: SLF001 - the one way to run them before os._exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Everything after this module's own import runs inside the ``try``: a
     Ctrl-C at any moment, even while the parser is built, is the one line ``tuner: interrupted`` and 130."""
     words = sys.argv[1:] if argv is None else argv
+    interrupts = _Interrupts(argv is None)
     try:
         if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
             # A study will need its writer process (tuner.study.writer): start it before this process builds its
@@ -114,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
+        interrupts.heard()
         print("tuner: interrupted", file=sys.stderr)
-        return 130
+        if argv is None:  # the command line's own process
+            interrupts.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`tuner spaces --json | head`): nothing more to say, and Python must not
         # complain again when it flushes stdout at exit.
