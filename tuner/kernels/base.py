@@ -173,6 +173,16 @@ class Family:
 
         return bf16.decode(xp, array) if dtype == "bfloat16" else array
 
+    def checked_stored(self, name: str, array: Array, dtype: str | None) -> str | None:
+        """The dtype of the values the stored `array` of output `name` holds, where the check compares them as
+        they are stored (``"bfloat16"`` for bf16 bits, else the array's own dtype): the GPU's one-pass check then
+        reads `array` itself, with no decoded copy. None where the check compares what `checked_value` returns
+        instead. By default the stored values wherever `checked_value` is `Family`'s own (which only decodes bf16
+        bits), None where a subclass has its own `checked_value`, whose mapping only it knows."""
+        if type(self).checked_value is not Family.checked_value:
+            return None
+        return "bfloat16" if dtype == "bfloat16" else np.dtype(array.dtype).name
+
     def problem_fault(self, problem: Problem) -> str | None:
         """Why this family cannot run `problem` whatever the config (e.g. head counts that do not group), or
         None. The space loader reports it against the problem's line in the space file."""
