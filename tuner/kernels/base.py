@@ -154,6 +154,13 @@ class Family:
         the shipped families compute on `xp`, the GPU."""
         return False
 
+    def reference_imports(self) -> tuple[Any, ...]:
+        """The user's functions (`tuner.kernels.usercode.UserFunction`) whose modules `reference` imports where it
+        first runs: the GPU worker imports them in the background as soon as it is told the family, while the
+        first configs compile, so that the first check does not wait for them (a module that imports torch takes
+        seconds). None by default; nothing is imported here."""
+        return ()
+
     def reference_key(self, config: Config) -> tuple:
         """The values of `config` that the reference reads (default: none, the same reference for every config).
         The GPU evaluator computes a reference once per input set and key (`tuner.gpu.verify`), so a family whose

@@ -401,6 +401,11 @@ class DeclarativeFamily(Family):
             expected[name] = xp.asarray(value)
         return expected
 
+    def reference_imports(self) -> tuple[usercode.UserFunction, ...]:
+        """The reference's function, where it is a user's (``FILE.py:function`` or ``module:function``)."""
+        fn = self.reference_fn.args[0] if isinstance(self.reference_fn, functools.partial) else self.reference_fn
+        return (fn,) if isinstance(fn, usercode.UserFunction) else ()
+
     def reference_on_host(self) -> bool:
         return self.reference_fn is not None and self.reference_arrays == "numpy"
 
