@@ -57,3 +57,30 @@ def spy_retire(monkeypatch) -> list[bool]:
 
     monkeypatch.setattr(IsolatedEvaluator, "_retire", spy)
     return kills
+
+
+class FirstCheck:
+    """A GPU worker's evaluator that runs on the host what a first check runs of the family it is sent: its inputs
+    and its reference. Answers an Invalid whose reason is ``ok:`` and the names the reference returned, or the
+    ReferenceFailed's line."""
+
+    ceiling_tbps = 1.0
+    poisoned = False
+
+    def start(self):
+        return {"gpu": "fake", "ceiling_tbps": 1.0}
+
+    def evaluate(self, request):
+        import numpy as np
+
+        from tuner import families
+        from tuner.kernels.base import ReferenceFailed
+        from tuner.result import Invalid
+
+        family = families.get(request.family) if isinstance(request.family, str) else request.family
+        env = request.problem
+        try:
+            expected = family.reference(np, family.inputs(np, env, np.random.default_rng(0)), env)
+        except ReferenceFailed as exc:
+            return Invalid(reason=str(exc))
+        return Invalid(reason="ok: " + ",".join(sorted(expected)))

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -327,6 +328,60 @@ def test_a_reference_that_fails_to_import_fails_where_it_runs_in_one_line(gather
     with pytest.raises(ReferenceFailed, match=r"ref\.py does not import: RuntimeError: broken") as caught:
         space.family.reference(np, space.family.inputs(np, env, np.random.default_rng(0)), env)
     assert "\n" not in str(caught.value)
+
+
+#: A reference whose import says where it ran (thread and process, a line each time the module runs) and takes a
+#: while, as one that imports torch does: a check meanwhile waits for it rather than importing it again.
+TIMED_REF = """\
+import os, threading, time
+with open(__file__ + ".imported", "a") as log:
+    log.write(f"{threading.current_thread().name} {os.getpid()}\\n")
+time.sleep(0.5)
+import numpy as np
+# BROKEN
+def gather(table, ids, order, keep, hits, tokens, dim):
+    return {"out": table[ids], "hits": hits + np.where(keep, 1.0, 0.5)}
+"""
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["imports", "fails"])
+def test_the_gpu_worker_imports_the_reference_as_it_starts_before_any_config(gather, broken):
+    """The local pool's GPU worker (a real child process, a stand-in for the GPU) imports the reference in a thread
+    of its own as soon as it is up, with no config sent: its first check finds it imported (or waits for the
+    import under way). A reference that fails to import fails there as before, in one line, the check importing it
+    again. The driver never imports it."""
+    from child_helpers import FirstCheck
+
+    from tuner.gpu.protocol import EvaluateRequest
+    from tuner.gpu.worker import IsolatedEvaluator
+    from tuner.study.local import LocalPool
+
+    write(gather, {"ref.py": TIMED_REF.replace("# BROKEN", "raise RuntimeError('broken')" if broken else "")})
+    log = gather / "ref.py.imported"
+    space = space_mod.load(gather / "gather.yaml")
+
+    def worker(gpu: int) -> IsolatedEvaluator:
+        return IsolatedEvaluator(gpu=gpu, timeout_s=60.0, start_timeout_s=120.0, evaluator_factory=FirstCheck)
+
+    pool = LocalPool(space, space.problem(), worker, gpus=1, arch="sm_90", compile_slots=1)
+    try:
+        pool.wait_ready()
+        evaluator = pool._workers[0].evaluator
+        child = evaluator.pid
+        deadline = time.time() + 60
+        while not log.exists() and time.time() < deadline:  # nothing submitted: the worker imports by itself
+            time.sleep(0.02)
+        assert log.read_text().splitlines() == [f"tuner-import-ahead {child}"]
+        result = evaluator.evaluate(EvaluateRequest(None, space.family, space.default, space.problem()))
+    finally:
+        pool.close()
+    lines = log.read_text().splitlines()
+    if broken:  # the first check imports it again and says why it fails, in one line
+        assert re.fullmatch(r".*ref\.py:\d+: ref\.py does not import: RuntimeError: broken", result.reason), result
+        assert lines == [f"tuner-import-ahead {child}", f"MainThread {child}"]
+    else:
+        assert result.reason == "ok: hits,out" and len(lines) == 1
+    assert usercode.user_module_name((gather / "ref.py").resolve()) not in sys.modules
 
 
 def test_the_reference_signature_is_read_from_its_source(gather):

@@ -24,25 +24,96 @@ def test_the_worker_kernels_compile_for_sm_90_without_spills(tmp_path, monkeypat
     assert compiled.ok, compiled
     names = set(compiled.functions)
     assert {"fill_normal_f32", "fill_normal_bf16", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"} <= names
-    assert {f"check_{o}_{r}" for o in devicekernels.CHECK_DTYPES for r in ("float32", "float64")} <= names
+    assert {f"check_{o}_{r}" for o, r in devicekernels.CHECK_PAIRS} <= names
+    assert {o for o, _ in devicekernels.CHECK_PAIRS} == set(devicekernels.CHECK_DTYPES)
+    assert {r for _, r in devicekernels.CHECK_PAIRS} == {"float32", "float64"}
     assert all(f.spill_store_bytes == 0 for f in compiled.functions.values())
     assert compile_source(devicekernels.source(), "sm_90").cached  # the second worker start compiles nothing
 
 
 def test_the_worker_builds_the_checks_in_two_parts_that_cover_every_pair(tmp_path, monkeypatch):
     """The first part (on the worker's critical path) holds the random-input kernels and the checks of
-    FIRST_CHECKS only; `Built` compiles the rest on a thread; together they hold every pair of CHECK_PAIRS."""
+    FIRST_CHECKS only; `Built` compiles the rest on a thread, checks alone; together they hold every pair of
+    CHECK_PAIRS."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     rest = devicekernels.LATER_CHECKS
-    assert len(devicekernels.CHECK_PAIRS) == len(devicekernels.FIRST_CHECKS) + len(rest) == 14
-    later = devicekernels.Built(rest, "sm_90")
+    assert len(devicekernels.CHECK_PAIRS) == len(devicekernels.FIRST_CHECKS) + len(rest) == 26
+    later = devicekernels.Built(rest, "sm_90", fills=False)
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), "sm_90")
     fills = {"fill_normal_f32", "fill_normal_bf16", "fill_uniform_f32", "fill_uniform_f64", "fill_integers_i64"}
-    assert first.ok and set(first.functions) == fills | {"check_float32_float32", "check_float32_float64"}
+    assert first.ok and set(first.functions) == fills | {f"check_{o}_{r}" for o, r in devicekernels.FIRST_CHECKS}
     built = later.result()
-    assert built.ok and {f"check_{o}_{r}" for o, r in rest} <= set(built.functions)
+    assert built.ok and {f"check_{o}_{r}" for o, r in rest} == set(built.functions)  # checks alone
     assert not ({f"check_{o}_{r}" for o, r in devicekernels.FIRST_CHECKS} & set(built.functions))
     assert all(f.spill_store_bytes == 0 for f in [*first.functions.values(), *built.functions.values()])
+
+
+#: Every dtype a reference may return (after torch's bf16 becomes float32): what `normalize_reference` turns it into
+#: is a reference dtype of the check.
+RETURNED = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def test_every_declared_dtype_has_a_one_pass_check_against_every_reference_dtype():
+    """Each array dtype a ``kernel:`` block may declare, stored as the GPU worker stores it, against each reference
+    dtype `normalize_reference` hands over (whatever the reference returned): a pair of the module, never CuPy's
+    multi-pass comparison."""
+    from tuner.gpu.verify import reference_dtype
+    from tuner.kernels import declared
+
+    assert set(devicekernels.CHECK_DTYPES) == set(declared.ARRAY_DTYPES)
+    for dtype in declared.ARRAY_DTYPES:
+        out = np.zeros((3, 5), dtype=declared.storage(dtype))
+        for returned in (*RETURNED, "bool"):
+            ref = np.zeros((3, 5), dtype=reference_dtype(returned, dtype))
+            assert devicekernels.check_pair(out, ref, dtype) in devicekernels.CHECK_PAIRS, (dtype, returned)
+    # what the pair refuses: another shape, a strided view, an array that does not store the dtype named
+    out, ref = np.zeros((4, 6), dtype=np.float16), np.zeros((4, 6), dtype=np.float32)
+    assert devicekernels.check_pair(out, ref) == ("float16", "float32")
+    assert devicekernels.check_pair(out, ref[:2]) is None and devicekernels.check_pair(out[:, ::2], ref[:, ::2]) is None
+    assert devicekernels.check_pair(out, ref, "bfloat16") is None
+    assert devicekernels.check_pair(out.view(np.uint16), ref, "bfloat16") == ("bfloat16", "float32")
+    assert devicekernels.check_pair(out, ref.astype(np.float16)) is None  # normalize_reference widens it first
+
+
+def test_a_declared_kernel_has_every_output_and_inout_compared_as_stored(tmp_path):
+    """The check reads every output and in-place argument of a declared kernel as it is stored (bf16 bits as
+    bfloat16, the problem's dtype resolved), so none goes through a decoded copy; a family with a
+    `checked_value` of its own is compared through it."""
+    from tuner.kernels.base import Family
+    from tuner.kernels.declared import ARRAY_DTYPES, storage
+    from tuner.space import space as space_mod
+
+    outputs = "".join(f"    - {{name: o_{d}, role: output, dtype: {d}, shape: [n]}}\n" for d in ARRAY_DTYPES)
+    (tmp_path / "all.yaml").write_text(
+        "kernel:\n  name: all_dtypes\n  dtypes: [bfloat16]\n  arguments:\n"
+        + outputs
+        + "    - {name: acc, role: inout, shape: [n]}\n"
+        + "    - {name: n, role: scalar, dtype: int64}\n"
+        + "  launch: {grid: [1], block: [block]}\n"
+        + "template: all.cu.j2\nproblem: {name: p, n: 64, dtype: bfloat16}\nparams: {block: [64]}\n"
+    )
+    (tmp_path / "all.cu.j2").write_text('extern "C" __global__ void {{ entry }}() {}\n')
+    space = space_mod.load(tmp_path / "all.yaml")
+    family, env = space.family, space.problem().env
+    declared = family.outputs(env, space.default)
+    for name in family.checked():
+        dtype = declared[name][1] if name in declared else None
+        array = np.zeros(64, dtype=storage(dtype or "bfloat16"))
+        stored = family.checked_stored(name, array, dtype)
+        assert stored == (dtype or "bfloat16"), name
+        ref = np.zeros(64, dtype=np.float32)
+        assert devicekernels.check_pair(array, ref, stored) in devicekernels.CHECK_PAIRS, name
+
+    class Codes(Family):
+        def checked_value(self, xp, name, array, dtype):
+            return array.astype(xp.float64) / 256
+
+    class Plain(Family):
+        pass
+
+    assert Codes().checked_stored("q", np.zeros(4, dtype=np.uint8), "uint8") is None
+    assert Plain().checked_stored("y", np.zeros(4, dtype=np.uint16), "bfloat16") == "bfloat16"
+    assert Plain().checked_stored("y", np.zeros(4, dtype=np.int16), "int16") == "int16"
 
 
 def _memory_ops(ptx: str) -> list[str]:
@@ -99,7 +170,7 @@ def device_kernels():
     # as the GPU worker builds them: the first checks up front, the other pairs (int32 below) from `later`
     first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), arch)
     rest = devicekernels.LATER_CHECKS
-    later = devicekernels.Built(rest, arch)
+    later = devicekernels.Built(rest, arch, fills=False)
     return devicekernels.DeviceKernels(first, devicekernels.FIRST_CHECKS, later)
 
 
@@ -216,6 +287,76 @@ def test_one_pass_check_agrees_with_cupy(device_kernels, case):
         assert mine[0] == 0
     if case == "nan":
         assert mine[0] == 2 and mine[1] == 2
+
+
+def _stored_output(dtype: str, base):
+    """`base` (float64 on the GPU) as an output of `dtype`, stored as the GPU worker stores it (bf16 as bits)."""
+    from tuner.kernels import bf16
+
+    if dtype == "bfloat16":
+        return bf16.encode(cupy, base.astype(cupy.float32))
+    if dtype == "bool":
+        return base > 0
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        out = cupy.rint(cupy.abs(base) if dtype.startswith("u") else base).astype(dtype)
+        out[0, 0], out[0, 1] = np.dtype(dtype).type(info.max), np.dtype(dtype).type(info.min)  # the widest values
+        return out
+    return base.astype(dtype)
+
+
+def _as_read(dtype: str, out):
+    """What `check_output` compares of a stored output of `dtype`: bf16 bits decoded (a copy), others as they are."""
+    from tuner.kernels import bf16
+
+    return bf16.decode(cupy, out) if dtype == "bfloat16" else out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["finite", "infinite"])
+@pytest.mark.parametrize("pair", devicekernels.CHECK_PAIRS, ids="-".join)
+def test_one_pass_check_agrees_with_cupy_for_every_dtype_pair(device_kernels, pair, case):
+    """Every output dtype (as stored) against every reference dtype: the same mismatches, NaN count and maxima as
+    CuPy's element-wise comparison, with NaN outputs, NaN references and far-off elements (`finite`), and
+    infinities in the output and the reference beside them (`infinite`)."""
+    from tuner.gpu.checks import check_output
+
+    o_name, r_name = pair
+    floats = o_name in ("float16", "bfloat16", "float32", "float64")
+    base = device_kernels.rng(3).standard_normal((300, 1001), dtype=np.float32).astype(cupy.float64) * 10
+    out = _stored_output(o_name, base)
+    if floats:  # two NaN outputs (bits of a NaN in every float format: all ones)
+        out.view(cupy.uint8).reshape(300, -1)[5, : out.itemsize] = 0xFF
+        out.view(cupy.uint8).reshape(300, -1)[100, : out.itemsize] = 0xFF
+    ref = (
+        _as_read(o_name, out).astype(cupy.float64)
+        + device_kernels.rng(4).standard_normal(out.shape, dtype=np.float32) * 1e-4
+    )
+    ref[::37] += 0.5  # far off: a mismatch in every 37th row
+    ref[5, 0] = ref[100, 0] = 1.0  # finite where the output is NaN
+    ref[10, 10] = cupy.nan
+    if case == "infinite":
+        ref[11, 11], ref[12, 12] = cupy.inf, -cupy.inf  # against finite outputs: NaN errors
+        if floats:
+            inf = {"float16": 0x7C00, "bfloat16": 0x7F80}
+            for row, sign in ((13, 1.0), (14, -1.0)):
+                if o_name in inf:  # written as bits: a float16 or bf16 infinity of that sign
+                    out.view(cupy.uint16)[row, 3] = inf[o_name] | (0x8000 if sign < 0 else 0)
+                else:
+                    out[row, 3] = sign * cupy.inf
+            ref[14, 3] = -cupy.inf  # -inf against -inf: a NaN error; +inf against a finite value: an infinite one
+    ref = cupy.ascontiguousarray(ref.astype(r_name))
+    mine = device_kernels.check(out, ref, 1e-3, o_name if o_name == "bfloat16" else None)
+    theirs = check_output(cupy, "y", _as_read(o_name, out), ref, 1e-3)
+    assert mine is not None, pair
+    assert (mine[0], mine[1]) == (theirs.mismatches, theirs.nan_count)
+    assert mine[2] == pytest.approx(theirs.max_abs_error, rel=1e-12, abs=1e-300)
+    assert mine[3] == pytest.approx(theirs.max_rel_error, rel=1e-12, abs=1e-300)
+    assert mine[0] >= 9 * 1001 - 2 and mine[1] == (2 if floats else 0)  # the widest integers of row 0 may pass
+    if case == "infinite" and floats:
+        assert mine[2] == mine[3] == float("inf")
+    else:
+        assert 0.4 < mine[3] < 1 and np.isfinite(mine[2])
 
 
 @pytest.mark.gpu

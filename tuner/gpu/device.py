@@ -99,9 +99,11 @@ class Device:
         built = first.result()
         if built is None or not built.ok:
             raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built, 'reason', '?')}")
-        # The checks of the other dtypes (a family of one's own may store int8 or float64) compile behind the
+        # The checks of the other dtypes (a declared kernel may store int8, fp16 or uint64) compile behind the
         # first trials; a check that needs one waits for them.
-        later = devicekernels.Built(devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest")
+        later = devicekernels.Built(
+            devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest", fills=False
+        )
         self._kernels = devicekernels.DeviceKernels(built, devicekernels.FIRST_CHECKS, later)
         self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
         if self._reserved is not None:

@@ -12,7 +12,9 @@ nothing. The GPU worker builds two: the random-input kernels with the checks eve
 ``uniform``, ``integers``), as counter-based draws (SplitMix64 of seed and element index: every element is
 independent of the launch geometry, and a seed reproduces its inputs). `DeviceKernels.check` compares one output
 with its reference in one pass (a grid-stride loop, warp reductions, four atomics per warp) and returns
-`tuner.gpu.checks.OutputCheck`'s fields; outputs of a dtype it does not cover return None (CuPy's path then runs).
+`tuner.gpu.checks.OutputCheck`'s fields, for outputs of every dtype a kernel may declare (`CHECK_DTYPES`: bf16 and
+fp16 read as their stored bits) against float32 or float64 references; what it does not cover returns None (CuPy's
+path then runs).
 `ReadFlush` is the timing protocol's L2 flush (it reads a buffer of twice the L2) and `Hold` its stream hold (no
 timed launch waits on the host): PTX the driver loads, no NVRTC.
 
@@ -31,6 +33,8 @@ from typing import Any
 __all__ = [
     "CHECK_DTYPES",
     "CHECK_PAIRS",
+    "STORED_AS",
+    "check_pair",
     "FIRST_CHECKS",
     "LATER_CHECKS",
     "FLUSH_PTX",
@@ -45,31 +49,48 @@ __all__ = [
     "source",
 ]
 
-#: output dtype (numpy name) → C type, for the check kernel; references are float32 or float64
+#: Every output dtype the check kernel reads (the dtype names of `tuner.kernels.declared`: each array dtype a kernel
+#: may take) → the C type of its stored elements. bfloat16 is stored as uint16 bits (`tuner.kernels.bf16`), float16
+#: as its IEEE bits: the wrappers `bf16` and `f16` (below) decode them exactly, as `bf16.decode` and CuPy's float16
+#: do, without cuda_fp16.h (which NVRTC would have to find).
 CHECK_DTYPES = {
     "float32": "float",
     "float64": "double",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int8": "signed char",
+    "int16": "short",
     "int32": "int",
     "int64": "long long",
-    "int8": "signed char",
     "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
     "bool": "bool",
 }
+#: The dtype (NumPy name) of the array that stores each output dtype whose name NumPy lacks.
+STORED_AS = {"bfloat16": "uint16"}
+#: Reference dtypes: `tuner.gpu.verify.normalize_reference` hands over float32 or float64 only (it widens a float16
+#: reference and integer ones once, where the reference is computed).
 _REF_DTYPES = {"float32": "float", "float64": "double"}
 #: Every (output, reference) dtype pair the check kernels cover.
 CHECK_PAIRS = tuple((o, r) for o in CHECK_DTYPES for r in _REF_DTYPES)
-#: The pairs the GPU worker compiles before its first trial, beside the random-input kernels: every shipped
-#: family's outputs are float32 or are decoded to it for the check (bf16, fp8 codes), against float32 or float64
-#: references. The other pairs compile afterwards in the background, so that the first trial waits for a fraction
-#: of the whole module's NVRTC time (benchmarks/results/startup-2026-12-01-read-flush.md); a check that needs one
-#: of them waits for it.
-FIRST_CHECKS = (("float32", "float32"), ("float32", "float64"))
+#: The pairs the GPU worker compiles before its first trial, beside the random-input kernels: those of every shipped
+#: family, whose outputs are float32, bf16 bits (read as stored) or decoded to float64 for the check (fp8 codes),
+#: against references that `tuner.gpu.verify.normalize_reference` compacts to float32 (float64 is kept only for a
+#: float64 output, which no shipped family has). The other pairs (the dtypes only a declared kernel takes) compile
+#: afterwards in the background, in a module of checks alone, so that the first trial waits for a fraction of the
+#: whole module's NVRTC time (benchmarks/results/startup-2026-12-01-read-flush.md); a check that needs one of them
+#: waits for it.
+FIRST_CHECKS = (("float32", "float32"), ("bfloat16", "float32"), ("float64", "float32"))
 #: The pairs compiled behind the first trials.
 LATER_CHECKS = tuple(pair for pair in CHECK_PAIRS if pair not in FIRST_CHECKS)
 
-_PRELUDE = r"""
+_TYPES = r"""
 typedef unsigned long long u64;
+"""
 
+_FILLS = r"""
 __device__ __forceinline__ u64 splitmix64(u64 x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -111,6 +132,21 @@ extern "C" __global__ void fill_integers_i64(long long* out, u64 n, u64 seed, lo
         out[i] = lo + (long long)(splitmix64(seed ^ splitmix64(2 * i)) % range);
 }
 
+"""
+
+_CHECKS = r"""
+// 16-bit floats as their stored bits, widened exactly: IEEE half through the hardware conversion (subnormals,
+// infinities and NaN included), bf16 as the upper half of a float.
+struct __align__(2) f16 { unsigned short bits; };
+struct __align__(2) bf16 { unsigned short bits; };
+template <typename T> __device__ __forceinline__ double widen(T v) { return (double)v; }
+__device__ __forceinline__ double widen(f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+__device__ __forceinline__ double widen(bf16 v) { return __uint_as_float((unsigned)v.bits << 16); }
+
 // acc[0] mismatches, acc[1] NaN outputs, acc[2] max abs error, acc[3] max rel error (bits of a double >= 0,
 // which order like unsigned integers). NaN errors count as mismatches and are left out of the maxima.
 template <typename O, typename R>
@@ -118,7 +154,7 @@ __device__ void check(const O* out, const R* ref, u64 n, double tol, u64* acc) {
     u64 bad = 0, nans = 0;
     double max_abs = 0.0, max_rel = 0.0;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        double o = (double)out[i], r = (double)ref[i];
+        double o = widen(out[i]), r = widen(ref[i]);
         double diff = fabs(o - r), rel = diff / fmax(fabs(r), 1.0);
         bad += !(rel <= tol);
         nans += isnan(o);
@@ -292,12 +328,12 @@ $L__BB0_4:
 """
 
 
-def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
+def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels", fills: bool = True):
     """The module's `tuner.build.render.Source` (one text: its compile is cached like any config's): the random-input
-    kernels and ``check_<output>_<reference>`` for each dtype pair of `checks`."""
+    kernels (unless not `fills`) and ``check_<output>_<reference>`` for each dtype pair of `checks`."""
     from tuner.build.render import Source
 
-    lines = [_PRELUDE]
+    lines = [_TYPES, _FILLS if fills else "", _CHECKS]
     for o_name, r_name in checks:
         lines.append(
             f'extern "C" __global__ void check_{o_name}_{r_name}(const {CHECK_DTYPES[o_name]}* out, '
@@ -306,25 +342,26 @@ def source(checks=CHECK_PAIRS, uri: str = "tuner_worker_kernels"):
     return Source(
         kernel="tuner_worker",
         text="\n".join(lines) + "\n",
-        entry="fill_normal_f32",
+        entry="fill_normal_f32" if fills else next((f"check_{o}_{r}" for o, r in checks), ""),
         uri=uri,
         template="tuner/gpu/devicekernels.py",
     )
 
 
 class Built:
-    """A compile of `source(checks)` run on a daemon thread (NVRTC releases the GIL), so that the caller goes on
-    meanwhile; `result()` waits for it."""
+    """A compile of `source(checks, uri, fills)` run on a daemon thread (NVRTC releases the GIL), so that the caller
+    goes on meanwhile; `result()` waits for it."""
 
-    def __init__(self, checks, arch: str, uri: str = "tuner_worker_kernels"):
+    def __init__(self, checks, arch: str, uri: str = "tuner_worker_kernels", fills: bool = True):
         import threading
 
         from tuner.build.compile import compile_source
 
         self.checks = tuple(checks)
         self._out: list[Any] = []
+        built = source(self.checks, uri, fills)
         self._thread = threading.Thread(
-            target=lambda: self._out.append(compile_source(source(self.checks, uri), arch)), name=uri, daemon=True
+            target=lambda: self._out.append(compile_source(built, arch)), name=uri, daemon=True
         )
         self._thread.start()
 
@@ -332,6 +369,21 @@ class Built:
         """The `Compiled` (or `CompileFailed`); None if the compile raised."""
         self._thread.join()
         return self._out[0] if self._out else None
+
+
+def check_pair(out, ref, dtype: str | None = None) -> tuple[str, str] | None:
+    """The (output, reference) pair of `CHECK_PAIRS` whose kernel compares `out` with `ref` (arrays of NumPy or
+    CuPy; `dtype` as `DeviceKernels.check` takes it), or None where none does: a dtype it does not cover, an array
+    that does not store `dtype`, two shapes, an array that is not C-contiguous."""
+    import numpy as np
+
+    stored, r_name = np.dtype(out.dtype).name, np.dtype(ref.dtype).name
+    o_name = dtype or stored
+    if o_name not in CHECK_DTYPES or stored != STORED_AS.get(o_name, o_name) or r_name not in _REF_DTYPES:
+        return None
+    if out.shape != ref.shape or not (out.flags.c_contiguous and ref.flags.c_contiguous):
+        return None
+    return o_name, r_name
 
 
 def _launch(kernel, n: int, args: tuple, stream, sm_count: int) -> None:
@@ -476,19 +528,17 @@ class DeviceKernels:
     def rng(self, seed: int) -> DeviceRng:
         return DeviceRng(self, seed)
 
-    def check(self, out, ref, tolerance: float) -> tuple[int, int, float, float] | None:
-        """(mismatches, NaN count, max abs error, max rel error) of `out` against `ref`, or None where the
-        dtypes are not covered (the caller then compares with CuPy). Reads both after whatever the caller's
+    def check(self, out, ref, tolerance: float, dtype: str | None = None) -> tuple[int, int, float, float] | None:
+        """(mismatches, NaN count, max abs error, max rel error) of `out` against `ref`, in one pass, as
+        `tuner.gpu.checks.check_output` counts them; None where the dtypes are not covered or the arrays are not
+        C-contiguous of one shape (the caller then compares with CuPy). `dtype` names what `out` stores where its
+        array dtype does not say (``"bfloat16"``: uint16 bits), else None. Reads both after whatever the caller's
         current stream wrote to them, and waits for that stream to answer."""
         import cupy
         import numpy as np
 
-        o_name, r_name = np.dtype(out.dtype).name, np.dtype(ref.dtype).name
-        if o_name not in CHECK_DTYPES or r_name not in _REF_DTYPES or out.shape != ref.shape:
-            return None
-        if not (out.flags.c_contiguous and ref.flags.c_contiguous):
-            return None
-        kernel = self._check_function((o_name, r_name))
+        pair = check_pair(out, ref, dtype)
+        kernel = None if pair is None else self._check_function(pair)
         if kernel is None:
             return None
         stream = cupy.cuda.get_current_stream()

@@ -45,7 +45,15 @@ import numpy as np
 from tuner.gpu.protocol import fresh_seed
 from tuner.kernels.base import Family, ReferenceFailed
 
-__all__ = ["POOL_SIZE", "InputPool", "InputSet", "host_reference", "normalize_reference", "pool_key"]
+__all__ = [
+    "POOL_SIZE",
+    "InputPool",
+    "InputSet",
+    "host_reference",
+    "normalize_reference",
+    "pool_key",
+    "reference_dtype",
+]
 
 #: Input sets kept per key: two, so that a config that happens to match one set's quirks still meets another.
 POOL_SIZE = 2
@@ -283,11 +291,13 @@ def normalize_reference(
     what: str = "reference",
 ) -> dict[str, Any]:
     """`expected` (what `family.reference` returned: NumPy or CuPy arrays, torch tensors, numbers) as a dict of
-    C-contiguous CuPy arrays, one per checked name, each of the shape the kernel writes. Compacted: a float64
-    reference of an output that holds 32 bits or fewer becomes float32 (half the memory and traffic of a kept
-    reference, an error below 1e-7 of a value). `checked_dtypes` maps each checked name to the dtype of what the
-    check compares (an output's declared dtype, an in-place input's array dtype). A missing name, a wrong shape,
-    a non-numeric or complex dtype: ReferenceFailed naming `what`."""
+    C-contiguous CuPy arrays, one per checked name, each of the shape the kernel writes and float32 or float64 (the
+    reference dtypes of the one-pass check, `tuner.gpu.devicekernels`). Compacted: a float64 reference of an output
+    that holds 32 bits or fewer becomes float32 (half the memory and traffic of a kept reference, an error below
+    1e-7 of a value). Widened once, here: float16 to float32 (exactly), integers and bool to float64 (as the
+    comparison reads them). `checked_dtypes` maps each checked name to the dtype of what the check compares (an
+    output's declared dtype, an in-place input's array dtype). A missing name, a wrong shape, a non-numeric or
+    complex dtype: ReferenceFailed naming `what`."""
     import cupy
 
     if not isinstance(expected, dict):
@@ -304,12 +314,23 @@ def normalize_reference(
         want = tuple(outputs[name][0]) if name in outputs else None
         if want is not None and tuple(array.shape) != want:
             raise ReferenceFailed(f"{what} returned {name!r} with shape {tuple(array.shape)}, the kernel writes {want}")
-        if array.dtype == np.float64 and checked_dtypes.get(name) not in ("float64", None):
-            array = array.astype(np.float32)
-        elif array.dtype.kind != "f":
-            array = array.astype(np.float64)
-        out[name] = cupy.ascontiguousarray(array)
+        kept = reference_dtype(array.dtype, checked_dtypes.get(name))
+        out[name] = cupy.ascontiguousarray(array if array.dtype == kept else array.astype(kept))
     return out
+
+
+def reference_dtype(dtype, checked: str | None) -> np.dtype:
+    """The dtype `normalize_reference` keeps a reference of `dtype` in (a real NumPy/CuPy dtype), where what the
+    check compares is of dtype `checked` (None: not known): float32 or float64, the reference dtypes of the
+    one-pass check."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 and checked not in ("float64", None):
+        return np.dtype(np.float32)  # compacted
+    if dtype.kind != "f":
+        return np.dtype(np.float64)  # integers and bool, as the comparison reads them
+    if dtype.itemsize < 4:
+        return np.dtype(np.float32)  # float16, exactly: widened once here rather than in every check
+    return dtype
 
 
 def host_reference(

@@ -25,11 +25,17 @@ the child, so not one defined in the caller's ``__main__``), the resolved config
 and the budget.
 
     parent → child   ("evaluate", EvaluateRequest)
-                     ("ceiling",)   ("stop",)   ("reserve", seed)   ("deadline", Deadline)   — the last two one way
+                     ("ceiling",)   ("stop",)   ("reserve", seed)   ("deadline", Deadline)   ("import", functions)
+                     — the last three one way
     child → parent   ("ready", info)   ("result", Result, exiting)   ("value", float)
                      ("error", type name, message, traceback)   — a bug in the child; it then exits
 
 ``exiting`` is True when the child's evaluator is poisoned (a sticky error): it leaves right after the reply.
+
+A family's reference modules (`tuner.kernels.base.Family.reference_imports`: a declared kernel's reference, which
+may import torch) are imported by the child, never by the caller: `IsolatedEvaluator.import_ahead` tells the child
+as soon as it is up, and the child imports them in a thread of its own while the first configs compile, so that
+its first check finds them imported.
 """
 
 from __future__ import annotations
@@ -110,6 +116,23 @@ def _warm_cuda_context() -> None:
     threading.Thread(target=warm, name="tuner-cuda-warm", daemon=True).start()
 
 
+def _import_ahead(functions) -> None:
+    """Import the modules of the user's `functions` (`tuner.kernels.usercode.UserFunction`) in a daemon thread, and
+    return at once. The import holds `usercode`'s import lock, so a check that needs the function meanwhile waits
+    for it rather than importing it again. A module that fails to import is left out of ``sys.modules``: the first
+    check imports it again, and its failure is said there, in one line, as it would be without this."""
+    import threading
+
+    def run() -> None:
+        for function in functions:
+            try:
+                function.resolve()
+            except Exception:  # noqa: BLE001 - said at the first check, which imports the module again
+                pass
+
+    threading.Thread(target=run, name="tuner-import-ahead", daemon=True).start()
+
+
 def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
     """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
     it must offer start() -> info, evaluate(request), ceiling_tbps and poisoned."""
@@ -147,6 +170,9 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
             continue
         if op == "deadline":  # one way: no reply
             getattr(evaluator, "set_deadline", lambda deadline: None)(message[1])
+            continue
+        if op == "import":  # one way: no reply
+            _import_ahead(message[1])
             continue
         try:
             if op == "evaluate":
@@ -210,6 +236,7 @@ class IsolatedEvaluator:
         self._children = 0
         self._dying: list[Child] = []  # retired children still releasing their GPU context
         self._reserved: int | None = None  # the seed told to every child (`reserve`)
+        self._imports: tuple = ()  # the reference functions every child imports ahead (`import_ahead`)
 
     # -- child life -----------------------------------------------------------------------------------------
     @property
@@ -259,6 +286,8 @@ class IsolatedEvaluator:
             self._retire()
             raise WorkerError(f"{who} failed to start: {reply[1]}: {reply[2]}", reply[3])
         self.info = reply[1]
+        if self._imports:  # first: the child starts importing before it reads anything else
+            parent_conn.send(("import", self._imports))
         if self._reserved is not None:  # a replacement child hears what its predecessor was told
             parent_conn.send(("reserve", self._reserved))
         if self._deadline is not None:
@@ -277,6 +306,15 @@ class IsolatedEvaluator:
             return
         self._deadline = deadline
         self._tell(("deadline", deadline))
+
+    def import_ahead(self, family: Family) -> None:
+        """Have the child import `family`'s reference modules (`Family.reference_imports`) now, in a thread of its
+        own, so that its first check does not wait for them; a child that is not up yet, and every child that
+        replaces it, is told as it starts. Imports nothing here, in the caller."""
+        imports = tuple(getattr(family, "reference_imports", tuple)())
+        if imports:
+            self._imports = imports
+            self._tell(("import", imports))
 
     def reserve(self, seed: int) -> None:
         """GpuEvaluator.reserve in the child (and in every child that replaces it)."""

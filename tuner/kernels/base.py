@@ -154,6 +154,13 @@ class Family:
         the shipped families compute on `xp`, the GPU."""
         return False
 
+    def reference_imports(self) -> tuple[Any, ...]:
+        """The user's functions (`tuner.kernels.usercode.UserFunction`) whose modules `reference` imports where it
+        first runs: the GPU worker imports them in the background as soon as it is told the family, while the
+        first configs compile, so that the first check does not wait for them (a module that imports torch takes
+        seconds). None by default; nothing is imported here."""
+        return ()
+
     def reference_key(self, config: Config) -> tuple:
         """The values of `config` that the reference reads (default: none, the same reference for every config).
         The GPU evaluator computes a reference once per input set and key (`tuner.gpu.verify`), so a family whose
@@ -172,6 +179,16 @@ class Family:
         from tuner.kernels import bf16
 
         return bf16.decode(xp, array) if dtype == "bfloat16" else array
+
+    def checked_stored(self, name: str, array: Array, dtype: str | None) -> str | None:
+        """The dtype of the values the stored `array` of output `name` holds, where the check compares them as
+        they are stored (``"bfloat16"`` for bf16 bits, else the array's own dtype): the GPU's one-pass check then
+        reads `array` itself, with no decoded copy. None where the check compares what `checked_value` returns
+        instead. By default the stored values wherever `checked_value` is `Family`'s own (which only decodes bf16
+        bits), None where a subclass has its own `checked_value`, whose mapping only it knows."""
+        if type(self).checked_value is not Family.checked_value:
+            return None
+        return "bfloat16" if dtype == "bfloat16" else np.dtype(array.dtype).name
 
     def problem_fault(self, problem: Problem) -> str | None:
         """Why this family cannot run `problem` whatever the config (e.g. head counts that do not group), or

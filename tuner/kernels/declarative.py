@@ -339,11 +339,19 @@ class DeclarativeFamily(Family):
         return tuple(a.name for a in self.arguments if a.role == "inout")
 
     def checked_value(self, xp, name: str, array, dtype: str | None):
-        if dtype is None and name in self._in_place():  # an inout argument: its declared dtype says how to read it
+        return super().checked_value(xp, name, array, self._checked_dtype(name, array, dtype))
+
+    def checked_stored(self, name: str, array, dtype: str | None) -> str | None:
+        """Every declared array is compared as stored (bf16 bits as bfloat16)."""
+        return "bfloat16" if self._checked_dtype(name, array, dtype) == "bfloat16" else np.dtype(array.dtype).name
+
+    def _checked_dtype(self, name: str, array, dtype: str | None) -> str | None:
+        """`dtype`, or for an inout argument (None) its declared dtype, which says how to read it."""
+        if dtype is None and name in self._in_place():
             dtype = next(a for a in self.arguments if a.name == name).dtype
             if dtype == PROBLEM_DTYPE:
                 dtype = "bfloat16" if array.dtype == np.uint16 else None
-        return super().checked_value(xp, name, array, dtype)
+        return dtype
 
     def reference(self, xp, inputs: dict[str, Any], problem: Problem, config: Config | None = None) -> dict:
         if self.reference_fn is None:
@@ -392,6 +400,11 @@ class DeclarativeFamily(Family):
                 )
             expected[name] = xp.asarray(value)
         return expected
+
+    def reference_imports(self) -> tuple[usercode.UserFunction, ...]:
+        """The reference's function, where it is a user's (``FILE.py:function`` or ``module:function``)."""
+        fn = self.reference_fn.args[0] if isinstance(self.reference_fn, functools.partial) else self.reference_fn
+        return (fn,) if isinstance(fn, usercode.UserFunction) else ()
 
     def reference_on_host(self) -> bool:
         return self.reference_fn is not None and self.reference_arrays == "numpy"
