@@ -95,6 +95,29 @@ def test_forest_with_several_configs_in_flight_proposes_each_config_once(space_f
     assert len(keys) == len(set(keys)) == summary["trials"] == 48
 
 
+def test_forest_in_flight_searches_around_the_best_while_the_start_is_out(space_file):
+    """With 8 in flight, once the start's draws are all proposed and their results not yet back, each proposal
+    is one knob away from an earlier config (a neighbourhood move from the best result), not another draw."""
+    _, trials = _study(space_file, 24, seed=2, replay_in_flight=8)
+    names = list(trials[0].params)
+    # Proposals 8 and 9 are made with 1 and 2 results back (8 + 2 < 10: still the start); from 10 on, 3 or more.
+    for t in trials[forest.FOREST_STARTUP : forest.FOREST_STARTUP + 7]:
+        distances = [sum(t.params[n] != e.params[n] for n in names) for e in trials[: t.number]]
+        assert min(distances) == 1, (t.number, t.params)
+
+
+def test_forest_imports_the_trees_in_the_background_once_attached(space_file):
+    sampler = make_sampler("forest", 0, 1)
+    assert sampler._trees_imported is None  # nothing started before the valid set is attached
+    thread = forest._import_trees_in_background()
+    assert thread.daemon
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    import sys
+
+    assert "sklearn.tree" in sys.modules
+
+
 def test_forest_with_several_objectives_is_tpe(tmp_path):
     sampler = make_sampler("forest", 0, 3)
     assert isinstance(sampler.fallback, optuna.samplers.TPESampler)

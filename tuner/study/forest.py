@@ -1,11 +1,14 @@
 """The default search: randomized trees over the whole enumerated valid set, as an Optuna sampler.
 
-Once the driver hands it the valid set (`ValidSetSampler.attach`), each proposal is one unexplored valid config:
+Once the driver hands it the valid set (`ValidSetSampler.attach`; scikit-learn's trees are then imported in a
+background thread, `_import_trees_in_background`), each proposal is one unexplored valid config:
 
 - the first `FOREST_STARTUP` (the space's default measured first among them) cover every value of every knob: of
   `COVER_CANDIDATES` uniform draws, the one whose values were tried least so far. A knob whose good value is rare
   (Kernel Tuner's pnpoly: every config near the optimum has ``use_method=0``) is seen several times before
-  anything is modelled;
+  anything is modelled. With several configs in flight the start waits for `FOREST_STARTUP` results, not
+  proposals: once that many are proposed, each proposal until their results are back is a neighbourhood move
+  from the best result so far (below) rather than one more coverage draw;
 - then, in turn: the trees' pick (`_best_expected`: extremely randomized trees learn log time, or -log
   throughput, from every evaluated config, a failure as the worst value so far, and rate every unexplored valid
   config, or beyond `ALL_CANDIDATES` a sample plus the best configs' near neighbours), and a neighbourhood move
@@ -20,6 +23,7 @@ and benchmarks/results/search/.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from optuna.samplers import BaseSampler
@@ -32,7 +36,7 @@ FOREST_STARTUP = 10
 #: uniform draws scored for coverage per such proposal
 COVER_CANDIDATES = 64
 #: one proposal in this many after the start-up is a coverage draw
-EXPLORE_EVERY = 8
+EXPLORE_EVERY = 16
 #: how many spreads below its mean a config is rated (a lower confidence bound)
 OPTIMISM = 1.0
 #: trees in the forest
@@ -65,6 +69,8 @@ class ForestSampler(BaseSampler):
         self._moves_from: dict[int, int] = {}
         #: row → the mean the trees predicted for it when it was proposed (what a config in flight is told as)
         self._expected: dict[int, float] = {}
+        #: the background import of scikit-learn's trees, started by `attach`
+        self._trees_imported: threading.Thread | None = None
 
     def __str__(self) -> str:
         return "ForestSampler"
@@ -77,6 +83,7 @@ class ForestSampler(BaseSampler):
         import numpy as np
 
         self._index, self._explored, self._codec = repair.index, explored, codec
+        self._trees_imported = _import_trees_in_background()
         # Knob values as features: a numeric knob's rank among its sorted values, another's declared position.
         columns: list[np.ndarray] = []
         self._rank_column = []
@@ -157,13 +164,19 @@ class ForestSampler(BaseSampler):
             elif t.values:
                 rows.append(r)
                 ys.append(float(t.values[0]))
+        y = np.asarray(ys)
+        y = sign * (np.log(y) if len(y) and (y > 0).all() else y)
         if len(rows) < FOREST_STARTUP:  # configs in flight tell the trees nothing yet: the start waits for results
+            if rows and len(rows) + len(pending) >= FOREST_STARTUP:
+                # The start's draws are all proposed, their results not all back (several in flight): search
+                # around the best result so far meanwhile rather than draw more.
+                self._neighbour_turns = 0  # so this move starts from the best so far
+                if (move := self._neighbour(free, np.asarray(rows), y)) is not None:
+                    return move
             return self._cover(free, rows + pending)
         self._proposals += 1
         if self._proposals % EXPLORE_EVERY == 0:
             return self._cover(free, rows + pending)
-        y = np.asarray(ys)
-        y = sign * (np.log(y) if (y > 0).all() else y)
         if self._proposals % 2:
             move = self._neighbour(free, np.asarray(rows), y)
             if move is not None:
@@ -243,6 +256,9 @@ class ForestSampler(BaseSampler):
         tree drawn at random (Thompson sampling, so proposals made before their neighbours' results are back
         spread out). A config in flight is fitted at the mean predicted for it when it was proposed."""
         import numpy as np
+
+        if self._trees_imported is not None:  # started at `attach`, usually done by now
+            self._trees_imported.join()
         from sklearn.tree import ExtraTreeRegressor
 
         features = self._features
@@ -267,6 +283,24 @@ class ForestSampler(BaseSampler):
             pick = int(np.argmin(mean - OPTIMISM * spread))
         self._expected[int(candidates[pick])] = float(mean[pick])
         return int(candidates[pick])
+
+
+def _import_sklearn_tree() -> None:
+    try:
+        import sklearn.tree  # noqa: F401
+    except ImportError:  # reported where the trees are first fitted
+        pass
+
+
+def _import_trees_in_background() -> threading.Thread:
+    """Import scikit-learn's trees in a daemon thread and return it (join it before the first fit).
+
+    The import takes seconds (~2.4 s on a 2-core machine) and the first fit comes only after `FOREST_STARTUP`
+    results, so it runs while the start's configs are measured instead of stalling the first fitted proposal.
+    A study that ends first exits without waiting for it (a daemon thread)."""
+    thread = threading.Thread(target=_import_sklearn_tree, name="import-sklearn-tree", daemon=True)
+    thread.start()
+    return thread
 
 
 def _powers_of_two(values) -> np.ndarray | None:
