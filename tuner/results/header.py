@@ -457,14 +457,14 @@ def header_context(
     per_study = [
         _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study]) for study in studies
     ]
-    from tuner import __version__
+    from tuner.shipped import VERSION
 
     return {
         "kernel": kernel,
         "kernel_ns": _cpp_name(kernel),
         "namespace": namespace,
         "pick": pick,
-        "version": __version__,
+        "version": VERSION,
         "now": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gemm_like": any(throughput_unit(e.study) == "TFLOP/s" for e in exported),
         "sizes": [_cpp_name(s) for s in exported[0].ctx.problem.sizes],
