@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-#: When the tuner package was first imported (it imports this module before anything else; `tuner.IMPORTED_AT`):
+#: When the tuner package was first imported (its own module imports this one at its start; `tuner.IMPORTED_AT`):
 #: for `python -m tuner` and the `tuner` script, the start of the command (give or take the interpreter's own
 #: start-up). Cold-start figures are measured from here.
 IMPORTED_AT = time.perf_counter()
