@@ -1,5 +1,5 @@
 """Milliseconds per trial written into a fresh SQLite study: Optuna's `create_new_trial` per trial against
-`tuner.study.trialwriter.TrialWriter.write` in batches, for real trials (those of tests/data/transpose_h200.db, ~27 user
+`tuner.store.trialwriter.TrialWriter.write` in batches, for real trials (those of tests/data/transpose_h200.db, ~27 user
 attrs each), with the SQL statements each path issues; then per trial completed from RUNNING (as the study's
 writer completes a trial whose result came after its hold): Optuna's per-attribute calls against
 `TrialWriter.finish` in batches. CPU only.
@@ -23,8 +23,8 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy import event
 
-from tuner.results.dbfiles import open_storage
-from tuner.study.trialwriter import TrialWriter
+from tuner.store.dbfiles import open_storage
+from tuner.store.trialwriter import TrialWriter
 
 RECORDING = Path(__file__).resolve().parent.parent / "tests" / "data" / "transpose_h200.db"
 

@@ -184,8 +184,8 @@ def main() -> int:
     from tuner.gpu.ceiling import measure_ceiling
     from tuner.gpu.evaluator import GpuEvaluator
     from tuner.gpu.timing import benchmark
-    from tuner.results.studies import artifact_dir_for
     from tuner.space import space as space_mod
+    from tuner.store.artifacts import artifact_dir_for
     from tuner.study.driver import run_study
     from tuner.study.options import StudyOptions
 

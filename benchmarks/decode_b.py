@@ -291,7 +291,7 @@ def main() -> int:
     from tuner.gpu.ceiling import _time_copy
     from tuner.gpu.evaluator import GpuEvaluator
     from tuner.gpu.timing import benchmark
-    from tuner.results.studies import artifact_dir_for
+    from tuner.store.artifacts import artifact_dir_for
     from tuner.study.driver import run_study
     from tuner.study.options import StudyOptions
 

@@ -26,7 +26,7 @@ uniform baseline are the subset's; the report says per space whether the recordi
 
 A recording is ``PATH=SPACE``, or a PATH whose space a manifest.json beside it (or benchmarks/data/manifest.json)
 names, or a
-Kernel Tuner cache (its space is made with `tuner.results.kt.write_space`).
+Kernel Tuner cache (its space is made with `tuner.store.kt.write_space`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ MANIFEST = ROOT / "benchmarks" / "data" / "manifest.json"
 
 def resolve(item: str, tmp: Path) -> tuple[str, str, str]:
     """(name, recording path, space path) of one command-line item."""
-    from tuner.results import kt
+    from tuner.store import kt
 
     path, sep, space = item.partition("=")
     name = Path(path).name.split(".")[0]

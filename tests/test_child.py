@@ -22,7 +22,7 @@ from child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_di
 from tuner.build import child as child_mod
 from tuner.errors import InputError
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-from tuner.study.writer import Mirror
+from tuner.store.writer import Mirror
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -236,8 +236,8 @@ def test_children_end_with_the_parent(tmp_path):
         f"""
         from tuner.study.replay import ReplayEvaluator
         from tuner.gpu.worker import IsolatedEvaluator
-        from tuner.study import writer
-        from tuner.study.writer import launch_writer
+        from tuner.store import writer
+        from tuner.store.writer import launch_writer
         w = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})
         w.launch()
         launch_writer()

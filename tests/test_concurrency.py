@@ -15,7 +15,7 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.space.space import params_key
-from tuner.study import lease
+from tuner.store import lease
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"

@@ -14,9 +14,9 @@ import optuna
 import pytest
 
 from tuner.cli.main import main as cli_main
-from tuner.results import kt
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
+from tuner.store import kt
 from tuner.study import forest
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions

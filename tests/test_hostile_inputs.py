@@ -654,7 +654,7 @@ def told(output: str) -> int:
 
 def counted(db: Path) -> tuple[int, int]:
     """(studies, trials that count towards --trials) in a study database."""
-    from tuner.study.preflight import counted_trials
+    from tuner.store.schema import counted_trials
 
     with sqlite3.connect(db) as conn:
         names = [name for (name,) in conn.execute("SELECT study_name FROM studies")]

@@ -1,4 +1,4 @@
-"""Kernel Tuner caches of any size import as spaces and replay (tuner/results/kt.py, tuner/space/configs.py), and a
+"""Kernel Tuner caches of any size import as spaces and replay (tuner/store/kt.py, tuner/space/configs.py), and a
 replay-only space says so in one line wherever something would render, compile or run it."""
 
 from __future__ import annotations

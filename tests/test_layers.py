@@ -31,6 +31,13 @@ def test_the_api_calls_stay_functions_whatever_is_imported():
     assert callable(tuner.bench) and tuner.bench.__module__ == "tuner.api"
 
 
+def test_the_package_module_imports_what_it_names_where_the_linter_sees_it():
+    """`tuner/__init__.py` reaches the API and the stage package by import statements (the contracts in
+    pyproject.toml see them), not through importlib."""
+    assert "importlib" not in Path(tuner.__file__).read_text()
+    assert "tuner" not in vars(tuner) and "_stage" not in vars(tuner)  # no stray bindings of its own imports
+
+
 def test_cuda_is_reached_through_one_module():
     """tuner.cudalib gives CuPy's runtime, driver and NVRTC bindings; no other module of the package imports
     cupy_backends, so a CuPy that moves them is mended in one place."""

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tuner.errors import InputError
+from tuner.store import probe, schema
 from tuner.study import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +137,7 @@ def test_the_api_runs_the_same_checks(tmp_path, monkeypatch):
 def test_a_writable_database_passes_the_probe_unchanged(tmp_path):
     db = copy_recording(tmp_path / "s.db")
     before = files_in(tmp_path)
-    assert preflight.check_storage(f"sqlite:///{db}") == db
+    assert probe.check_storage(f"sqlite:///{db}") == db
     assert files_in(tmp_path) == before  # the probe's write was rolled back, its folder's probe file removed
     with sqlite3.connect(db) as conn:
         names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
@@ -156,7 +157,7 @@ def test_a_database_another_process_is_writing_is_writable(tmp_path, monkeypatch
 
     monkeypatch.setattr(sqlite3, "connect", counted)
     try:
-        assert preflight.check_storage(f"sqlite:///{db}?timeout=1") == db
+        assert probe.check_storage(f"sqlite:///{db}?timeout=1") == db
         # one write probe, bounded by its own busy timeout: the writer's lock is not waited out nor retried
         assert [timeout for uri, timeout in opened if "mode=rw" in uri] == [1.0]
     finally:
@@ -168,8 +169,8 @@ def test_a_server_url_is_connected_to(tmp_path):
     # No database server here: the probe of a non-file URL is what runs for one (connect, a transaction); a
     # SQLite URL whose file cannot be opened stands in for a server that refuses.
     with pytest.raises(InputError, match="--storage .*: cannot connect"):
-        preflight._probe_server(f"sqlite:///{tmp_path}/none/x.db", "--storage x")
-    preflight._probe_server(f"sqlite:///{copy_recording(tmp_path / 's.db')}", "--storage s.db")
+        probe._probe_server(f"sqlite:///{tmp_path}/none/x.db", "--storage x")
+    probe._probe_server(f"sqlite:///{copy_recording(tmp_path / 's.db')}", "--storage s.db")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,7 +179,7 @@ def test_a_server_url_is_connected_to(tmp_path):
 
 @pytest.mark.parametrize("content", ["optuna", "empty"])
 def test_lease_on_a_read_only_database_says_read_only(tmp_path, content, monkeypatch):
-    from tuner.study import lease
+    from tuner.store import lease
 
     db = tmp_path / "ro.db"
     if content == "optuna":
@@ -310,9 +311,9 @@ def test_counted_trials_follow_the_drivers_rule(tmp_path):
     import optuna
     from optuna.distributions import IntDistribution
 
+    from tuner.store.schema import SCREENED, counts
     from tuner.study.driver import run_study
     from tuner.study.options import StudyOptions
-    from tuner.study.search import SCREENED, counts
 
     url = f"sqlite:///{tmp_path}/s.db"
     opts = StudyOptions(
@@ -347,10 +348,10 @@ def test_counted_trials_follow_the_drivers_rule(tmp_path):
         )
     trials = study.get_trials(deepcopy=False)
     assert any(SCREENED in t.user_attrs for t in trials)
-    counted, attrs = preflight.counted_trials(tmp_path / "s.db", summary["study"])
+    counted, attrs = schema.counted_trials(tmp_path / "s.db", summary["study"])
     assert counted == sum(1 for t in trials if counts(t)) == 13
     assert attrs["kernel"] == "transpose"
-    assert preflight.counted_trials(tmp_path / "s.db", "absent") is None
+    assert schema.counted_trials(tmp_path / "s.db", "absent") is None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from tuner.build import compile as compile_mod
 from tuner.cli.main import main as cli_main
 from tuner.gpu.protocol import EvaluateRequest
-from tuner.results import kt
 from tuner.space import space as space_mod
+from tuner.store import kt
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
 from tuner.study.replay import load_records, params_key

@@ -18,6 +18,7 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.results import export
+from tuner.results.tables import stored_best
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study import shapes
@@ -40,7 +41,7 @@ def _opts(tmp_path, **kw) -> StudyOptions:
 def run_problems(opts: StudyOptions, problems, replays=(), warm_start=None):
     """`tuner.study.shapes.run_problems` over `problems`, answered by `replays`, warm-started from `warm_start`."""
     return shapes.run_problems(
-        dataclasses.replace(opts, problems=problems, replay=list(replays), warm_start=warm_start)
+        dataclasses.replace(opts, problems=problems, replay=list(replays), warm_start=warm_start), stored_best
     )
 
 

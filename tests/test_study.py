@@ -379,8 +379,8 @@ def test_a_new_study_database_is_created_by_the_writer_not_the_driver(tmp_path):
 def test_the_fast_storage_path_reads_urls_as_sqlalchemy_does(url):
     from sqlalchemy.engine import make_url
 
-    from tuner.results.dbfiles import plain_sqlite_file, sqlite_path
-    from tuner.results.studies import artifact_dir_for
+    from tuner.store.artifacts import artifact_dir_for
+    from tuner.store.dbfiles import plain_sqlite_file, sqlite_path
 
     fast = plain_sqlite_file(url)
     assert fast is None or fast == Path(make_url(url).database)

@@ -22,10 +22,10 @@ import optuna
 import pytest
 
 from tuner.cli import main as cli
+from tuner.gpu.clock import human_seconds
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
-from tuner.results.console import human_seconds
 from tuner.space import limits
 from tuner.study import local
 from tuner.study.driver import Driver

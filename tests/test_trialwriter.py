@@ -1,4 +1,4 @@
-"""`tuner.study.trialwriter` on real SQLite and real Optuna: the bulk path writes what `create_new_trial` writes, field
+"""`tuner.store.trialwriter` on real SQLite and real Optuna: the bulk path writes what `create_new_trial` writes, field
 by field, and the study's writer process mirrors a replay study exactly."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.results.dbfiles import open_storage
-from tuner.study import trialwriter
+from tuner.store import trialwriter
+from tuner.store.dbfiles import open_storage
+from tuner.store.trialwriter import TrialWriter
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
-from tuner.study.trialwriter import TrialWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -212,7 +212,7 @@ def test_the_writer_process_mirrors_a_replay_study_exactly(tmp_path):
 def test_the_writer_process_writes_a_late_trial_running_then_completes_it(tmp_path):
     """A trial still running after `WRITER_HOLD_S` is written RUNNING, with the finished trials behind it in ask
     order, and completed by its finish; a finished trial is written in one go with its neighbours."""
-    from tuner.study.writer import Mirror
+    from tuner.store.writer import Mirror
 
     url, storage, study_id = new_study(tmp_path, "m", 3)
     trials = varied(3)
@@ -388,7 +388,7 @@ def test_finish_falls_back_to_optunas_calls_when_the_guard_says_no(tmp_path, mon
 def _writer_with_short_hold(conn, url, parent, calls: str) -> None:
     """`_writer_main` (in the writer's process) holding trials 0.3 s, whose bulk writes take 2 s longer (messages sent
     meanwhile arrive in one pass), and which logs the number of trials of each `finish` call to `calls`."""
-    from tuner.study import writer as study
+    from tuner.store import writer as study
 
     study.WRITER_HOLD_S = 0.3
     write, finish = TrialWriter.write, TrialWriter.finish
@@ -410,7 +410,7 @@ def _writer_with_short_hold(conn, url, parent, calls: str) -> None:
 def test_the_writer_process_completes_trials_held_past_the_hold_in_one_pass(tmp_path):
     """Trials still running after `WRITER_HOLD_S` are written RUNNING; their finishes, arriving together, are
     completed in one `finish` call, and the durable trials are then the records the driver sent."""
-    from tuner.study.writer import Mirror
+    from tuner.store.writer import Mirror
 
     url, storage, study_id = new_study(tmp_path, "m", 3)
     pairs = running_and_finished(3)
@@ -442,7 +442,7 @@ def test_the_driver_hears_at_once_of_a_writer_that_died(tmp_path):
     instead of the study running on with nothing recorded; a live, bound writer passes."""
     import signal
 
-    from tuner.study.writer import Mirror
+    from tuner.store.writer import Mirror
 
     url, _, study_id = new_study(tmp_path, "w", 1)
     mirror = Mirror(url, study_id)

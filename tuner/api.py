@@ -124,7 +124,7 @@ def open_study(name: str | None = None, storage: str | None = None) -> StudyResu
     from tuner.results import export
 
     found = export.open_study(name, storage)
-    return StudyResult(summary={"study": found.study_name, "storage": export.storage_url(found)}, _study=found)
+    return StudyResult(summary={"study": found.study_name, "storage": export.study_url(found)}, _study=found)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,9 +169,10 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
 
 def _study_problems(opts) -> ProblemsResult:
     """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
+    from tuner.results.tables import stored_best
     from tuner.study.shapes import run_problems
 
-    out = run_problems(opts)
+    out = run_problems(opts, stored_best)
     results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
     return ProblemsResult(summary=out, results=results)
 

@@ -1,5 +1,5 @@
-"""Where the shipped kernel templates and search spaces are: inside the package of an installed wheel, at the top
-of a source checkout (and of an editable install of one).
+"""What ships: the package's version (`VERSION`), and where the shipped kernel templates and search spaces are:
+inside the package of an installed wheel, at the top of a source checkout (and of an editable install of one).
 
 The repository keeps them at its top, ``templates/`` and ``search_spaces/``, where a user opens and copies them;
 the wheel carries them as package data, mapped into the package at build time (pyproject.toml), so an installed
@@ -9,6 +9,9 @@ tuner finds them from any directory.
 from __future__ import annotations
 
 from pathlib import Path
+
+#: the package's version (`tuner.__version__`), written into exported headers
+VERSION = "0.1.0"
 
 PACKAGE = Path(__file__).resolve().parent
 

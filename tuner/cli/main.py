@@ -145,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     interrupts = _Interrupts(argv is None)
     try:
         if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
-            # A study will need its writer process (tuner.study.writer): start it before this process builds its
+            # A study will need its writer process (tuner.store.writer): start it before this process builds its
             # parser, so that the writer's imports (a second or two) overlap everything after. Bad flags end it
             # with us.
-            from tuner.study.writer import launch_writer
+            from tuner.store.writer import launch_writer
 
             launch_writer()
         parser = build_parser()

@@ -20,7 +20,7 @@ STORAGE_HELP = "a storage URL or .db path to look in (default: every studies/*.d
 
 def _complete_study(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
     """Shell completion of STUDY: the study names in --storage, else in studies/*.db."""
-    from tuner.results.studies import study_names
+    from tuner.store.reading import study_names
 
     try:
         names = study_names(getattr(parsed_args, "storage", None))
@@ -41,12 +41,13 @@ def cmd_studies(args: argparse.Namespace) -> int:
     from tuner.objective import format_figure
     from tuner.results import studies
     from tuner.results.console import Column, print_table
+    from tuner.store.dbfiles import STUDIES_DIR
 
     rows = studies.list_studies(args.storage)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    where = args.storage or f"{studies.STUDIES_DIR}/*.db"
+    where = args.storage or f"{STUDIES_DIR}/*.db"
     columns = [
         Column("name", copy=True),
         Column("kernel"),
@@ -82,7 +83,7 @@ def _storage_label(url: str) -> str:
     """A SQLite URL as its file's path (relative to here when below it), any other URL as it is."""
     from pathlib import Path
 
-    from tuner.results.dbfiles import sqlite_path
+    from tuner.store.dbfiles import sqlite_path
 
     path = sqlite_path(url)
     if path is None:
@@ -190,7 +191,7 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tuner.build.files import check_writable
-    from tuner.results import kt
+    from tuner.store import kt
 
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
@@ -213,7 +214,8 @@ def cmd_import_kt(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tuner.results import export, kt
+    from tuner.results import export
+    from tuner.store import kt
 
     if not (args.header or args.kt_cache):
         raise InputError("tuner export: give --header PATH, --kt-cache PATH, or both")

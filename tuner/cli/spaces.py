@@ -183,7 +183,8 @@ def _print_check(name: str, summary: dict[str, Any], elapsed: float) -> None:
     """`tuner check`'s table: each compiled config's resources, then the counts and each distinct error once."""
     from rich.text import Text
 
-    from tuner.results.console import Column, human_seconds, print_table
+    from tuner.gpu.clock import human_seconds
+    from tuner.results.console import Column, print_table
 
     columns = [
         Column("uri", copy=True),

@@ -14,18 +14,19 @@ from tuner.study import options
 def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> None:
     """Start the local engine's GPU worker processes before the study's own imports and set-up (Optuna, the
     space, the storage), which they overlap; a study refused meanwhile stops them on exit. First the checks that
-    take milliseconds (`tuner.study.preflight`: the study's name; a SQLite file's storage, which must take a write), so
-    that a study refused by them starts no worker; and none start for a study that may hold its trials already:
-    the driver's exact check then comes first (it starts them itself otherwise)."""
+    take milliseconds (`tuner.study.preflight`: the study's name; `tuner.store.probe`: a SQLite file's storage,
+    which must take a write), so that a study refused by them starts no worker; and none start for a study that may
+    hold its trials already: the driver's exact check then comes first (it starts them itself otherwise)."""
     from tuner.gpu.worker import launch_gpu_workers
-    from tuner.results.dbfiles import plain_sqlite_file, study_storage_url
     from tuner.space import limits
+    from tuner.store.dbfiles import plain_sqlite_file, study_storage_url
+    from tuner.store.probe import check_storage
     from tuner.study import preflight
 
     preflight.check_study_name(args.study_name)
     url = study_storage_url(args.storage, kernel or "") if args.storage is not None or kernel else None
     if url and plain_sqlite_file(url) is not None:  # another URL needs SQLAlchemy, or a server: the driver's
-        preflight.check_storage(url, given=args.storage is not None)
+        check_storage(url, given=args.storage is not None)
     if kernel and preflight.maybe_complete(args.storage, kernel, args.trials, args.study_name):
         return
     available = limits.local_gpus() or 0

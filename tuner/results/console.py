@@ -1,4 +1,4 @@
-"""What a person reads: tables fitted to the terminal, plain rows for a pipe, times rounded for people.
+"""What a person reads: tables fitted to the terminal, plain rows for a pipe.
 
 Text meant to be copied (a `tuner render … --set …` command, a uri) is never wrapped or cut. In a terminal a
 table grows past the window rather than fold such a column (the terminal soft-wraps the long line and copying
@@ -173,15 +173,3 @@ def print_lines(lines: Iterable[Cell]) -> None:
     console = Console(highlight=False)
     for line in lines:
         console.print(line if isinstance(line, Text) else Text(line), soft_wrap=True)
-
-
-def human_seconds(seconds: float | None) -> str:
-    """A duration as a person reads it: 0.42 s, 5.9 s, 13.6 s, 2 min 05 s; "?" for None."""
-    if seconds is None:
-        return "?"
-    if seconds < 1:
-        return f"{seconds:.2f} s"
-    if seconds < 59.95:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest:02d} s"

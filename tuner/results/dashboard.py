@@ -22,6 +22,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from tuner.errors import InputError
 from tuner.results import studies
 from tuner.results.artifacts import AttachReport, attach_artifacts
+from tuner.store import reading
+from tuner.store.artifacts import artifact_dir_for
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +40,12 @@ class Prepared:
 def prepare(
     study_or_db: str | None, storage: str | None = None, artifact_dir: str | Path | None = None, attach: bool = True
 ) -> Prepared:
-    """Resolve the storage that `study_or_db` names (see `studies.open_studies`; a study name must exist in it),
+    """Resolve the storage that `study_or_db` names (see `reading.open_studies`; a study name must exist in it),
     and attach artifacts to every study in it. InputError for anything unknown or missing."""
-    url, name = studies.resolve_storage(study_or_db, storage)
+    url, name = reading.resolve_storage(study_or_db, storage)
     if name is not None:
-        studies.open_studies(study_or_db, storage)  # an unknown study name is an error, not an empty dashboard
-    folder = Path(artifact_dir) if artifact_dir is not None else studies.artifact_dir_for(url)
+        reading.open_studies(study_or_db, storage)  # an unknown study name is an error, not an empty dashboard
+    folder = Path(artifact_dir) if artifact_dir is not None else artifact_dir_for(url)
     if folder is None:
         raise InputError(f"{url} is not a SQLite file: give an artifact folder (--artifacts DIR)")
     prepared = Prepared(url=url, artifact_dir=folder)
@@ -52,7 +54,7 @@ def prepare(
     except OSError as exc:
         raise InputError(f"cannot create artifact folder {folder}: {exc.strerror}") from None
     if attach:
-        for study in studies.open_studies(None, url):
+        for study in reading.open_studies(None, url):
             prepared.reports[study.study_name] = attach_artifacts(study, folder)
     return prepared
 

@@ -17,28 +17,26 @@ from tuner.results.header import c_string, check_namespace, header_text, write_h
 from tuner.results.plots import plot_pareto, register_budget, smem_budget
 from tuner.results.studies import (
     StudyContext,
-    artifact_dir_for,
     best_trial,
-    get_storage,
-    goal,
     gpu_facts,
+    pareto_trials,
+    render_command,
+    render_trial,
+    study_context,
+    throughput,
+)
+from tuner.results.tables import best_summary, pareto_frame, trial_record, trials_frame, write_pareto, write_trials
+from tuner.store.artifacts import artifact_dir_for
+from tuner.store.reading import get_storage, open_studies, open_study, resolve_storage, study_url
+from tuner.store.schema import (
+    goal,
     is_duplicate,
     is_feasible,
     is_measured,
     measured_trials,
     objective_value,
-    open_studies,
-    open_study,
-    pareto_trials,
-    render_command,
-    render_trial,
-    resolve_storage,
-    storage_url,
-    study_context,
-    throughput,
     throughput_unit,
 )
-from tuner.results.tables import best_summary, pareto_frame, trial_record, trials_frame, write_pareto, write_trials
 
 __all__ = [
     "AttachReport",
@@ -71,7 +69,7 @@ __all__ = [
     "render_trial",
     "resolve_storage",
     "smem_budget",
-    "storage_url",
+    "study_url",
     "study_context",
     "throughput",
     "throughput_unit",

@@ -30,17 +30,10 @@ from tuner.errors import InputError
 from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT_ARCH
 from tuner.kernels.plain import is_plain
-from tuner.results.studies import (
-    StudyContext,
-    _first_line,
-    best_trial,
-    pareto_trials,
-    render_trial,
-    replay_only,
-    study_context,
-    throughput_unit,
-)
+from tuner.results.studies import StudyContext, best_trial, pareto_trials, render_trial, study_context
 from tuner.results.studies import derived as recorded_derived
+from tuner.store.reading import first_line
+from tuner.store.schema import replay_only, throughput_unit
 
 # C++ header
 
@@ -220,7 +213,7 @@ def _launch_specs(
         base = family.launches(entry, config_for(problem), problem.env)
     except (ValueError, ArithmeticError, KeyError, TypeError) as exc:
         raise InputError(
-            f"trial {trial.number}: {family.name}.launches() fails on the tuned problem: {_first_line(exc)}"
+            f"trial {trial.number}: {family.name}.launches() fails on the tuned problem: {first_line(exc)}"
         ) from None
     probes: list[tuple[dict[str, int], list]] = [(dict(problem.sizes), base)]
     if ctx.space is not None:
@@ -464,14 +457,14 @@ def header_context(
     per_study = [
         _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study]) for study in studies
     ]
-    from tuner import __version__
+    from tuner.shipped import VERSION
 
     return {
         "kernel": kernel,
         "kernel_ns": _cpp_name(kernel),
         "namespace": namespace,
         "pick": pick,
-        "version": __version__,
+        "version": VERSION,
         "now": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gemm_like": any(throughput_unit(e.study) == "TFLOP/s" for e in exported),
         "sizes": [_cpp_name(s) for s in exported[0].ctx.problem.sizes],

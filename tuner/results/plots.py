@@ -16,16 +16,9 @@ from optuna.trial import FrozenTrial
 from tuner.build.files import atomic_write, check_writable
 from tuner.exprops import ceil_div
 from tuner.gpufacts import DEFAULT, GpuFacts
-from tuner.results.studies import (
-    goal,
-    gpu_facts,
-    measured_trials,
-    objective_value,
-    pareto_trials,
-    threads,
-    throughput_unit,
-)
+from tuner.results.studies import gpu_facts, pareto_trials, threads
 from tuner.results.tables import pareto_frame
+from tuner.store.schema import goal, measured_trials, objective_value, throughput_unit
 
 MAX_REGISTERS_PER_THREAD = 255
 REGISTER_ALLOCATION_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)

@@ -20,21 +20,17 @@ from tuner.gpufacts import fp32_peak_tflops
 from tuner.objective import RECORDED_FIGURES, Goal, figure, has_throughput
 from tuner.result import TrialAttr
 from tuner.results.studies import (
-    artifact_dir_for,
     best_trial,
     finalist,
-    goal,
     gpu_facts,
-    is_feasible,
-    objective_value,
     pareto_trials,
     render_command,
-    replay_only,
-    storage_url,
     threads,
     throughput,
-    throughput_unit,
 )
+from tuner.store.artifacts import artifact_dir_for
+from tuner.store.reading import get_storage, study_url
+from tuner.store.schema import goal, is_feasible, objective_value, replay_only, throughput_unit
 
 if TYPE_CHECKING:  # pandas is imported where it is used: it costs ~0.3 s at startup
     import pandas as pd
@@ -252,6 +248,17 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
     return out
 
 
+def stored_best(summary: dict[str, Any]) -> dict[str, Any]:
+    """The best config of a study that was complete before a run of several problems (its summary, which names
+    the study and its storage, holds none), as ``tuner best --json`` gives it; {} for one with none measured."""
+
+    study = optuna.load_study(study_name=summary["study"], storage=get_storage(summary["storage"]))
+    try:
+        return best_summary(study)
+    except InputError:
+        return {}
+
+
 def _add_finalist_timing(out: dict[str, Any], study: optuna.Study, t: FrozenTrial, target: Goal) -> None:
     """Where `t` was re-timed as a finalist: its figures in `out` become the longer re-timing's, and say so; the
     screening figures stay alongside."""
@@ -278,7 +285,7 @@ def _where_source(study: optuna.Study, t: FrozenTrial, artifact_dir: str | Path 
     ids = recorded if isinstance(recorded, dict) else {}
     if artifact_dir is None:
         try:
-            artifact_dir = artifact_dir_for(storage_url(study))
+            artifact_dir = artifact_dir_for(study_url(study))
         except InputError:
             artifact_dir = None
     source_path = Path(artifact_dir) / ids["source"] if artifact_dir and ids.get("source") else None

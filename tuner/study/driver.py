@@ -26,37 +26,37 @@ from tuner import kernels
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.result import Invalid, Result, TrialAttr
-from tuner.results.dbfiles import study_storage_url
 from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
+from tuner.store.dbfiles import study_storage_url
+from tuner.store.probe import check_storage
+from tuner.store.schema import SCREENED, counts
+from tuner.store.writer import InlineMirror, Mirror
 from tuner.study.engines import Engine
 from tuner.study.finalists import retime_finalists
 from tuner.study.opening import Opened, Opening, Prelude
 from tuner.study.options import SAMPLERS, StudyOptions, engine_of
-from tuner.study.preflight import check_storage, check_study_name
+from tuner.study.preflight import check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
 from tuner.study.repair import Repair
 from tuner.study.search import (
     CONSTRAINT_KEY,
-    SCREENED,
     TPE_WIDE_UNTIL,
     Codec,
     IndexBuild,
     ValidSetSampler,
     check_budget,
-    counts,
     make_sampler,
     tells_failures_as_worst,
     valid_index,
     worst_values,
 )
-from tuner.study.writer import InlineMirror, Mirror
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
-    from tuner.study.lease import Lease
+    from tuner.store.lease import Lease
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ class Driver(Opening):
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run the study; the study's lease (see tuner.study.lease) is held from before the first read of its trials
+        """Run the study; the study's lease (see tuner.store.lease) is held from before the first read of its trials
         to the end."""
         for _ in self.steps():
             pass

@@ -22,24 +22,23 @@ from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.gpufacts import GpuFacts
 from tuner.result import INTERRUPTED, StudyAttr, TrialAttr
-from tuner.results.artifacts import ArtifactWriter
-from tuner.results.dbfiles import open_storage
 from tuner.space import limits
 from tuner.space.space import params_key
+from tuner.store.artifacts import ArtifactWriter
+from tuner.store.dbfiles import open_storage
+from tuner.store.schema import SCREENED, counted_trials, counts
+from tuner.store.writer import Mirror, launch_writer, new_study
 from tuner.study.engines import Engine
 from tuner.study.options import StudyOptions, default_study_name
-from tuner.study.preflight import complete_line, counted_trials
+from tuner.study.preflight import complete_line
 from tuner.study.search import (
-    SCREENED,
     Codec,
     ValidSetSampler,
-    counts,
     evaluation_failed,
     make_sampler,
     tells_failures_as_worst,
     worst_values,
 )
-from tuner.study.writer import Mirror, launch_writer, new_study
 
 if TYPE_CHECKING:
     import optuna
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from tuner.kernels.base import Family
     from tuner.space import space as space_mod
     from tuner.space.problem import Objective
-    from tuner.study.lease import Lease
+    from tuner.store.lease import Lease
 
 
 @dataclass
@@ -194,7 +193,7 @@ class Opening:
     def _already_complete(self, name: str, counted: int) -> dict[str, Any]:
         """The summary of a study that held its trials before this run (nothing measured, nothing written); one
         line says so where progress is shown."""
-        from tuner.results.dbfiles import sqlite_path
+        from tuner.store.dbfiles import sqlite_path
 
         where = sqlite_path(self.url) if self.url != ":memory:" else None
         if self.opts.progress:
@@ -269,7 +268,7 @@ class Opening:
         starting: the writer's imports and the GPU workers' start-up overlap the rest of the set-up."""
         mirror: Any = None  # Mirror (a process), or, made once the study is open, InlineMirror (in-process)
         if not self.opts.in_process:
-            mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.study.writer.launch_writer`)
+            mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.store.writer.launch_writer`)
             self._setting_up = (None, mirror)
             if self.prelude.spare_writer:
                 launch_writer()  # for the study that follows this one
@@ -285,7 +284,7 @@ class Opening:
         space's GPU facts follow from that GPU. A stored study is leased, and its interrupted trials failed."""
         import optuna
 
-        from tuner.study.lease import acquire
+        from tuner.store.lease import acquire
 
         # A new study's storage is created by the writer process (`_create_study`), off the driver's path: opening
         # an Optuna storage is about a second of imports and schema set-up, which on a busy host (compile threads

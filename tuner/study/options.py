@@ -200,7 +200,7 @@ class StudyOptions:
         metavar="S",
         help="seconds each replayed answer takes, standing in for GPU time",
     )
-    #: take the study over from a driver that holds its lease (see tuner.study.lease)
+    #: take the study over from a driver that holds its lease (see tuner.store.lease)
     takeover: bool = option(
         False, help="take the study over from a driver that holds it (after that driver's host crashed)"
     )

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from tuner.gpu.clock import human_seconds
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import GpuFacts
 from tuner.result import TrialAttr
@@ -69,7 +70,7 @@ class Stats:
 
 def study_location(study: str, url: str) -> str:
     """The line that says where a study's trials go, printed as it starts."""
-    from tuner.results.dbfiles import sqlite_path
+    from tuner.store.dbfiles import sqlite_path
 
     path = sqlite_path(url)
     return f"study {study}: trials go to {path if path is not None else url}"
@@ -82,8 +83,6 @@ _STAGES = {"imports_s": "imports", "ray_init_s": "Ray", "gpu_workers_s": "worker
 
 def _first_seconds(summary: dict[str, Any], replay: bool) -> str:
     """What the seconds before the first result went to: start-up (its stages), then the first config."""
-    from tuner.results.console import human_seconds
-
     cold = summary.get("cold_start_s")
     stages = {
         k: float(v) for k, v in (summary.get("startup") or {}).items() if k in _STAGES and isinstance(v, (int, float))
@@ -215,8 +214,6 @@ class Progress:
         from rich.table import Table
         from rich.text import Text
 
-        from tuner.results.console import human_seconds
-
         if not self.enabled:
             return
         replay = any(str(g.get("gpu", "")).startswith("replay:") for g in summary.get("gpus") or [])
@@ -312,8 +309,6 @@ def _gpu_busy_text(summary: dict[str, Any]) -> str:
 def _time_in_text(summary: dict[str, Any]) -> str:
     """The summary's "time in" row: compile, check (by stage) and timing, in seconds and as shares (see
     `time_split`)."""
-    from tuner.results.console import human_seconds
-
     phases, share = summary["phases_s"], summary.get("phases_share") or {}
     threads = summary.get("compile_threads")
     compile_share = f" ({share['compile']:.0%} of {threads} threads)" if "compile" in share else ""
@@ -334,8 +329,6 @@ def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
     its trials, its wall, how many first configs came from other problems' studies), printed to stderr."""
     from rich.console import Console
     from rich.table import Table
-
-    from tuner.results.console import human_seconds
 
     rows = out["problems"]
     table = Table(title=f"{kernel}: {len(rows)} problems in {human_seconds(out['command_wall_s'])}")

@@ -200,7 +200,7 @@ def load_recording(
 ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]:
     """(params key → (state, user attrs) for every replayable trial, the study's user attrs, its param names) of a
     recording: a study database (a SQLite file, ``.db.gz`` for a gzipped one, or a SQLAlchemy URL) or a Kernel
-    Tuner cache (``.json``, ``.json.gz``; see `tuner.results.kt`). A file read before in this process and unchanged
+    Tuner cache (``.json``, ``.json.gz``; see `tuner.store.kt`). A file read before in this process and unchanged
     since is answered from memory, the same objects each time: callers must not modify them."""
     try:
         stat = Path(path).stat() if "://" not in path else None
@@ -227,7 +227,7 @@ def _load_recording_cached(path: str, study_name: str | None):
 
     from tuner.build.compile import cache_dir
     from tuner.build.files import atomic_write
-    from tuner.results import kt
+    from tuner.store import kt
 
     if kt.is_cache_path(path):
         return _load_recording(path, study_name)
@@ -259,8 +259,8 @@ def _load_recording(
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    from tuner.results import kt
-    from tuner.results.dbfiles import readonly_url
+    from tuner.store import kt
+    from tuner.store.dbfiles import readonly_url
 
     if kt.is_cache_path(path):
         data = kt.read_cache(path)

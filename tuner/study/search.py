@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from tuner.space.space import SearchSpace
 
 CONSTRAINT_KEY = "space"
-#: user attr of a proposal answered without evaluation; its value says why (invalid, duplicate, known_failure)
-SCREENED = "screened"
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
 FAILURE_ATTR = "failure"
 
@@ -502,17 +500,7 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, in_flight: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# which trials count
-
-
-def counts(trial) -> bool:
-    """Trials that count towards --trials: configs evaluated, not the leftovers of a killed driver nor proposals
-    answered without evaluation (``screened``: a constraint violation, a duplicate, a known failure)."""
-    return (
-        trial.state.is_finished()
-        and trial.user_attrs.get(TrialAttr.FAILURE) != INTERRUPTED
-        and SCREENED not in trial.user_attrs
-    )
+# failures
 
 
 def evaluation_failed(trial) -> bool:

@@ -26,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
-from tuner.results.dbfiles import study_storage_url
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
+from tuner.store.dbfiles import study_storage_url
 from tuner.study.options import StudyOptions
 
 __all__ = [
@@ -48,6 +48,9 @@ __all__ = [
     "run_problems",
     "warm_prelude",
 ]
+
+#: the best config of a study that was complete before this run, from its summary (`run_problems`)
+StoredBest = Callable[[dict[str, Any]], dict[str, Any]]
 
 #: the most configs a new problem's study measures first from other problems' studies: as many as TPE's start-up
 #: draws (`tuner.study.search.TPE_STARTUP`), which they replace, so TPE models from them at once
@@ -130,14 +133,14 @@ def problem_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
 def _source(study) -> Source | None:
     """What `study` (an optuna.Study) offers: its measured configs, best first (by its objective); None for one
     with none measured."""
-    from tuner.results import studies
+    from tuner.store import schema
 
     try:
-        measured = studies.measured_trials(study)
+        measured = schema.measured_trials(study)
     except InputError:
         return None
-    goal = studies.goal(study)
-    ranked = sorted(measured, key=lambda t: (goal.rank(studies.objective_value(study, t, goal)), t.number))
+    goal = schema.goal(study)
+    ranked = sorted(measured, key=lambda t: (goal.rank(schema.objective_value(study, t, goal)), t.number))
     problem = study.user_attrs.get("problem") or {}
     return Source(
         study=study.study_name,
@@ -163,8 +166,8 @@ def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
     the storage does not exist yet."""
     import optuna
 
-    from tuner.results.dbfiles import plain_sqlite_file
-    from tuner.results.studies import get_storage
+    from tuner.store.dbfiles import plain_sqlite_file
+    from tuner.store.reading import get_storage
 
     path = plain_sqlite_file(url)
     if url == ":memory:" or (path is not None and not path.exists()):
@@ -184,7 +187,7 @@ def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
 def warm_sources(spec: str, space: space_mod.SearchSpace) -> list[Source]:
     """The studies ``--warm-start SPEC`` names (a study, a kernel or a .db file, as ``tuner best`` finds them), as
     Sources. InputError for a study of another space: one whose knobs, or their values, this space lacks."""
-    from tuner.results.studies import open_studies
+    from tuner.store.reading import open_studies
 
     found = []
     for study in open_studies(spec):
@@ -255,14 +258,15 @@ def warm_prelude(opts: StudyOptions):
     return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
-def run_problems(opts: StudyOptions) -> dict[str, Any]:
+def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> dict[str, Any]:
     """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
     with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
     answers from recordings, one per problem (`match_replays`). Side by side over one pool
     (`tuner.study.sidebyside`) on the local engine and for replays; one after another with `opts.one_at_a_time`,
     on Ray, and for replays with a delay. Returns {"problems": a row per problem (name, sizes, study, trials,
     best, fraction of the ceiling, wall, configs transferred), "studies": each problem's study summary, "wall_s",
-    "command_wall_s", "side_by_side"}."""
+    "command_wall_s", "side_by_side"}. A study complete before this run measured nothing now: its row's best is
+    `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one."""
     if opts.study_name:
         raise InputError("--study-name names one study; with --problems each problem's study has its default name")
     if opts.problem:
@@ -280,6 +284,11 @@ def run_problems(opts: StudyOptions) -> dict[str, Any]:
     t0 = time.perf_counter()
     run = _together if together else _in_turn
     rows, summaries = run(opts, space, chosen, recordings, url, stored, warm)
+    if stored_best is not None:
+        for row in rows:
+            if row["complete_before_run"] and not row["best"]:
+                row["best"] = stored_best(summaries[row["problem"]])
+                row["fraction_of_ceiling"] = row["best"].get("fraction_of_ceiling")
     out = {
         "problems": rows,
         "studies": summaries,
@@ -347,7 +356,7 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm):
 def _together(opts, space, chosen, recordings, url, stored, warm):
     """The studies side by side over one pool (`tuner.study.sidebyside`): each starts from what the database and
     `warm` hold, and takes the new best configs of its neighbours' studies as they are found."""
-    from tuner.results.dbfiles import open_storage
+    from tuner.store.dbfiles import open_storage
     from tuner.study.driver import Driver
     from tuner.study.progress import progress_display
     from tuner.study.sidebyside import LocalBackend, run_side_by_side
@@ -393,7 +402,7 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
 def _row(
     problem: space_mod.Problem, summary: dict[str, Any], wall_s: float, transferred: int, taken: int = 0
 ) -> dict[str, Any]:
-    best = summary.get("best") or (_stored_best(summary) if summary.get("complete_before_run") else {})
+    best = summary.get("best") or {}
     return {
         "problem": problem.name,
         "sizes": dict(problem.sizes),
@@ -409,21 +418,10 @@ def _row(
     }
 
 
-def _stored_best(summary: dict[str, Any]) -> dict[str, Any]:
-    """The best config of a study that was complete before this run (its summary holds none), as ``tuner best
-    --json`` gives it; {} for one with none measured."""
-    from tuner.results.tables import best_summary
-
-    try:
-        return best_summary(_load(summary))
-    except InputError:
-        return {}
-
-
 def _load(summary: dict[str, Any]):
     """The optuna.Study a study summary names."""
     import optuna
 
-    from tuner.results.studies import get_storage
+    from tuner.store.reading import get_storage
 
     return optuna.load_study(study_name=summary["study"], storage=get_storage(summary["storage"]))

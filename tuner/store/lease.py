@@ -91,7 +91,7 @@ def holder_text(row) -> str:
 
 def _cannot_write(study_name: str, url: str, exc: BaseException) -> InputError:
     """The one-line refusal for a storage that the lease cannot be written to (decided by SQLite's code)."""
-    from tuner.results.dbfiles import is_read_only
+    from tuner.store.dbfiles import is_read_only
 
     if is_read_only(exc):
         return InputError(f"study {study_name!r}: read-only database: its lease and trials cannot be written", url)
@@ -105,7 +105,7 @@ def acquire(url: str, study_name: str, takeover: bool = False, pid: int | None =
     import sqlalchemy as sa
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from tuner.results.dbfiles import create_storage, is_busy, sqlite_code
+    from tuner.store.dbfiles import create_storage, is_busy, sqlite_code
 
     table = _table()
     token = uuid.uuid4().hex

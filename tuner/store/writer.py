@@ -38,7 +38,7 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
     whose result comes within `WRITER_HOLD_S` of its start is written finished; one still running then is written
     RUNNING and completed by its finish. The trials due in one pass of the loop are written together, in one
     transaction, and the RUNNING ones whose finish came in that pass are completed together, in another
-    (`tuner.study.trialwriter`). Exits when the driver (`parent`) dies (its end of the pipe closes), once what it sent
+    (`tuner.store.trialwriter`). Exits when the driver (`parent`) dies (its end of the pipe closes), once what it sent
     is written, so a killed driver leaves no writer holding the database (its RUNNING trials are recovered on the
     rerun). The first message names the study, and the storage's `url` when the process was started without it:
     ("study", id[, url]) for a study the driver has opened, or ("create", spec) for a new study, which the writer
@@ -57,8 +57,8 @@ def _writer_main(conn: Connection, url: str | None, parent: int | None = None) -
     import sqlalchemy.dialects.sqlite  # noqa: F401
     import sqlalchemy.orm  # noqa: F401
 
-    from tuner.results.dbfiles import open_storage
-    from tuner.study.trialwriter import TrialWriter
+    from tuner.store.dbfiles import open_storage
+    from tuner.store.trialwriter import TrialWriter
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # as in the driver: no "A new study created" line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -135,7 +135,7 @@ class _Mirroring:
                 self.finals[msg[1]] = msg[2]
             elif kind == "finish":
                 finishing.append((self.trial_ids[msg[1]], msg[2]))
-        if finishing:  # completed together, in one transaction (tuner.study.trialwriter)
+        if finishing:  # completed together, in one transaction (tuner.store.trialwriter)
             started = time.perf_counter()
             self.writer.finish(self.study_id, finishing)
             self.stats["write_s"] += time.perf_counter() - started
@@ -190,8 +190,8 @@ def _create_study(url: str, spec: dict[str, Any]):
     storage (a second driver started it meanwhile: a rerun resumes it)."""
     import optuna
 
-    from tuner.results.dbfiles import open_storage
-    from tuner.study.lease import acquire
+    from tuner.store.dbfiles import open_storage
+    from tuner.store.lease import acquire
 
     name = spec["name"]
     storage = open_storage(url)

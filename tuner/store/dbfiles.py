@@ -67,10 +67,15 @@ STORAGE_FORMS = (
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
+#: the folder of the default storage, relative to the working directory: a study of KERNEL goes to
+#: ``studies/KERNEL.db`` when no storage is given, and a bare name is looked for in ``studies/*.db``
+STUDIES_DIR = Path("studies")
+
+
 def default_storage_url(kernel: str) -> str:
     """Where a study of `kernel` is stored when no storage is given: ``sqlite:///studies/KERNEL.db``, relative to
-    the working directory."""
-    return f"sqlite:///studies/{kernel}.db"
+    the working directory (`STUDIES_DIR`)."""
+    return f"sqlite:///{STUDIES_DIR}/{kernel}.db"
 
 
 def study_storage_url(storage: str | None, kernel: str) -> str:
@@ -170,7 +175,7 @@ def tables(path: Path, what: str) -> set[str]:
     return {name for (name,) in rows}
 
 
-def check_storage(url: str) -> Path | None:
+def check_contents(url: str) -> Path | None:
     """Refuse a storage that is in memory, or a SQLite file that holds something other than Optuna studies.
     Writes nothing. Returns the file of a SQLite storage (which may not exist yet)."""
     path = sqlite_path(url)
@@ -281,7 +286,7 @@ def open_storage(url: str) -> RDBStorage:
     storage's creation and the writer's commits stay cheap. Errors are InputErrors."""
     import optuna
 
-    path = check_storage(url)
+    path = check_contents(url)
     if path is not None:
         if path.parent and not path.parent.exists():
             try:
