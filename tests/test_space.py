@@ -276,7 +276,7 @@ def test_array_listing_hands_back_what_it_cannot_do_exactly(tmp_path):
     """Integers past 2**53 (Python's are unbounded, int64 wraps) and powers go back to the walk, with its result."""
     import numpy as np
 
-    from tuner.exprarrays import NotVectorizable
+    from tuner.expr.arrays import NotVectorizable
 
     text = EDGES.replace("  - q != 3 and m >= 0\n", "  - q != 3 and m >= 0\n  - big * big * a >= 0\n  - a ** 2 < 50\n")
     space = space_mod.load(write(tmp_path, text))

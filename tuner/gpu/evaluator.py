@@ -39,7 +39,7 @@ import numpy as np
 from tuner import families
 from tuner.cudalib import driver as _driver
 from tuner.cudalib import runtime as _runtime
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB
 from tuner.gpu.checks import OutputCheck, Verification

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.kernels import bf16
 from tuner.kernels.base import Config, Family, Launch, Problem
 

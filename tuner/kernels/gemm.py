@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.kernels.base import Config, Family, Launch, Problem
 
 GELU_C = 0.7978845608  # sqrt(2 / pi), as the template writes it

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.kernels import bf16
 from tuner.kernels.base import Config, Family, Launch, Outputs, Problem
 

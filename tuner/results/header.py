@@ -27,7 +27,7 @@ from tuner.build.files import atomic_write, check_writable
 from tuner.build.render import entry_name, environment
 from tuner.build.render import uri as kernel_uri
 from tuner.errors import InputError
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.gpufacts import DEFAULT_ARCH
 from tuner.kernels.plain import is_plain
 from tuner.results.studies import StudyContext, best_trial, pareto_trials, render_trial, study_context

@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.build.files import atomic_write, check_writable
-from tuner.exprops import ceil_div
+from tuner.expr.ops import ceil_div
 from tuner.gpufacts import DEFAULT, GpuFacts
 from tuner.results.studies import gpu_facts, pareto_trials, threads
 from tuner.results.tables import pareto_frame

@@ -210,7 +210,7 @@ class SearchSpace:
 
     def _listed_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray | None:
         """`_positions_over_arrays`, or None where the arrays cannot list this space (see `valid_positions`)."""
-        from tuner.exprarrays import NotVectorizable
+        from tuner.expr.arrays import NotVectorizable
 
         if type(self) is not SearchSpace:
             return None
@@ -222,7 +222,7 @@ class SearchSpace:
     def _positions_over_arrays(self, problem: Problem, budget: int | None) -> np.ndarray:
         import numpy as np
 
-        from tuner.exprarrays import NotVectorizable, truth
+        from tuner.expr.arrays import NotVectorizable, truth
 
         env: dict[str, Any] = dict(problem.expression_env)
         rows = np.zeros((1, 0), dtype=np.int16)  # the one empty prefix

@@ -7,7 +7,7 @@ re-walking the AST per config, which matters when a space has hundreds of thousa
 
 Expressions are bounded, so a space file cannot hang or exhaust the process that reads it: the text is at most
 `MAX_CHARS` characters, the tree at most `MAX_NODES` nodes and `MAX_DEPTH` levels deep (checked before the tree is
-walked recursively), and the operators are bounded (`tuner.exprops`): ``**`` refuses exponents above `MAX_EXPONENT` and
+walked recursively), and the operators are bounded (`tuner.expr.ops`): ``**`` refuses exponents above `MAX_EXPONENT` and
 results above `MAX_INT_BITS` bits, ``*`` refuses integers above `MAX_INT_BITS` bits and strings or tuples longer than
 `MAX_SEQUENCE`, and ``%`` never formats strings. A refused operation raises `ExprLimit` (an ArithmeticError, so a
 constraint that hits a limit rules its config out like any other arithmetic fault).
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.exprarrays import build_over
-from tuner.exprops import BINOPS, COMPARE, FUNCTIONS, UNARY, Env
+from tuner.expr.arrays import build_over
+from tuner.expr.ops import BINOPS, COMPARE, FUNCTIONS, UNARY, Env
 
 MAX_CHARS = 4096
 MAX_NODES = 1000
@@ -167,7 +167,7 @@ def _build_compare(node: ast.Compare, names: set[str], source: str) -> Callable[
 
 
 def _build_call(node: ast.Call, names: set[str], source: str) -> Callable[[Env], Any]:
-    """A call of a whitelisted function (`tuner.exprops.FUNCTIONS`) by name, with positional arguments only."""
+    """A call of a whitelisted function (`tuner.expr.ops.FUNCTIONS`) by name, with positional arguments only."""
     if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
         what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
         allowed = ", ".join(sorted(FUNCTIONS))

@@ -5,7 +5,7 @@ exhaust the process that reads it.
 `MAX_INT_BITS` bits and strings or tuples longer than `MAX_SEQUENCE`, and ``%`` never formats strings. A refused
 operation raises `ExprLimit` (an ArithmeticError, so a constraint that hits a limit rules its config out like any
 other arithmetic fault). `tuner.expr` evaluates expressions config by config with these tables;
-`tuner.exprarrays` over NumPy arrays with the same ones.
+`tuner.expr.arrays` over NumPy arrays with the same ones.
 """
 
 from __future__ import annotations

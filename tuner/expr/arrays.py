@@ -12,7 +12,7 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from tuner.exprops import BINOPS, COMPARE, FUNCTIONS, UNARY, Env
+from tuner.expr.ops import BINOPS, COMPARE, FUNCTIONS, UNARY, Env
 
 
 class NotVectorizable(Exception):
@@ -144,9 +144,9 @@ def _where(cond: Any, a: Any, b: Any) -> Any:
 
 
 def build_over(node: ast.AST) -> _Over:
-    """The array twin of `tuner.expr._build` for a tree `_build` accepted. Each closure returns (values, failed);
-    an operation whose operands are all scalars runs Python's own operator, so only array operands follow NumPy's
-    rules."""
+    """The array twin of `tuner.expr.expression._build` for a tree `_build` accepted. Each closure returns
+    (values, failed); an operation whose operands are all scalars runs Python's own operator, so only array operands
+    follow NumPy's rules."""
     if isinstance(node, ast.Constant):
         value = node.value
         return lambda env: (value, False)
