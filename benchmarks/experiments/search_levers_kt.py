@@ -5,7 +5,8 @@ changed per variant in each worker: TPE's settings, the driver's options, or a p
 failures are told. Prints mean/10th percentile of the fraction of the optimum at 25, 50, 100, 200, 400 evaluated
 configs (those within the trials) against uniform random sampling of the valid set (exact), and writes JSON.
 
-    python benchmarks/search_levers_kt.py benchmarks/data/kt/stencil_like.json.gz default,worst-failures 20 1 200 o.json
+    python benchmarks/experiments/search_levers_kt.py benchmarks/data/kt/stencil_like.json.gz
+        default,worst-failures 20 1 200 o.json
 
 Arguments: a recording (as search.py takes it), variants (keys of VARIANTS), seeds, configs in flight, trials,
 output JSON path. Two worker processes.
@@ -21,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/search.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import search as S  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -1,6 +1,7 @@
 """Where a GEMV config's measured time goes: the first launch after an L2 flush against back-to-back launches.
 
-    python benchmarks/launch_gap.py [--problem m64] [--config mma=4,sk=2,t=128,...] [--budget-ms 100] [--out DIR]
+    python benchmarks/experiments/launch_gap.py [--problem m64] [--config mma=4,sk=2,t=128,...] [--budget-ms 100]
+        [--out DIR]
 
 The study protocol (`tuner.gpu.timing.benchmark`) times one launch between CUDA events after an L2 flush
 (`tuner.gpu.timing.L2_FLUSH`). This script times each config four ways with that same function, on one GPU, in one
@@ -28,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 #: engine 4's best M = 64 config (cluster split-K), the same without the cluster (partials + a reduce launch),
@@ -163,7 +164,7 @@ def main() -> int:
 
     date = dt.date.today().isoformat()
     record = {
-        "command": "python benchmarks/launch_gap.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/experiments/launch_gap.py " + " ".join(sys.argv[1:]),
         "gpu": info["gpu"],
         "date": date,
         "problem": problem.name,

@@ -1,7 +1,7 @@
 """What -lineinfo costs NVRTC, and that it leaves the code alone: GEMM configs of the main job compiled with and
 without it.
 
-    python benchmarks/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--order lineinfo,plain] [--out DIR]
+    python benchmarks/experiments/nvrtc_lineinfo.py [--configs 24] [--seed 0] [--order lineinfo,plain] [--out DIR]
 
 Samples `--configs` valid configs of the shipped GEMM space (the main job's kernel), renders each, and compiles it
 for sm_90 through `tuner.build.compile.nvrtc_compile` (no cache) twice: with tuner's options plus ``-lineinfo``
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """The CPU start-up targets, timed on this machine: `tuner --help`, `tuner spaces` and a 60-trial replay study.
 
-    python benchmarks/cpu_startup.py [--repeat 5] [--trials 60]
+    python benchmarks/experiments/cpu_startup.py [--repeat 5] [--trials 60]
 
 Each command runs `--repeat` times as a fresh process (``python -m tuner ...``, from the repository root, over
 one fresh TUNER_CACHE_DIR: the first ``tuner spaces`` fills its listing cache, later ones read it). The replay
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGETS = {"help": 0.3, "spaces": 0.5, "replay": 5.0}
 
 

@@ -1,6 +1,6 @@
 """A catalog peer's own kernels, for a profiler: one peer of one (family, problem) launched a few times.
 
-    python benchmarks/peer_kernels.py rmsnorm r32768_c8192_bf16 [--impl torch.compile] [--launches 5]
+    python benchmarks/experiments/peer_kernels.py rmsnorm r32768_c8192_bf16 [--impl torch.compile] [--launches 5]
 
 The peers are benchmarks/catalog.py's (same inputs, same torch calls). With ``TORCH_LOGS=output_code`` the
 Triton source torch.compile generates for the problem goes to stderr; under ``ncu --nvtx --nvtx-include
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

@@ -4,7 +4,8 @@ Same harness as benchmarks/search.py (the driver in process over a replay, the r
 evaluated configs at most), with the study's TPE sampler replaced per variant (`tuner.study.search.make_sampler`
 patched in each worker). Prints mean/10th percentile at 25, 50, 100, 200 evaluated configs and writes JSON.
 
-    PYTHONPATH=. python benchmarks/search_tpe_levers.py gemv_m64,gemm tpe-default,tpe-startup20 20 1,8 nearest OUT.json
+    PYTHONPATH=. python benchmarks/experiments/search_tpe_levers.py gemv_m64,gemm tpe-default,tpe-startup20
+        20 1,8 nearest OUT.json
 
 Arguments: spaces (names in benchmarks/data/grid), variants (keys of VARIANTS), seeds, configs in flight,
 repair (nearest, uniform or both comma-separated), output JSON path.
@@ -16,7 +17,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/search.py
 import optuna
 import search as S
 

@@ -1,6 +1,6 @@
 """Hand-picked FP32 GEMM configs beside cuBLAS SGEMM, one GPU, one process.
 
-    python benchmarks/gemm_probe.py [--space benchmarks/spaces/gemm_dynamic_smem.yaml] [--budget-ms 300]
+    python benchmarks/experiments/gemm_probe.py [--space benchmarks/spaces/gemm_dynamic_smem.yaml] [--budget-ms 300]
         [--config tm=128,tn=256,tk=16,rm=16,rn=8,pad=4,vec=4,lb=1,fuse=2,st=2 ...] [--out DIR]
 
 Each config (uri short names, or the space's own param names) is verified against the float64 reference and timed
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 #: the main job's best configs so far (2026-12-01), the reference points of every probe
@@ -97,7 +97,7 @@ def main() -> int:
             row["ratio_vs_cublas"] = round(row["TFLOPs"] / reference, 4)
     date = dt.date.today().isoformat()
     record = {
-        "command": "python benchmarks/gemm_probe.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/experiments/gemm_probe.py " + " ".join(sys.argv[1:]),
         "gpu": info["gpu"],
         "date": date,
         "space": str(Path(args.space).resolve().relative_to(ROOT)),

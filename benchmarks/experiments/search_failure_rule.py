@@ -4,8 +4,9 @@ every failure told as the worst value (the rule before 2026-12-03), same seeds, 
 On a recording with no failed config the two must be identical; prints one line per space × in flight × seed
 and writes JSON.
 
-    python benchmarks/search_failure_rule.py rmsnorm,softmax,gemv_m64,gemm 1 100 out.json
-    python benchmarks/search_failure_rule.py tests/data/transpose_h200.db=tuner/search_spaces/transpose.yaml 3 200 o.js
+    python benchmarks/experiments/search_failure_rule.py rmsnorm,softmax,gemv_m64,gemm 1 100 out.json
+    python benchmarks/experiments/search_failure_rule.py
+        tests/data/transpose_h200.db=tuner/search_spaces/transpose.yaml 3 200 o.js
 
 Arguments: recordings (names in benchmarks/data/grid, or anything search.py takes), seeds, trials, output JSON.
 """
@@ -18,7 +19,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 import search as S  # noqa: E402

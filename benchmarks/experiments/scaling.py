@@ -1,7 +1,7 @@
 """One study over 1..N GPUs: speed-up after start-up and over the whole wall a user waits.
 
-    python benchmarks/scaling.py --gpus 1 2                                   # real GPUs, main job + grid
-    python benchmarks/scaling.py --gpus 1 8 --jobs grid --replay tests/data/transpose_h200.db --delay 0.05
+    python benchmarks/experiments/scaling.py --gpus 1 2                                   # real GPUs, main job + grid
+    python benchmarks/experiments/scaling.py --gpus 1 8 --jobs grid --replay tests/data/transpose_h200.db --delay 0.05
 
 Two jobs, each run once per N in a fresh process with fresh caches (its own TUNER_CACHE_DIR and CUPY_CACHE_DIR,
 its own database), so no run profits from what an earlier one compiled:
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 JOBS = {
     "main": ["gemm", "--space", "search_spaces/gemm.yaml"],

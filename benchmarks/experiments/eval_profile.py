@@ -1,6 +1,6 @@
 """Where a screening evaluation's time goes in the GPU worker: the GEMM main job's space, in-process evaluator.
 
-    python benchmarks/eval_profile.py > profile.txt
+    python benchmarks/experiments/eval_profile.py > profile.txt
 
 Draws 24 valid configs of search_spaces/gemm.yaml uniformly (seed 0), compiles them, and evaluates each twice with
 `tuner.gpu.evaluator.GpuEvaluator` (after one warm-up evaluation of the default): cut short (``cutoff_ms=0``: check + 3
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner.build.compile import compile_source  # noqa: E402
 from tuner.build.render import render  # noqa: E402

@@ -1,7 +1,7 @@
 """Where a GEMM compile's time goes: NVRTC to PTX (the front end and NVVM) against NVRTC to a cubin (the same plus
 ptxas), for the main job's best config and a sample of the shipped GEMM space.
 
-    python benchmarks/nvrtc_split.py [--configs 12] [--seed 1] [--repeats 3] [--out DIR]
+    python benchmarks/experiments/nvrtc_split.py [--configs 12] [--seed 1] [--repeats 3] [--out DIR]
 
 Each config is rendered and compiled through `tuner.build.compile.nvrtc_compile` (no cache) for compute_90 (PTX
 only) and for sm_90 (a cubin), `--repeats` times each after one warm-up compile of the process (NVRTC's first
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 #: the main job's best config on the H200 (benchmarks/results/study_gemm-2026-12-04.md)

@@ -1,7 +1,7 @@
 """Hand-picked GEMV configs on the GPU in one worker: the engine-2 levers at M = 8 / 64 and the down projection.
 
-    python benchmarks/gemv_probes.py [--out $OUT] [--budget-ms 200] [--only m64 ...]
-    python benchmarks/gemv_probes.py --dry-run      # no GPU: validate every probe against the space
+    python benchmarks/experiments/gemv_probes.py [--out $OUT] [--budget-ms 200] [--only m64 ...]
+    python benchmarks/experiments/gemv_probes.py --dry-run      # no GPU: validate every probe against the space
 
 Each probe is a config of search_spaces/gemv.yaml (the space default plus the listed changes), verified and
 timed with the study's protocol (`tuner.gpu.evaluate.evaluate_config`: L2 flushed, CUDA events, median) in one
@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 E2 = {"mma": 2, "m_tile": 64, "vec": 8, "prefetch": 0, "min_blocks": 1}

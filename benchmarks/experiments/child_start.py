@@ -1,7 +1,7 @@
 """How long a GPU worker's child takes to start, on a CPU: `IsolatedEvaluator.launch` → the child's reply.
 
-    python benchmarks/child_start.py [--repeat 20] [--gpu-repeat 3]
-    PYTHONPATH=/other/checkout python benchmarks/child_start.py      # the same figures for another checkout
+    python benchmarks/experiments/child_start.py [--repeat 20] [--gpu-repeat 3]
+    PYTHONPATH=/other/checkout python benchmarks/experiments/child_start.py      # the same figures for another checkout
 
 Three figures per start, each its median over `--repeat` fresh children (one more first, to warm the page cache):
 

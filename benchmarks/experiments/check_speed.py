@@ -1,6 +1,6 @@
 """Compile throughput of `tuner check`: cold and warm compile cache, on this machine's CPUs (no GPU needed).
 
-    python benchmarks/check_speed.py [--space search_spaces/gemm.yaml] [--sample 200]
+    python benchmarks/experiments/check_speed.py [--space search_spaces/gemm.yaml] [--sample 200]
 
 Runs ``tuner check SPACE --sample N --json`` twice against a fresh cache directory (cold, then warm) and writes
 ``check_speed-<date>.json`` with configs/s as `tuner check` measures them (render + compile, in-process), the
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
