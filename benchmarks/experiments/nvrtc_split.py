@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-#: the main job's best config on the H200 (benchmarks/results/study_gemm-2026-12-04.md)
+#: the main job's best config on the H200 (benchmarks/results/study_gemm-2026-12-04.md at commit a50964f)
 BEST = {
     "tile_m": 128,
     "tile_n": 256,
