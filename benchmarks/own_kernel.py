@@ -89,7 +89,8 @@ PARTS = {
     "1": [("m4096", c) for c in CONTENDERS] + [("m16384", c) for c in ("tuner", "triton", "peers")],
     # tuner first on part 2's fresh machine: part 1's M = 4096 study compiled the same sources, and the GPU host
     # serves a repeated NVRTC compile (same source and options) from a cache of its own, across processes
-    # (benchmarks/nvrtc_lineinfo.py: 16 GEMM configs 10.2 s on their first compile, 0.3 s in a later process)
+    # (benchmarks/experiments/nvrtc_lineinfo.py: 16 GEMM configs 10.2 s on their first compile, 0.3 s in a later
+    # process)
     "2": [("m16384", "tuner"), ("m16384", "kernel_tuner")],
 }
 PARTS["all"] = PARTS["1"] + PARTS["2"]

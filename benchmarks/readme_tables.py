@@ -72,6 +72,13 @@ VS_KERNEL_TUNER = "vs_kernel_tuner-2026-12-01-hold.json"
 OWN_KERNEL = "own_kernel-2026-12-03.json"
 EXAMPLE = "example_scale_add-2026-11-30.json"
 
+# The gallery under examples/, tuned as a user types it (benchmarks/gallery.py).
+GALLERY = "gallery-2026-12-06.json"
+
+# The GPU tests from cold, in fresh processes (benchmarks/gpu_suite_cold.sh): its summary file and its report.
+GPU_SUITE = "gpu-suite-cold-2026-12-06/fourth-call.txt"
+GPU_SUITE_REPORT = "gpu-suite-cold-2026-12-06.md"
+
 
 def load(name: str) -> list[dict]:
     """A results file's records: a list of rows, a {"summaries": [...]} file, or a single record."""
@@ -380,6 +387,64 @@ def own_kernels() -> list[str]:
     ]
 
 
+def gallery() -> list[str]:
+    rows = []
+    records = load(GALLERY)
+    for row in records:
+        rows.append(
+            [
+                f"{row['example']} {row['problem']}",
+                row["reference"],
+                f"{row['trials']} ({row['configs_valid']})",
+                fmt(row["wall_s"], 1),
+                fmt(row["first_result_s"], 2),
+                fmt(row["s_per_config_after_first"], 3),
+                f"`{row['best']['uri']}`",
+                f"{row['ours_vs_torch_compile']:.3f} ({row['vs_torch_compile_verdict']})",
+                f"{row['ours_vs_copy']:.3f}",
+            ]
+        )
+    header = ["example, problem", "reference", "configs (valid)", "wall s", "first result s", "s/config after"]
+    return [
+        "## The gallery",
+        "",
+        "Each example under `examples/` tuned as a user types it (`tuner study NAME --space",
+        "examples/NAME/NAME.yaml --trials N`, every valid config up to N), in a fresh directory with empty caches,",
+        "timed from before the process starts; the first result and the pace after it from the trials' completion",
+        "times. Its best config is then timed beside torch.compile of the same op written in torch and a copy of the",
+        "same bytes, round by round in one process (the verdict is the sign test's, p < 0.05).",
+        "",
+        *table([*header, "best config", "ours / torch.compile", "ours / copy"], rows, right=(2, 3, 4, 5, 7, 8)),
+        "",
+        *provenance([GALLERY]),
+        "",
+    ]
+
+
+def gpu_suite() -> list[str]:
+    """The summary gpu_suite_cold.sh writes: `key: value` lines, then `run N: exit RC, S s, pytest's last line`."""
+    facts, rows = {}, []
+    for line in (RESULTS / GPU_SUITE).read_text().splitlines():
+        run = re.match(r"run (\d+): exit (\d+), (\d+) s, (.*)$", line)
+        if run:
+            rows.append([run.group(1), run.group(2), run.group(3), run.group(4)])
+        elif ": " in line:
+            key, value = line.split(": ", 1)
+            facts[key] = value
+    return [
+        "## The GPU suite from cold",
+        "",
+        "`bash benchmarks/gpu_suite_cold.sh` runs the GPU tests (`pytest -m gpu`) in fresh processes, the first on a",
+        "freshly started machine with no compile, CuPy or ceiling cache.",
+        "",
+        *table(["run", "exit", "s", "pytest"], rows, right=(0, 1, 2)),
+        "",
+        f"- {link(GPU_SUITE)}: `{facts['command']}` ({facts['gpu']}, {facts['date'][:10]}, the tree at "
+        f"{facts['commit']}); the report of the day's calls: {link(GPU_SUITE_REPORT)}",
+        "",
+    ]
+
+
 def purpose(path: Path) -> str:
     """A script's first sentence about itself: its docstring's, or a shell script's first comment."""
     if path.suffix == ".py":
@@ -398,8 +463,10 @@ def scripts() -> list[str]:
     return [
         "## The scripts",
         "",
-        "Each says what it measures in its first line, quoted here. Those that need a GPU run as one device call and",
-        "write their results, with the command, GPU and date, to `benchmarks/results/`.",
+        "Each backs a table above or a figure in the docs, and says what it measures in its first line, quoted here.",
+        "Those that need a GPU run as one device call and write their results, with the command, GPU and date, to",
+        "`benchmarks/results/`. The one-off experiments behind a default, each with what it decided, are in",
+        "[experiments/](experiments/README.md).",
         "",
         *table(["script", "what"], rows),
         "",
@@ -437,7 +504,8 @@ def render() -> str:
         "measured (the L2 flush, the stream hold, the copy ceiling): [docs/timing.md](../docs/timing.md).",
         "",
     ]
-    for section in (head_to_head, studies, copy_exercise, main_job, vs_kernel_tuner, own_kernels, scripts, index):
+    sections = (head_to_head, studies, copy_exercise, main_job, vs_kernel_tuner, own_kernels, gallery, gpu_suite)
+    for section in (*sections, scripts, index):
         lines += section()
     return "\n".join(lines).rstrip("\n") + "\n"
 
