@@ -87,7 +87,7 @@ def _compile_task(source, arch):
     return result, time.perf_counter() - started
 
 
-class _GpuActor:
+class _GpuActor(Evaluator):
     """Owns one (real or logical) GPU and the evaluator `factory` builds on it; an `Evaluator` itself, with the
     time spent in `evaluate` counted (`occupied`). Wrapped with ray.remote(num_gpus=1) by `Pool`."""
 
@@ -121,9 +121,8 @@ class _GpuActor:
 
     def evaluate(self, request: EvaluateRequest, deadline: Deadline | None = None) -> Result:
         """The evaluator's answer to `request`, its waits bounded by `deadline` where it takes one."""
-        set_deadline = getattr(self.evaluator, "set_deadline", None)
-        if deadline is not None and set_deadline is not None:
-            set_deadline(deadline)
+        if deadline is not None:
+            self.evaluator.set_deadline(deadline)
         started = time.perf_counter()
         try:
             return self.evaluator.evaluate(request)

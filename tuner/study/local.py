@@ -66,8 +66,7 @@ def host_cores() -> int:
 def _keep(gpu_index: int, evaluator: Evaluator) -> bool:
     """Keep a GPU worker whose process is up for the next study (`tuner.study.sharing`); False for one that is not
     (or an evaluator without a process of its own: a replay's is cheap to make again)."""
-    alive = getattr(evaluator, "alive", None)
-    if alive is None or not alive() or not getattr(evaluator, "info", None):
+    if not evaluator.keepable():
         return False
     return sharing.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
 
@@ -136,16 +135,15 @@ class _Gpu:
 
     def worker(self) -> dict[str, Any]:
         """Who answers on this GPU now: host, pid (the child's, for a GPU worker) and node ("local")."""
-        return {"host": self.pool.host, "pid": getattr(self.evaluator, "pid", None) or os.getpid(), "node": "local"}
+        return {"host": self.pool.host, "pid": self.evaluator.pid or os.getpid(), "node": "local"}
 
     def _start(self) -> bool:
         t0 = time.perf_counter()
         try:
             info = self.evaluator.start()
             self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
-            reserve = getattr(self.evaluator, "reserve", None)
-            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.gpu.verify)
-                reserve(self.pool.finalist_seed)
+            # the finalists' input set may then be computed ahead (tuner.gpu.verify)
+            self.evaluator.reserve(self.pool.finalist_seed)
         except BaseException as exc:  # reported by wait_ready, in the driver's thread
             self.error = exc
             return False
@@ -167,8 +165,7 @@ class _Gpu:
     def _replace_lost(self, pool: LocalPool) -> None:
         """Start the replacement of a worker lost to a hang or a fault before the next config is handed to it, so
         that its start-up is timed apart (``pool.replacements_s``) and counted in no config's deadline."""
-        alive = getattr(self.evaluator, "alive", None)
-        if alive is None or alive():
+        if self.evaluator.alive():
             return
         started = time.perf_counter()
         self.evaluator.start()
@@ -190,9 +187,8 @@ class _Gpu:
             # The family travels by reference, so a user's family is re-imported in the GPU worker's child. The
             # cut-off is read now, not at submit: results that came in while the job waited count.
             request = pool.request(job, pool.space.family_ref or pool.family)
-            note_healthy = getattr(self.evaluator, "note_healthy", None)
-            if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
-                note_healthy(pool.slowest_s)
+            # the slowest healthy run on any GPU lengthens this one's hang deadline
+            self.evaluator.note_healthy(pool.slowest_s)
             self._replace_lost(pool)
             evaluating = time.perf_counter()
             result = self.evaluator.evaluate(request)
@@ -387,7 +383,7 @@ class LocalPool(Pool):
     @property
     def measures_hint(self) -> bool:
         """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
-        return all(getattr(w.evaluator, "measures", True) for w in self._workers)
+        return all(w.evaluator.measures for w in self._workers)
 
     def submit(
         self,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.gpu.protocol import EvaluateRequest, Spent
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
 from tuner.space.problem import Problem
@@ -41,7 +41,7 @@ def gpu_label(path: str | Path) -> str:
     return f"replay:{Path(path).name}"
 
 
-class ReplayEvaluator:
+class ReplayEvaluator(Evaluator):
     """Answers configs from the trials of a recorded study database (SQLite file or SQLAlchemy URL).
 
     Only verified measurements and kernel failures are replayed; duplicates and interrupted trials are skipped.

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.gpu.protocol import EvaluateRequest, Spent
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
 from tuner.result import Result
 from tuner.study.pool import Pool, Report
 from tuner.study.replay import ReplayEvaluator, gpu_label
@@ -194,7 +194,7 @@ class LocalBackend:
         self.pool.close()
 
 
-class ProblemReplays:
+class ProblemReplays(Evaluator):
     """An evaluator that answers each problem's configs from that problem's recording (`ReplayEvaluator`), by
     the sizes the request names: the replay of several problems over one pool."""
 
