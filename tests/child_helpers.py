@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import sys
 
+from tuner.gpu.protocol import Evaluator
 
-class DiesAtStart:
+
+class DiesAtStart(Evaluator):
     """A GPU worker's evaluator that writes lines to stderr and exits with `code` before it is ready."""
 
     def __init__(self, code: int = 3, lines: int = 30):
@@ -34,7 +36,7 @@ def slow_reader(conn, delay_s: float) -> None:
     conn.send(numbers)
 
 
-class HangsAtStart:
+class HangsAtStart(Evaluator):
     """A GPU worker's evaluator that says where it is stuck, then never gets ready."""
 
     def __init__(self):

@@ -26,7 +26,7 @@ from tuner.gpu import evaluator as gpu_evaluator
 from tuner.gpu import status as cuda_status
 from tuner.gpu import timing as gpu_timing
 from tuner.gpu.evaluate import evaluate_config
-from tuner.gpu.protocol import EvaluateRequest
+from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 from tuner.kernels.base import Family, Launch
 from tuner.result import CompileFailed, Invalid, LaunchFailed, Measurement, TimedOut
@@ -270,7 +270,7 @@ class Toy(Family):
 FAMILY = Toy()  # what `kernels.get("toy")` answers once the test registers this module
 
 
-class RecordingEvaluator:
+class RecordingEvaluator(Evaluator):
     arch = "sm_90"
 
     def __init__(self):
@@ -346,7 +346,7 @@ def _measurement(uri: str) -> Measurement:
     )
 
 
-class FakeEvaluator:
+class FakeEvaluator(Evaluator):
     """Stands in for GpuEvaluator in the child; `config["mode"]` picks what goes wrong."""
 
     def __init__(self, fail_start: bool = False):

@@ -20,7 +20,7 @@ import pytest
 
 from tuner import families, kernels
 from tuner.errors import InputError
-from tuner.gpu.protocol import EvaluateRequest
+from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.kernels.base import ReferenceFailed
 from tuner.space import space as space_mod
 
@@ -539,7 +539,7 @@ def test_tuner_new_writes_a_starter_that_compiles(tmp_path):
 # the GPU worker (another process) resolves a user's family from its reference
 
 
-class ResolvingEvaluator:
+class ResolvingEvaluator(Evaluator):
     """Stands in for GpuEvaluator in the worker's child: answers with what the family it was sent resolves to."""
 
     ceiling_tbps = 1.0

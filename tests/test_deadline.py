@@ -27,7 +27,7 @@ from tuner.gpu.deadline import (
     wait_until_done,
 )
 from tuner.gpu.evaluator import GpuEvaluator
-from tuner.gpu.protocol import EvaluateRequest
+from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.gpu.worker import IsolatedEvaluator
 from tuner.result import Measurement, TimedOut
 from tuner.space import space as space_mod
@@ -176,7 +176,7 @@ def _spin(deadline: Deadline | None, expected_s: float = 0.0) -> TimedOut:
     )
 
 
-class DeadlineChild:
+class DeadlineChild(Evaluator):
     """The child's evaluator: ``config["mode"]`` "ok" answers a Measurement of ``config["p80_ms"]`` whose uri names
     the deadline it was told; "spin" hangs under that deadline. `start_s`: how long every start takes."""
 
@@ -250,7 +250,7 @@ def test_the_replacements_start_up_is_charged_to_no_deadline():
 # the local pool: a hang among queued configs
 
 
-class SpinningReplay:
+class SpinningReplay(Evaluator):
     """The child's evaluator for the pool: answers from the H200 recording, except that configs matching one of
     `hang` (params) spin under the deadline as a hung kernel would. Every start takes `start_s`."""
 

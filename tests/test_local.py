@@ -15,6 +15,7 @@ import pytest
 
 from tuner.cli import main as cli
 from tuner.gpu import worker as worker_mod
+from tuner.gpu.protocol import Evaluator
 from tuner.gpu.worker import IsolatedEvaluator
 from tuner.space import limits
 from tuner.space import space as space_mod
@@ -27,7 +28,7 @@ RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
 SPACE = ROOT / "search_spaces" / "transpose.yaml"
 
 
-class _ReplayChild:
+class _ReplayChild(Evaluator):
     """What the child builds: a replay evaluator with GpuEvaluator's extra attributes (picklable by name)."""
 
     def __init__(self, delay_s: float = 0.0):
@@ -225,7 +226,7 @@ def test_a_worker_that_cannot_start_is_reported_by_wait_ready(space):
         pool.wait_ready()
 
 
-class _Broken:
+class _Broken(Evaluator):
     measures = True
 
     def start(self):

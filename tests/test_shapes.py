@@ -17,6 +17,7 @@ import optuna
 import pytest
 
 from tuner.errors import InputError
+from tuner.gpu.protocol import Evaluator
 from tuner.results import export
 from tuner.results.tables import stored_best
 from tuner.space import space as space_mod
@@ -230,7 +231,7 @@ def test_one_header_for_every_tuned_shape(tmp_path):
 # one set of processes for all problems
 
 
-class RecordedChild:
+class RecordedChild(Evaluator):
     """A GPU worker child's evaluator that answers from the transpose H200 recording (no GPU needed)."""
 
     def __init__(self):

@@ -23,7 +23,7 @@ import pytest
 
 from tuner.cli import main as cli
 from tuner.gpu.clock import human_seconds
-from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
+from tuner.gpu.protocol import CHECK_PHASES, PHASES, Evaluator, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
 from tuner.space import limits
@@ -46,7 +46,7 @@ def _phases(timed: bool) -> dict[str, float]:
     return stages if timed else {k: v for k, v in stages.items() if k in CHECK_PHASES}
 
 
-class HostBoundEvaluator:
+class HostBoundEvaluator(Evaluator):
     """Answers a compiled scale_add config after HOST_S of host work: a Measurement whose launches took GPU_MS on
     the GPU, or (every third evaluation) a wrong result found by the check. Every result it returns is kept."""
 

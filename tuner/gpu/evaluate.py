@@ -67,7 +67,7 @@ def evaluate_config(
         evaluator = IsolatedEvaluator(gpu=0, timeout_s=timeout_s)
     try:
         if arch is None:
-            arch = getattr(evaluator, "arch", None) or default_arch()
+            arch = evaluator.arch or default_arch()
         compiled = compile_source(source, arch)
         if not compiled.ok:
             return compiled

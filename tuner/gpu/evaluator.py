@@ -45,7 +45,7 @@ from tuner.gpu.ceiling import GiB
 from tuner.gpu.checks import OutputCheck, Verification
 from tuner.gpu.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.gpu.device import Device
-from tuner.gpu.protocol import PHASES, EvaluateRequest, fresh_seed
+from tuner.gpu.protocol import PHASES, EvaluateRequest, Evaluator, fresh_seed
 from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
 from tuner.gpu.timing import benchmark
 from tuner.kernels import bf16
@@ -149,7 +149,7 @@ def _wrong_result(bad: list[OutputCheck], seed: int, verification: str, phases: 
     )
 
 
-class GpuEvaluator(Device, Verification):
+class GpuEvaluator(Device, Verification, Evaluator):
     """Measures compiled configs on one GPU. One per process; see the module docstring for the protocol.
 
     Set-up happens on first use (`start`): the CUDA context, a stream, the L2 flush buffer (2× the L2 size),

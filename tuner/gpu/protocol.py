@@ -24,6 +24,11 @@ The contract, for an `EvaluateRequest` (compiled, family, config, problem, seed,
 The request is a value: it pickles (it crosses the isolated worker's pipe and Ray as it is), and an evaluator
 that passes it on changes it with `dataclasses.replace`, never in place.
 
+Every evaluator is an `Evaluator`: besides `measures`, `start`, `evaluate` and `close`, it may offer capabilities
+a pool calls on any evaluator, each with a default that fits an evaluator in the caller's process (`pid` None,
+`alive` and never `keepable`, not `poisoned`, no `arch` of its own; `reserve`, `set_deadline` and `note_healthy`
+do nothing).
+
 `start()` sets up once and returns the evaluator's info: at least "gpu" (a name), "gpu_index", "arch"
 (what to compile for) and "ceiling_tbps" (None where nothing is measured), and where a GPU answered,
 "gpu_facts" (`tuner.gpufacts.GpuFacts.to_dict`).
@@ -37,10 +42,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from tuner.kernels.base import Family
 from tuner.result import Result
+
+if TYPE_CHECKING:  # the GPU worker's child imports this module before its CUDA context: no NumPy, no families
+    from tuner.kernels.base import Family
 
 __all__ = ["CHECK_PHASES", "PHASES", "EvaluateRequest", "Evaluator", "EvaluatorFactory", "Spent", "fresh_seed"]
 
@@ -73,18 +80,55 @@ class EvaluateRequest:
     cutoff_ms: float | None = None
 
 
-@runtime_checkable
-class Evaluator(Protocol):
-    """What every evaluator offers; see the module docstring."""
+class Evaluator:
+    """What every evaluator offers; see the module docstring. `start` and `evaluate` are each evaluator's own; the
+    optional capabilities have defaults, so a pool calls them on any evaluator: an evaluator in the caller's
+    process is never lost nor kept for the next study, computes no input set ahead and bounds no wait by a
+    deadline."""
 
     #: True when the evaluator runs the kernel: it needs the cubin, and re-timing a config means something.
-    measures: bool
+    measures: bool = True
+    #: True once a fault destroyed its CUDA context: the process it runs in must be replaced
+    poisoned: bool = False
 
-    def start(self) -> dict[str, Any]: ...
+    def start(self) -> dict[str, Any]:
+        """Set up once; the evaluator's info (module docstring)."""
+        raise NotImplementedError
 
-    def evaluate(self, request: EvaluateRequest) -> Result: ...
+    def evaluate(self, request: EvaluateRequest) -> Result:
+        """The config's Measurement or typed failure (module docstring)."""
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what `start` set up (nothing, by default)."""
+
+    @property
+    def pid(self) -> int | None:
+        """The process it evaluates in, where that is not the caller's (None: the caller's)."""
+        return None
+
+    @property
+    def arch(self) -> str | None:
+        """What to compile for, where the evaluator knows (None: the caller's default)."""
+        return None
+
+    def alive(self) -> bool:
+        """False once the process it evaluates in is lost (`start` then starts another)."""
+        return True
+
+    def keepable(self) -> bool:
+        """Whether a pool that closes keeps it for the next study (`tuner.study.sharing`): an evaluator whose
+        process is costly to start, and is up and started."""
+        return False
+
+    def reserve(self, seed: int) -> None:
+        """Compute the input set of `seed` (the finalists') ahead, where computing it takes time."""
+
+    def set_deadline(self, deadline: Any) -> None:
+        """Bound the next evaluation's waits by `deadline` (a `tuner.gpu.deadline.Deadline`), where it can."""
+
+    def note_healthy(self, seconds: float) -> None:
+        """The slowest healthy run so far on any GPU (seconds): a hang deadline allows for it."""
 
 
 #: Builds an evaluator inside the process that owns GPU `gpu_index` (a Ray actor): picklable, called there.

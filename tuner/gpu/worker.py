@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.build.child import Child, start_child
 from tuner.errors import InputError
 from tuner.gpu.deadline import FLOOR_S, Deadline
+from tuner.gpu.protocol import Evaluator
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _import_ahead(functions) -> None:
 
 def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict[str, Any]) -> None:
     """The child's loop. `factory(**kwargs)` builds the evaluator (default: GpuEvaluator on the pinned GPU);
-    it must offer start() -> info, evaluate(request), ceiling_tbps and poisoned."""
+    it is a `tuner.gpu.protocol.Evaluator` that offers ceiling_tbps too."""
     entered_at = time.perf_counter()
     _pin_gpu(gpu)  # before anything imports CuPy or touches CUDA
     if factory is None:
@@ -166,10 +167,10 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         if op == "stop":
             return
         if op == "reserve":  # one way: no reply
-            getattr(evaluator, "reserve", lambda seed: None)(message[1])
+            evaluator.reserve(message[1])
             continue
         if op == "deadline":  # one way: no reply
-            getattr(evaluator, "set_deadline", lambda deadline: None)(message[1])
+            evaluator.set_deadline(message[1])
             continue
         if op == "import":  # one way: no reply
             _import_ahead(message[1])
@@ -177,7 +178,7 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         try:
             if op == "evaluate":
                 result = evaluator.evaluate(message[1])
-                reply: tuple = ("result", result, bool(getattr(evaluator, "poisoned", False)))
+                reply: tuple = ("result", result, bool(evaluator.poisoned))
             elif op == "ceiling":
                 reply = ("value", evaluator.ceiling_tbps)
             else:
@@ -186,7 +187,7 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
         except Exception as exc:  # a bug (or an unpicklable result): report it, and leave
             conn.send(_error(exc))
             return
-        if getattr(evaluator, "poisoned", False):
+        if evaluator.poisoned:
             # The CUDA context is lost: leave without running CuPy's destructors against it.
             conn.close()
             os._exit(0)
@@ -196,7 +197,7 @@ def _child_main(conn, gpu: int, factory: Callable[..., Any] | None, kwargs: dict
 # the parent
 
 
-class IsolatedEvaluator:
+class IsolatedEvaluator(Evaluator):
     """A GpuEvaluator in a child process; see the module docstring.
 
     `timeout_s` bounds one evaluation (the child's start-up, bounded by `start_timeout_s`, is not part of it);
@@ -245,6 +246,10 @@ class IsolatedEvaluator:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.alive()
+
+    def keepable(self) -> bool:
+        """A child that is up and started is worth keeping for the next study."""
+        return self.alive() and bool(self.info)
 
     def launch(self) -> None:
         """Start the child's process if none is running, without waiting for it to set up (`start` waits): a

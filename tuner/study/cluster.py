@@ -1,6 +1,7 @@
 """Ray: compile tasks on CPUs, one GPU actor per GPU, replaced on fault.
 
-`Pool` is what the study driver talks to: ``submit(number, params)`` and ``poll()`` → finished (number, Result).
+`Pool` is the Ray engine's `tuner.study.pool.Pool`: the study driver's ``submit(number, params)`` and ``poll()`` →
+finished (number, Result).
 Behind it, each config is rendered in the driver (cheap, and templates live with the driver), compiled in a Ray
 CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA context, L2 flush buffer and
 the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
@@ -30,9 +31,11 @@ from typing import Any
 from tuner.build.render import render
 from tuner.errors import InputError
 from tuner.gpu.deadline import Deadline
-from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
-from tuner.result import LaunchFailed, Result, TimedOut
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent
+from tuner.result import Failure, LaunchFailed, Result, TimedOut
+from tuner.study import pool as contract
 from tuner.study import sharing
+from tuner.study.pool import Job
 
 #: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
 ACTOR_DEPTH = 2
@@ -75,17 +78,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise InputError(f"--ray-address {address}: unreachable ({exc.strerror or type(exc).__name__})") from None
 
 
-@dataclass
-class Job:
-    number: int
-    params: dict[str, Any]
-    config: dict[str, Any]
-    compiled: Any = None
-    budget_ms: float = 25.0
-    source: Any = None
-    screening: bool = True
-
-
 def _compile_task(source, arch):
     """Compile on a cluster CPU; returns (the compile's result, its wall in seconds there)."""
     from tuner.build.compile import compile_source
@@ -95,7 +87,7 @@ def _compile_task(source, arch):
     return result, time.perf_counter() - started
 
 
-class _GpuActor:
+class _GpuActor(Evaluator):
     """Owns one (real or logical) GPU and the evaluator `factory` builds on it; an `Evaluator` itself, with the
     time spent in `evaluate` counted (`occupied`). Wrapped with ray.remote(num_gpus=1) by `Pool`."""
 
@@ -129,9 +121,8 @@ class _GpuActor:
 
     def evaluate(self, request: EvaluateRequest, deadline: Deadline | None = None) -> Result:
         """The evaluator's answer to `request`, its waits bounded by `deadline` where it takes one."""
-        set_deadline = getattr(self.evaluator, "set_deadline", None)
-        if deadline is not None and set_deadline is not None:
-            set_deadline(deadline)
+        if deadline is not None:
+            self.evaluator.set_deadline(deadline)
         started = time.perf_counter()
         try:
             return self.evaluator.evaluate(request)
@@ -150,8 +141,10 @@ class _Slot:
     head_started: float = 0.0
 
 
-class Pool:
+class Pool(contract.Pool):
     """Compile slots plus one GPU actor per GPU; see the module docstring."""
+
+    compile_slots: int
 
     def __init__(
         self,
@@ -170,7 +163,8 @@ class Pool:
         that need none."""
         import ray
 
-        self.space, self.problem = space, problem
+        super().__init__(problem)
+        self.space = space
         self.family = space.family
         self.timeout_s = timeout_s
         t0 = time.perf_counter()
@@ -198,24 +192,12 @@ class Pool:
         self._kept_as = ("ray actors", evaluator, want)
         self.slots = sharing.take(self._kept_as) or self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
-        self.measures = bool(self.slots[0].info["measures"])
-        #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
-        self.finalist_seed = fresh_seed()
-        #: the screening cut-off the driver sets (`tuner.gpu.timing.benchmark`), applied to screening jobs
-        self.cutoff_ms: float | None = None
-        self.arch = arch or str(self.slots[0].info["arch"])
+        self._measures = bool(self.slots[0].info["measures"])
+        self._arch = arch or str(self.slots[0].info["arch"])
         self.compiling: dict[Any, Job] = {}
         self.ready: collections.deque[Job] = collections.deque()
         self.finished: list[tuple[int, Result]] = []
-        #: trial number → index of the GPU whose worker answered it (absent for compile failures)
-        self.ran_on: dict[int, int] = {}
-        #: trial number → {"host", "pid", "node"} of that worker
-        self.ran_by: dict[int, dict[str, Any]] = {}
-        #: trial number → (Source, Compiled) of each config compiled, for its artifacts (taken by the driver)
-        self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
-        #: the slowest healthy run measured so far (p80, seconds): every actor's hang deadline allows for it
-        self.slowest_s = 0.0
         #: the results collected and compiles done so far (`spent` adds the live actors' occupied time)
         self._spent = Spent()
         self.started = time.perf_counter()
@@ -243,6 +225,14 @@ class Pool:
     @property
     def gpus(self) -> list[dict[str, Any]]:
         return [s.info for s in self.slots]
+
+    @property
+    def measures(self) -> bool:
+        return self._measures
+
+    @property
+    def arch(self) -> str:
+        return self._arch
 
     # -- work ---------------------------------------------------------------------------------------------------
     @property
@@ -311,11 +301,10 @@ class Pool:
             result = LaunchFailed(reason=f"GPU worker died ({type(exc).__name__}); replaced")
             self._replace(slot)
         else:
-            if getattr(result, "details", {}).get("sticky"):
+            if isinstance(result, Failure) and result.details.get("sticky"):
                 # The CUDA context is poisoned (or a kernel never ends): everything after this would fail too.
                 self._replace(slot)
-            elif result.ok:
-                self.slowest_s = max(self.slowest_s, result.p80_ms / 1e3)
+            self.note(result)
         self._spent.add(result)
         self.finished.append((job.number, result))
 
@@ -334,16 +323,7 @@ class Pool:
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
             while self.ready and len(slot.queue) < ACTOR_DEPTH:
                 job = self.ready.popleft()
-                request = EvaluateRequest(
-                    job.compiled,
-                    self.space.family_ref,
-                    job.config,
-                    self.problem.env,
-                    # a finalist is verified again on a fresh input set that no config has seen
-                    seed=None if job.screening else self.finalist_seed,
-                    budget_ms=job.budget_ms,
-                    cutoff_ms=self.cutoff_ms if job.screening else None,
-                )
+                request = self.request(job, self.space.family_ref)
                 deadline = Deadline(ceiling_s=self.timeout_s, slowest_s=self.slowest_s)
                 ref = slot.actor.evaluate.remote(request, deadline=deadline)
                 if not slot.queue:

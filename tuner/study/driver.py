@@ -36,7 +36,8 @@ from tuner.store.writer import InlineMirror, Mirror
 from tuner.study.engines import Engine
 from tuner.study.finalists import retime_finalists
 from tuner.study.opening import Opened, Opening, Prelude
-from tuner.study.options import SAMPLERS, StudyOptions, engine_of
+from tuner.study.options import SAMPLERS, StudyOptions
+from tuner.study.pool import Pool
 from tuner.study.preflight import check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
 from tuner.study.repair import Repair
@@ -75,7 +76,7 @@ class _Search:
     """The loop's state: what is measured, failed, in flight and waiting, and how far the study has come."""
 
     fast: Any  # the in-memory Optuna study the sampler works on
-    pool: Any
+    pool: Pool
     mirror: Any
     stats: Stats
     target: int
@@ -131,21 +132,12 @@ class Driver(Opening):
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = self.space.family
-        if not self.family.template and not opts.replay:
-            raise InputError(
-                f"kernel {self.space.kernel!r} has no template: this space can only be replayed (--replay CACHE)",
-                str(self.space.path),
-            )
-        from tuner.kernels.custom import check_reference
-
-        # Before anything is written. On a GPU the worker's first check runs the reference (once per input set,
-        # where the data is) and a fault there stops the study; running it here too, on the host at full size,
-        # would cost seconds and GBs at LLM sizes. A replay has no worker to run it: it is tried here.
-        check_reference(self.space, self.problem, required=not opts.replay, run=bool(opts.replay))
+        self.engine = Engine.of(opts)
+        self.engine.check_kernel(self.space, self.problem)  # before anything is written
         if opts.objectives not in ("first", "all"):
             raise InputError(f"--objectives {opts.objectives}: choose first or all")
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
-        self.engine, self.space = Engine.choose(opts, self.space, self.problem)
+        self.space = self.engine.searched(self.space, self.problem)
         limits.replay_delay(opts.replay_delay_s)
         self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
         self.lease: Lease | None = None
@@ -156,7 +148,7 @@ class Driver(Opening):
         #: (name, counted trials) of a study that holds its trials already: run() then starts nothing
         self.complete = self._complete_before_start()
         if self.complete is None:  # a complete study needs no GPU: it is said to be complete on any machine
-            limits.gpus(opts.gpus, bool(opts.replay), opts.ray_address, engine_of(opts))
+            self.engine.check_gpus()
 
     def _narrow_sampler(self, fast) -> None:
         """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
@@ -264,7 +256,7 @@ class Driver(Opening):
             finalists = retime_finalists(self, fast, pool, opened.set_study_attr) if pool.measures else []
             ran["finalists_s"] = time.perf_counter() - ran["loop_end"]
             ran["gpus"], ran["measures"] = pool.gpus, pool.measures
-            ran["compile_threads"] = getattr(pool, "compile_slots", None)
+            ran["compile_threads"] = pool.report().compile_slots
             ran["startup"] = self._startup_figures(s, opened, ran["loop_started"])
         except KeyboardInterrupt:
             interrupted = True
@@ -422,9 +414,8 @@ class Driver(Opening):
             trial = s.trials.pop(number)
             if number in pool.ran_on:
                 trial.set_user_attr(TrialAttr.WORKER_GPU_INDEX, pool.ran_on.pop(number))
-            ran_by = getattr(pool, "ran_by", {})  # an in-process replay has no workers
-            if number in ran_by:
-                trial.set_user_attr(TrialAttr.WORKER, ran_by.pop(number))
+            if number in pool.ran_by:
+                trial.set_user_attr(TrialAttr.WORKER, pool.ran_by.pop(number))
             built = pool.built.pop(number, None)
             if result.ok and built is not None and self.artifacts is not None:
                 self.artifacts.attach(trial, *built)
@@ -450,7 +441,7 @@ class Driver(Opening):
             # the set-up's wait for the valid set (listed beside the set-up, or read from the cache)
             "valid_index_wait_s": round(s.index_wait_s, 3),
             **opened.stamps,
-            **s.pool.startup,
+            **s.pool.report().startup,
             **_worker_startup(s.pool.gpus),
             "study_ready_s": round(loop_started + since, 3),
             "first_result_s": round(s.first_result_at + since, 3) if s.first_result_at else None,
@@ -462,7 +453,8 @@ class Driver(Opening):
         wall = loop_end - self.t0
         after_start = loop_end - loop_started
         # The GPUs may have measured before the loop started (configs prefetched while the study opened).
-        busy_window = loop_end - min(loop_started, getattr(s.pool, "busy_since", None) or loop_started)
+        report = s.pool.report()
+        busy_window = loop_end - min(loop_started, report.busy_since or loop_started)
         evaluated = stats.measured + sum(n for kind, n in stats.failures.items() if kind != "invalid")
         asked = len(s.fast.get_trials(deepcopy=False)) - len(opened.past)
         gpus = ran["gpus"]
@@ -495,14 +487,14 @@ class Driver(Opening):
             "best": stats.best,
             "finalists": finalists,
             # Configs that hung: what each cost its GPU and its deadline; the start-up of each worker replaced.
-            "hangs": list(getattr(s.pool, "hangs", [])),
-            "replacements_s": list(getattr(s.pool, "replacements_s", [])),
+            "hangs": list(report.hangs),
+            "replacements_s": list(report.replacements_s),
         }
         if finalists and "tbps" in finalists[0]:
             summary["best"] = {**finalists[0], "screening": stats.best}
         return summary
 
-    def _set_cutoff(self, pool, stats: Stats) -> None:
+    def _set_cutoff(self, pool: Pool, stats: Stats) -> None:
         """Screen later configs against the best median so far (`StudyOptions.screen_cutoff`)."""
         if self.opts.screen_cutoff and pool.measures and stats.best is not None:
             pool.cutoff_ms = self.opts.screen_cutoff * stats.best["median_ms"]

@@ -1,8 +1,8 @@
 """The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
 
-`LocalPool` offers the interface of `tuner.study.cluster.Pool` (``submit``, ``poll``, ``capacity``, ``in_flight``,
-``gpus``, ``arch``, ``ran_on``, ``built``, ``spent``, ``close``) so the study driver runs unchanged over
-either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
+`LocalPool` is a `tuner.study.pool.Pool`, as Ray's `tuner.study.cluster.Pool` is, so the study driver runs
+unchanged over either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the
+default):
 
 * the evaluators come from the same `tuner.gpu.protocol.EvaluatorFactory` a Ray actor would call. For real GPUs
   that factory is `isolated_gpu_evaluator`: a `tuner.gpu.worker.IsolatedEvaluator` whose child process owns one GPU,
@@ -44,9 +44,10 @@ from typing import Any
 from tuner.build.compilers import CompileProcesses
 from tuner.build.render import render
 from tuner.gpu.clock import since_command
-from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent, fresh_seed
+from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent
 from tuner.result import LaunchFailed, Result, TimedOut
 from tuner.study import sharing
+from tuner.study.pool import Job, Pool
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
@@ -65,8 +66,7 @@ def host_cores() -> int:
 def _keep(gpu_index: int, evaluator: Evaluator) -> bool:
     """Keep a GPU worker whose process is up for the next study (`tuner.study.sharing`); False for one that is not
     (or an evaluator without a process of its own: a replay's is cheap to make again)."""
-    alive = getattr(evaluator, "alive", None)
-    if alive is None or not alive() or not getattr(evaluator, "info", None):
+    if not evaluator.keepable():
         return False
     return sharing.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
 
@@ -93,24 +93,6 @@ def _compile_processes(slots: int) -> CompileProcesses:
             return kept
         kept.close()
     return CompileProcesses(slots)
-
-
-@dataclass
-class _Job:
-    number: int
-    params: dict[str, Any]
-    config: dict[str, Any]
-    budget_ms: float
-    source: Any = None
-    compiled: Any = None
-    screening: bool = True
-    #: set for a job that `prefetch(..., evaluate=True)` queued ahead of the driver (its number is then -1)
-    speculation: _Speculation | None = None
-    #: the problem it runs on, where a job is not of the pool's own problem (studies side by side)
-    problem: Any = None
-    #: the study's share of the pool that submitted it (`tuner.study.sidebyside`): its cut-off applies, and what
-    #: the job costs is counted there too
-    owner: Any = None
 
 
 @dataclass
@@ -153,7 +135,7 @@ class _Gpu:
 
     def worker(self) -> dict[str, Any]:
         """Who answers on this GPU now: host, pid (the child's, for a GPU worker) and node ("local")."""
-        return {"host": self.pool.host, "pid": getattr(self.evaluator, "pid", None) or os.getpid(), "node": "local"}
+        return {"host": self.pool.host, "pid": self.evaluator.pid or os.getpid(), "node": "local"}
 
     def _start(self) -> bool:
         t0 = time.perf_counter()
@@ -163,9 +145,8 @@ class _Gpu:
                 import_ahead(self.pool.family)
             info = self.evaluator.start()
             self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
-            reserve = getattr(self.evaluator, "reserve", None)
-            if reserve is not None:  # the finalists' input set may then be computed ahead (tuner.gpu.verify)
-                reserve(self.pool.finalist_seed)
+            # the finalists' input set may then be computed ahead (tuner.gpu.verify)
+            self.evaluator.reserve(self.pool.finalist_seed)
         except BaseException as exc:  # reported by wait_ready, in the driver's thread
             self.error = exc
             return False
@@ -187,14 +168,13 @@ class _Gpu:
     def _replace_lost(self, pool: LocalPool) -> None:
         """Start the replacement of a worker lost to a hang or a fault before the next config is handed to it, so
         that its start-up is timed apart (``pool.replacements_s``) and counted in no config's deadline."""
-        alive = getattr(self.evaluator, "alive", None)
-        if alive is None or alive():
+        if self.evaluator.alive():
             return
         started = time.perf_counter()
         self.evaluator.start()
         pool.replacements_s.append(round(time.perf_counter() - started, 3))
 
-    def run(self, job: _Job) -> None:
+    def run(self, job: Job) -> None:
         """Evaluate one job and hand its result to the driver's queue (a speculative one: to its claimant, or keep
         it for the `submit` that claims it)."""
         pool = self.pool
@@ -207,35 +187,21 @@ class _Gpu:
         pool.startup.setdefault("first_measure_start_s", since_command(started))
         evaluating = started  # past the start of a replacement worker, if one is started first
         try:
-            # The family travels by reference, so a user's family is re-imported in the GPU worker's child.
-            family = pool.space.family_ref or pool.family
-            # The cut-off is read now, not at submit: results that came in while the job waited count.
-            cutoff_ms = (job.owner or pool).cutoff_ms if job.screening else None
-            # A finalist (not a screening job) is verified again on a fresh input set that no config has seen.
-            seed = None if job.screening else pool.finalist_seed
-            note_healthy = getattr(self.evaluator, "note_healthy", None)
-            if note_healthy is not None:  # the slowest healthy run on any GPU lengthens this one's hang deadline
-                note_healthy(pool.slowest_s)
+            # The family travels by reference, so a user's family is re-imported in the GPU worker's child. The
+            # cut-off is read now, not at submit: results that came in while the job waited count.
+            request = pool.request(job, pool.space.family_ref or pool.family)
+            # the slowest healthy run on any GPU lengthens this one's hang deadline
+            self.evaluator.note_healthy(pool.slowest_s)
             self._replace_lost(pool)
             evaluating = time.perf_counter()
-            request = EvaluateRequest(
-                job.compiled,
-                family,
-                job.config,
-                (job.problem or pool.problem).env,
-                seed=seed,
-                budget_ms=job.budget_ms,
-                cutoff_ms=cutoff_ms,
-            )
             result = self.evaluator.evaluate(request)
         except Exception as exc:  # a lost worker or a bug in it: the trial fails, the study goes on
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
         pool.account(result, time.perf_counter() - started, job.owner)
-        if result.ok:
-            pool.slowest_s = max(pool.slowest_s, result.p80_ms / 1e3)
-        elif isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
+        pool.note(result)
+        if isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
             hang = {
                 # a speculation's trial is filled in when a trial claims it (`LocalPool._deliver`): None till then
                 "trial": job.number if job.speculation is None else None,
@@ -256,8 +222,10 @@ class _Gpu:
         pool.done.put((job.number, result))
 
 
-class LocalPool:
+class LocalPool(Pool):
     """Compile threads plus one evaluator per local GPU; see the module docstring."""
+
+    compile_slots: int
 
     def __init__(
         self,
@@ -274,44 +242,30 @@ class LocalPool:
         `inline` (for evaluators that answer at once, such as a replay without delay): no threads; each `poll`
         answers the oldest queued config in the caller's thread, the evaluators taking turns, so a seeded study
         asks and tells in the same order on every run."""
+        super().__init__(problem)
         self.inline = inline
-        self.space, self.problem = space, problem
+        self.space = space
         self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
         self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         t0 = time.perf_counter()
         self.compile_slots = compile_slots or host_cores()
         self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
-        self.ready: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.ready: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         #: finished configs; an exception in place of a Result is a bug in compiling, raised by poll()
         self.done: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
         self._prefetched: dict[tuple[str, str], Future] = {}
         self._queued = 0  # submitted and not yet finished
-        self.ran_on: dict[int, int] = {}
-        self.ran_by: dict[int, dict[str, Any]] = {}
         self.host = socket.gethostname()
-        self.built: dict[int, tuple[Any, Any]] = {}
         self.replaced = 0
         self._turn = 0
-        #: the seed of the fresh input set the finalists are verified on (one set: its reference is computed once)
-        self.finalist_seed = fresh_seed()
-        #: the screening cut-off the driver sets (`tuner.gpu.timing.benchmark`), applied to screening jobs
-        self.cutoff_ms: float | None = None
         #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by
         #: (source text, arch); guarded by `_lock` (the GPU threads and the driver both change them)
         self._speculations: dict[tuple[str, str], _Speculation] = {}
         self._lock = threading.Lock()
-        #: when the first evaluation began (perf_counter): a GPU may measure before the driver's loop starts
-        self.busy_since: float | None = None
         #: what the evaluations and compiles cost so far (see `spent`); the GPU and compile threads add to it
         self._spent = Spent()
         self._spent_lock = threading.Lock()
         self.closing = False
-        #: the slowest healthy run measured so far (p80, seconds) on any GPU: every GPU's hang deadline allows it
-        self.slowest_s = 0.0
-        #: one entry per config that hung (`TimedOut`): trial, GPU, what it cost (s), its deadline and phase
-        self.hangs: list[dict[str, Any]] = []
-        #: the start-up (s) of each GPU worker started in place of a lost one
-        self.replacements_s: list[float] = []
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
@@ -379,11 +333,11 @@ class LocalPool:
         if evaluate and self.measures_hint and key not in self._speculations:
             speculation = _Speculation(arch=arch, budget_ms=budget_ms, config=config)
             self._speculations[key] = speculation
-            job = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=source)
+            job = Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=source)
             job.speculation = speculation
             self._prefetched[key].add_done_callback(functools.partial(self._compiled_ahead, job))
 
-    def _compiled_ahead(self, job: _Job, future: Future) -> None:
+    def _compiled_ahead(self, job: Job, future: Future) -> None:
         """In a compile thread: queue a speculative job for the GPUs (after any job the driver has queued)."""
         try:
             result = future.result()
@@ -396,7 +350,7 @@ class LocalPool:
         job.compiled = result
         self.ready.put(job)
 
-    def speculated(self, job: _Job, result: Result | None, gpu: _Gpu | None) -> None:
+    def speculated(self, job: Job, result: Result | None, gpu: _Gpu | None) -> None:
         """A speculative job finished (`result`), or cannot be used (None): deliver it to the trial that claimed
         it, or keep it for the claim to come."""
         speculation = job.speculation
@@ -412,14 +366,14 @@ class LocalPool:
         if claimant is not None:
             self._deliver(claimant, job, speculation)
 
-    def _deliver(self, number: int, job: _Job, speculation: _Speculation) -> None:
+    def _deliver(self, number: int, job: Job, speculation: _Speculation) -> None:
         """Hand a claimed speculation to trial `number`: its result, or (dropped) a fresh compile and evaluation."""
         if speculation.hang is not None:  # what its hang cost is this trial's, reported or not
             speculation.hang["trial"] = number
         if self.closing:  # the driver has stopped asking: nothing more to compile or report
             return
         if speculation.dropped:
-            self._start_job(_Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
+            self._start_job(Job(number=number, params=job.params, config=job.config, budget_ms=job.budget_ms))
             return
         if speculation.gpu_index is not None:
             self.ran_on[number] = speculation.gpu_index
@@ -432,7 +386,7 @@ class LocalPool:
     @property
     def measures_hint(self) -> bool:
         """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
-        return all(getattr(w.evaluator, "measures", True) for w in self._workers)
+        return all(w.evaluator.measures for w in self._workers)
 
     def submit(
         self,
@@ -449,7 +403,7 @@ class LocalPool:
         job costs) are given for a job of another problem of the space than the pool's own."""
         problem = problem or self.problem
         config = self.space.resolve(params, problem)
-        job = _Job(
+        job = Job(
             number=number,
             params=params,
             config=config,
@@ -474,7 +428,7 @@ class LocalPool:
                 speculation.claimed_by = number
                 settled = speculation.dropped or speculation.result is not None
             if settled:
-                ahead = _Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
+                ahead = Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
                 ahead.compiled = self._prefetched_result(key)
                 self._deliver(number, ahead, speculation)
             # else the GPU thread delivers it when it finishes (built[] is filled from its job there)
@@ -486,7 +440,7 @@ class LocalPool:
         future = self._prefetched.get(key)
         return future.result() if future is not None and future.done() and future.exception() is None else None
 
-    def _start_job(self, job: _Job) -> None:
+    def _start_job(self, job: Job) -> None:
         """Compile `job` (or take its prefetched compile) and queue it for the GPUs."""
         if job.source is None:
             job.source = render(self.family, job.params, job.config, (job.problem or self.problem).env)
@@ -495,7 +449,7 @@ class LocalPool:
             future = self._compiler.submit(self._timed_compile, job.source, self.arch, job.owner)
         future.add_done_callback(functools.partial(self._compiled, job))
 
-    def _compiled(self, job: _Job, future: Future) -> None:
+    def _compiled(self, job: Job, future: Future) -> None:
         """In a compile thread: hand a compiled config to the GPU threads, or its failure to the driver."""
         try:
             result = future.result()

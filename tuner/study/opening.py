@@ -22,7 +22,6 @@ from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.gpufacts import GpuFacts
 from tuner.result import INTERRUPTED, StudyAttr, TrialAttr
-from tuner.space import limits
 from tuner.space.space import params_key
 from tuner.store.artifacts import ArtifactWriter
 from tuner.store.dbfiles import open_storage
@@ -156,19 +155,11 @@ class Opening:
         return None
 
     def _name_before_start(self) -> str | None:
-        """The study's name where it is known before a worker reports its GPU: given, a replay's, or built from
-        this machine's GPU model (`tuner.space.limits.local_gpu_model`) for GPUs of this machine; None otherwise."""
+        """The study's name where it is known before a worker reports its GPU: given, or built from the GPU the
+        engine knows its workers will report (`tuner.study.engines.Engine.gpu_before_start`); None otherwise."""
         if self.opts.study_name:
             return self.opts.study_name
-        gpu: str | None
-        if self.opts.replay:
-            from tuner.study.replay import gpu_label
-
-            gpu = gpu_label(self.opts.recording or "")
-        elif self.opts.ray_address:
-            gpu = None  # the cluster's GPUs: known once a worker there reports
-        else:
-            gpu = limits.local_gpu_model()
+        gpu = self.engine.gpu_before_start()
         return None if gpu is None else default_study_name(self.space, self.problem, gpu)
 
     def _complete_before_start(self) -> tuple[str, int] | None:

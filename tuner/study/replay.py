@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.gpu.protocol import EvaluateRequest, Spent
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace, params_key
+from tuner.study.pool import Pool
 
 _MEASUREMENT_FIELDS = set(Measurement.__dataclass_fields__)
 
@@ -40,7 +41,7 @@ def gpu_label(path: str | Path) -> str:
     return f"replay:{Path(path).name}"
 
 
-class ReplayEvaluator:
+class ReplayEvaluator(Evaluator):
     """Answers configs from the trials of a recorded study database (SQLite file or SQLAlchemy URL).
 
     Only verified measurements and kernel failures are replayed; duplicates and interrupted trials are skipped.
@@ -323,9 +324,9 @@ def _load_gzipped_db(path: str, study_name: str | None):
         Path(tmp).unlink(missing_ok=True)
 
 
-class ReplayPool:
-    """The study driver's pool (`tuner.study.cluster.Pool`'s interface) answering from a recording in this process:
-    no Ray, no GPU. `in_flight` configs are outstanding at a time and answered first in, first out, as
+class ReplayPool(Pool):
+    """The study driver's pool (`tuner.study.pool.Pool`) answering from a recording in this process: no Ray, no
+    GPU, no worker to name. `in_flight` configs are outstanding at a time and answered first in, first out, as
     `in_flight` workers of equal speed would answer them, so a study sees the sampler's parallel-proposal
     behaviour without any waiting. Used to replay studies fast (benchmarks/search.py, tests)."""
 
@@ -334,23 +335,32 @@ class ReplayPool:
     def __init__(self, problem, path: str, study_name: str | None = None, in_flight: int = 1):
         from collections import deque
 
-        self.problem = problem
+        super().__init__(problem)
         self.replay = ReplayEvaluator(path, study_name)
         info = self.replay.start()
-        self.capacity = max(1, in_flight)
+        self._capacity = max(1, in_flight)
         self.queue: deque[tuple[int, dict[str, Any]]] = deque()
-        self.gpus = [{**info, "gpu_index": i} for i in range(self.capacity)]
-        self.arch = info["arch"]
-        self.ran_on: dict[int, int] = {}
-        self.built: dict[int, Any] = {}
-        self.startup: dict[str, Any] = {}
+        self._gpus = [{**info, "gpu_index": i} for i in range(self._capacity)]
+        self._arch = info["arch"]
         #: the recorded results answered so far: what the recording says its GPU spent, not this process
         self._spent = Spent()
         self.started = time.perf_counter()
 
     @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
     def in_flight(self) -> int:
         return len(self.queue)
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        return self._gpus
+
+    @property
+    def arch(self) -> str:
+        return self._arch
 
     def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
         self.queue.append((number, params))

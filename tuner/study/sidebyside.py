@@ -23,6 +23,7 @@ Live transfer (`run_side_by_side`): when a study finds a new best config, the st
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -31,8 +32,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.gpu.protocol import EvaluateRequest, Spent
+from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
 from tuner.result import Result
+from tuner.study.pool import Pool, Report
 from tuner.study.replay import ReplayEvaluator, gpu_label
 
 __all__ = ["TRANSFER_LIMIT", "LocalBackend", "ProblemReplays", "Share", "run_side_by_side"]
@@ -41,20 +43,18 @@ __all__ = ["TRANSFER_LIMIT", "LocalBackend", "ProblemReplays", "Share", "run_sid
 TRANSFER_LIMIT = 5
 
 
-class Share:
-    """One study's share of a backend's pool: the driver's pool (`tuner.study.cluster.Pool`'s interface). Its trial
-    numbers are its own; its `capacity` is its share of the backend's width (see the module docstring)."""
+class Share(Pool):
+    """One study's share of a backend's pool: the driver's pool (`tuner.study.pool.Pool`). Its trial numbers are its
+    own; its `capacity` is its share of the backend's width (see the module docstring); its `problem` is the one
+    its jobs run on (the study sets its GPU's facts on it as it opens) and its `cutoff_ms` the one they are timed
+    under."""
 
     def __init__(self, backend: LocalBackend, problem):
+        super().__init__(problem)
         self.backend = backend
-        self.problem = problem  # the study sets its GPU's facts on it as it opens
         self.inbox: deque[tuple[int, Result]] = deque()
-        self.ran_on: dict[int, int] = {}
-        self.ran_by: dict[int, dict[str, Any]] = {}
-        self.built: dict[int, Any] = {}
         self._costs = Spent()  # what this study's configs cost: the pool's GPU and compile threads add to it
         self._costs_lock = threading.Lock()
-        self.cutoff_ms: float | None = None
         self.outstanding = 0  # submitted, not yet polled
         self.closed = False
 
@@ -71,26 +71,9 @@ class Share:
     def arch(self) -> str:
         return self.backend.pool.arch
 
-    @property
-    def startup(self) -> dict[str, Any]:
-        return self.backend.pool.startup
-
-    @property
-    def compile_slots(self) -> int:
-        return self.backend.pool.compile_slots
-
-    @property
-    def busy_since(self) -> float | None:
-        return self.backend.pool.busy_since
-
-    @property
-    def replacements_s(self) -> list[float]:
-        return self.backend.pool.replacements_s
-
-    @property
-    def hangs(self) -> list[dict[str, Any]]:
-        """The hangs of this study's configs, with this study's trial numbers."""
-        return self.backend.hangs_of(self)
+    def report(self) -> Report:
+        """The pool's figures, with the hangs of this study's configs alone (under this study's trial numbers)."""
+        return dataclasses.replace(self.backend.pool.report(), hangs=self.backend.hangs_of(self))
 
     @property
     def in_flight(self) -> int:
@@ -211,7 +194,7 @@ class LocalBackend:
         self.pool.close()
 
 
-class ProblemReplays:
+class ProblemReplays(Evaluator):
     """An evaluator that answers each problem's configs from that problem's recording (`ReplayEvaluator`), by
     the sizes the request names: the replay of several problems over one pool."""
 
