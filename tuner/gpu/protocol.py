@@ -130,6 +130,11 @@ class Evaluator:
     def note_healthy(self, seconds: float) -> None:
         """The slowest healthy run so far on any GPU (seconds): a hang deadline allows for it."""
 
+    def import_ahead(self, family: Family) -> None:
+        """Start importing `family`'s reference modules where its checks will run, before the first config
+        arrives (an isolated GPU worker does it in its child; an evaluator in this process imports at its first
+        check, as does this default)."""
+
 
 #: Builds an evaluator inside the process that owns GPU `gpu_index` (a Ray actor): picklable, called there.
 EvaluatorFactory = Callable[[int], Evaluator]

@@ -140,9 +140,7 @@ class _Gpu:
     def _start(self) -> bool:
         t0 = time.perf_counter()
         try:
-            import_ahead = getattr(self.evaluator, "import_ahead", None)
-            if import_ahead is not None:  # the reference's modules: imported by the worker as soon as it is up
-                import_ahead(self.pool.family)
+            self.evaluator.import_ahead(self.pool.family)  # the reference's modules, as soon as the worker is up
             info = self.evaluator.start()
             self.info = {**info, "gpu_index": self.index, "measures": self.evaluator.measures, **self.worker()}
             # the finalists' input set may then be computed ahead (tuner.gpu.verify)
