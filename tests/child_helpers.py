@@ -61,7 +61,7 @@ def spy_retire(monkeypatch) -> list[bool]:
     return kills
 
 
-class FirstCheck:
+class FirstCheck(Evaluator):
     """A GPU worker's evaluator that runs on the host what a first check runs of the family it is sent: its inputs
     and its reference. Answers an Invalid whose reason is ``ok:`` and the names the reference returned, or the
     ReferenceFailed's line."""
