@@ -587,11 +587,11 @@ def test_lesson_without_a_usable_gpu_says_what_bench_and_ceiling_say(tmp_path):
     CUDA status; on a machine with a GPU the GPUs are hidden, so the same words are checked there too."""
     import subprocess
 
-    from tuner.space import limits
+    from tuner.gpu import discovery
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root)}
-    if limits.local_gpus():
+    if discovery.local_gpus():
         env["CUDA_VISIBLE_DEVICES"] = ""
 
     def tuner(*args: str) -> subprocess.CompletedProcess:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main as cli
+from tuner.gpu import discovery
 from tuner.gpu import worker as worker_mod
 from tuner.gpu.protocol import Evaluator
 from tuner.gpu.worker import IsolatedEvaluator
-from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.study import local
 from tuner.study.local import LocalPool, host_cores
@@ -272,7 +272,7 @@ def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_c
 )
 def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeypatch, argv, launched):
     calls = []
-    monkeypatch.setattr(limits, "local_gpus", lambda: 1)
+    monkeypatch.setattr(discovery, "local_gpus", lambda: 1)
     monkeypatch.setattr(worker_mod, "launch_gpu_workers", lambda count, timeout_s: calls.append(count))
     # Stop right after the launch: the study itself is tested elsewhere.
     monkeypatch.setattr("tuner.api.study", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))

@@ -429,9 +429,9 @@ def test_hidden_gpus_are_named_for_the_engine_in_use(tmp_path):
 
 
 def test_bench_without_a_driver_says_so_in_words(tmp_path):
-    from tuner.space import limits
+    from tuner.gpu import discovery
 
-    if limits.local_gpus() != 0:
+    if discovery.local_gpus() != 0:
         pytest.skip("this machine has a GPU")
     line = one_line_refusal(tuner("bench", "transpose", cwd=tmp_path))
     assert "cudaError" not in line and "nothing to measure on" in line, line

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.space import limits
+from tuner.gpu import discovery
 from tuner.study import local
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
@@ -51,7 +51,7 @@ def probe(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     CutoffProbe.calls = []
     monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
-    monkeypatch.setattr(limits, "local_gpus", lambda: 1)  # the probe stands in for one GPU
+    monkeypatch.setattr(discovery, "local_gpus", lambda: 1)  # the probe stands in for one GPU
     return CutoffProbe
 
 

@@ -13,6 +13,7 @@ import optuna
 import pytest
 from test_shapes import _recorded_worker  # a sibling test module: a GPU worker process answering from a recording
 
+from tuner.gpu import discovery
 from tuner.result import TrialAttr
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
@@ -203,13 +204,12 @@ def test_side_by_side_over_the_local_engine_compiles_measures_and_retimes_each_p
     re-times its own finalists, and every study's trials go to the database through its writer process."""
     from test_screen_cutoff import RECORDING, CutoffProbe
 
-    from tuner.space import limits
     from tuner.study import local
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     CutoffProbe.calls = []
     monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
-    monkeypatch.setattr(limits, "local_gpus", lambda: 1)  # the probe stands in for one GPU
+    monkeypatch.setattr(discovery, "local_gpus", lambda: 1)  # the probe stands in for one GPU
     text = (ROOT / "search_spaces" / "transpose.yaml").read_text()
     two = text.replace(
         "problem: {name: n16384, rows: 16384, cols: 16384, dtype: float32}",

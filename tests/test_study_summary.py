@@ -22,11 +22,11 @@ import optuna
 import pytest
 
 from tuner.cli import main as cli
+from tuner.gpu import discovery
 from tuner.gpu.clock import human_seconds
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Evaluator, Spent
 from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
 from tuner.result import Measurement, WrongResult
-from tuner.space import limits
 from tuner.study import local
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
@@ -123,7 +123,7 @@ def run(tmp_path_factory) -> Run:
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(printed):
         patch.setenv("TUNER_CACHE_DIR", str(where / "cache"))
         patch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: HostBoundEvaluator(i))
-        patch.setattr(limits, "local_gpus", lambda: 1)  # the evaluator stands in for one GPU
+        patch.setattr(discovery, "local_gpus", lambda: 1)  # the evaluator stands in for one GPU
         opts = StudyOptions(
             kernel="scale_add",
             space=str(SPACE),

@@ -263,14 +263,14 @@ def run_bench(
     """`bench`, and what GPU `gpu`'s worker reported when it started (``gpu``: its name, ``ceiling_tbps``, ...).
     A GPU that cannot be used is an InputError (one line), not a traceback."""
     from tuner.build.cachedirs import ensure_writable
+    from tuner.gpu import discovery
     from tuner.gpu.evaluate import evaluate_config
     from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-    from tuner.space import limits
 
     ensure_writable()  # the worker inherits the cache folders chosen here
     if not isinstance(space, SearchSpace):
         space = load_space(space)
-    limits.require_gpu(gpu)  # no driver, no GPU: said in words, before a worker starts only to fail
+    discovery.require_gpu(gpu)  # no driver, no GPU: said in words, before a worker starts only to fail
     with IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s) as evaluator:
         try:
             info = evaluator.start()
@@ -309,7 +309,7 @@ def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResu
     and the dashboard work on it, and calling `tune` again with the same arguments resumes it. A keyword `study`
     does not take, or GPUs this machine cannot give (none, with neither `replay` nor a Ray address), is an
     InputError before anything is written."""
-    from tuner.space import limits
+    from tuner.gpu import discovery
     from tuner.study.options import check_call
 
     kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
@@ -317,7 +317,7 @@ def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResu
     given = check_call(trials, options, caller="tuner.tune", others=kernel_fields)
     kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
     engine = given["engine"] or ("ray" if given["ray_address"] else "local")  # as `options.engine_of` decides
-    limits.gpus(given["gpus"], given["replay"] is not None, given["ray_address"], engine)
+    discovery.gpus(given["gpus"], given["replay"] is not None, given["ray_address"], engine)
     return study(write_space(kernel), trials, **options)
 
 

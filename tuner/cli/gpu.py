@@ -15,10 +15,10 @@ from tuner.errors import InputError
 
 def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:
     """Start the GPU worker; no usable GPU or driver is a one-line error, not a traceback."""
+    from tuner.gpu import discovery
     from tuner.gpu.worker import WorkerError
-    from tuner.space import limits
 
-    limits.require_gpu(gpu)  # in words, before a worker process starts only to fail
+    discovery.require_gpu(gpu)  # in words, before a worker process starts only to fail
     try:
         return evaluator.start()
     except WorkerError as exc:

@@ -17,8 +17,8 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     take milliseconds (`tuner.study.preflight`: the study's name; `tuner.store.probe`: a SQLite file's storage,
     which must take a write), so that a study refused by them starts no worker; and none start for a study that may
     hold its trials already: the driver's exact check then comes first (it starts them itself otherwise)."""
+    from tuner.gpu import discovery
     from tuner.gpu.worker import launch_gpu_workers
-    from tuner.space import limits
     from tuner.store.dbfiles import plain_sqlite_file, study_storage_url
     from tuner.store.probe import check_storage
     from tuner.study import preflight
@@ -29,7 +29,7 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
         check_storage(url, given=args.storage is not None)
     if kernel and preflight.maybe_complete(args.storage, kernel, args.trials, args.study_name):
         return
-    available = limits.local_gpus() or 0
+    available = discovery.local_gpus() or 0
     launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
 
 

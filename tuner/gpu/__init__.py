@@ -5,5 +5,7 @@ GPU (its set-up in `device`, verification in `checks` and `verify`, timing in `t
 `ceiling`, CUDA status codes in `status`), `worker.IsolatedEvaluator` the same in a child process so that a fault
 or a hang (`deadline`) kills the child, never the caller. `evaluate` runs one config end to end. Failures are
 `Invalid`, `CompileFailed`, `LaunchFailed`, `WrongResult`, `TimedOut` (`tuner.result`); a bug in our own code
-still raises. `clock` turns start-up stamps into seconds from the command's start.
+still raises. `clock` turns start-up stamps into seconds from the command's start; `discovery` finds this
+machine's GPUs (how many, their model, why none) and refuses a GPU count or index they cannot meet, before any
+worker starts.
 """

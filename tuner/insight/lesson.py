@@ -142,11 +142,11 @@ class Bench:
             find_ncu()  # absent: one line before any GPU time is spent
 
     def start(self) -> dict[str, Any]:
+        from tuner.gpu import discovery
         from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-        from tuner.space import limits
 
         if self._evaluator is None:
-            limits.require_gpu(self.gpu)  # in the words of bench and ceiling, before a worker starts only to fail
+            discovery.require_gpu(self.gpu)  # in the words of bench and ceiling, before a worker starts only to fail
             self._evaluator = IsolatedEvaluator(gpu=self.gpu, timeout_s=self.timeout_s)
             try:
                 self.info = self._evaluator.start()

@@ -3,7 +3,8 @@
 In: a space file's path, or a shipped space's name. Out: a `SearchSpace` (its family, problems, params, AST-checked
 constraints and derived values, objectives, default config) that enumerates, samples and validates configs
 without compiling anything. Fault: `tuner.errors.SpaceError` naming the file and line. `limits` checks
-command-line values (counts, GPUs, samplers) before Ray, a GPU worker or a storage is touched.
+command-line values (delays, arches, replay widths) and names the samplers and engines the command line offers;
+this machine's GPUs are found in `tuner.gpu.discovery`.
 
 Below it: the kernel families (`tuner.kernels`), expressions (`tuner.expr`), GPU facts and the result types.
 """

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.gpu import discovery
 from tuner.gpu.protocol import EvaluatorFactory
-from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.study.options import ENGINES, StudyOptions, engine_of
 from tuner.study.pool import Pool
@@ -68,13 +68,13 @@ class Engine:
 
     def gpu_before_start(self) -> str | None:
         """The GPU a worker will report, where it is known before one starts: this machine's model
-        (`tuner.space.limits.local_gpu_model`); None for a Ray cluster's (known once a worker there reports)."""
-        return None if self.opts.ray_address else limits.local_gpu_model()
+        (`tuner.space.discovery.local_gpu_model`); None for a Ray cluster's (known once a worker there reports)."""
+        return None if self.opts.ray_address else discovery.local_gpu_model()
 
     def check_gpus(self) -> None:
         """Refuse a GPU count that cannot be met, before any worker or Ray starts."""
         opts = self.opts
-        limits.gpus(opts.gpus, False, opts.ray_address, engine_of(opts))
+        discovery.gpus(opts.gpus, False, opts.ray_address, engine_of(opts))
 
     def pool(self, space: space_mod.SearchSpace, problem: space_mod.Problem, new_storage: Callable[[], bool]) -> Pool:
         """The pool of `opts.engine` (see StudyOptions.engine), started; for the local engine the GPU workers
@@ -109,7 +109,7 @@ class Engine:
 
         opts = self.opts
         factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout)
-        pool = LocalPool(space, problem, factory, gpus=opts.gpus or limits.local_gpus() or 1)
+        pool = LocalPool(space, problem, factory, gpus=opts.gpus or discovery.local_gpus() or 1)
         # Compile while the GPU worker starts: the first configs the study will submit — the space's default
         # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
         # grid). Not the worker's own kernels: the worker builds them itself at its start, un-niced; a compile
@@ -179,7 +179,7 @@ class ReplayEngine(Engine):
     def check_gpus(self) -> None:
         """Refuse more logical GPUs than this machine can run replay workers for."""
         opts = self.opts
-        limits.gpus(opts.gpus, True, opts.ray_address, engine_of(opts))
+        discovery.gpus(opts.gpus, True, opts.ray_address, engine_of(opts))
 
     def pool(self, space: space_mod.SearchSpace, problem: space_mod.Problem, new_storage: Callable[[], bool]) -> Pool:
         """An in-process replay's pool answers in the driver's thread; otherwise the engine's, as on GPUs."""

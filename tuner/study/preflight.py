@@ -65,9 +65,9 @@ def complete_line(name: str, counted: int, trials: int, where: str) -> str:
 def maybe_complete(storage: str | None, kernel: str, trials: int, study_name: str | None) -> bool:
     """Whether ``tuner study`` may find its study complete, from a glance at the SQLite file (no space loaded,
     no Optuna): study `study_name`, or else a study of `kernel` on this machine's GPU model
-    (`tuner.space.limits.local_gpu_model`), holds `trials` counted trials. True only says the driver's exact check
+    (`tuner.space.discovery.local_gpu_model`), holds `trials` counted trials. True only says the driver's exact check
     (which knows the study's name and space) should run before GPU workers start; False costs nothing."""
-    from tuner.space.limits import local_gpu_model
+    from tuner.gpu.discovery import local_gpu_model
 
     url = study_storage_url(storage, kernel)
     path = plain_sqlite_file(url)
