@@ -52,6 +52,7 @@ COPY = "peers-2026-12-01-copy.json"
 # The main job, `tuner study gemm --space search_spaces/gemm.yaml --trials 500` (benchmarks/study_gemm.py), with
 # empty caches: the latest code first, then the runs of 2026-12-01.
 MAIN_JOB = [
+    "study_gemm-2026-12-06-forest-b.json",
     "study_gemm-2026-12-06-forest.json",
     "study_gemm-2026-12-03-stages.json",
     "study_gemm-2026-12-03.json",
@@ -260,6 +261,7 @@ def main_job() -> list[str]:
             [
                 link(name),
                 study["date"],
+                study.get("gpu", "").removeprefix("NVIDIA ").split(" ")[0],
                 seed.group(1) if seed else "",
                 study["caches"],
                 str(study["trials"]),
@@ -272,7 +274,7 @@ def main_job() -> list[str]:
                 f"`{best['uri']}`",
             ]
         )
-    header = ["file", "date", "seed", "caches", "trials", "wall s", "first result s", "GPU busy", "TFLOP/s"]
+    header = ["file", "date", "GPU", "seed", "caches", "trials", "wall s", "first result s", "GPU busy", "TFLOP/s"]
     return [
         "## The main job",
         "",
@@ -282,7 +284,7 @@ def main_job() -> list[str]:
         "bias → GELU → residual epilogue; TFLOP/s count 2MNK. A seed does not fix the path of an asynchronous",
         "search: results that arrive in another order change the next proposals.",
         "",
-        *table([*header, "cuBLAS TFLOP/s", "× cuBLAS", "best config"], rows, right=(2, 4, 5, 6, 7, 8, 9, 10)),
+        *table([*header, "cuBLAS TFLOP/s", "× cuBLAS", "best config"], rows, right=(3, 5, 6, 7, 8, 9, 10, 11)),
         "",
         *provenance(MAIN_JOB),
         "",
