@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.build.render import render
     from tuner.gpu.evaluate import evaluate_config
     from tuner.space.space import load
-    from tuner.study.search import valid_index
+    from tuner.study.validset import valid_index
 
     space = load(args.space)
     problem = space.problem()

@@ -23,10 +23,12 @@ from tuner.cli.main import main as cli_main
 from tuner.gpu.protocol import EvaluateRequest
 from tuner.space import space as space_mod
 from tuner.store import kt
+from tuner.study.codec import Codec
 from tuner.study.driver import Driver
+from tuner.study.failures import tells_failures_as_worst
 from tuner.study.options import StudyOptions
 from tuner.study.replay import load_records, params_key
-from tuner.study.search import Codec, index_key, tells_failures_as_worst, valid_index
+from tuner.study.validset import index_key, valid_index
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "data" / "transpose_h200.db"
@@ -541,12 +543,12 @@ def test_the_default_goes_out_before_the_wait_for_the_valid_set(tmp_path, monkey
     import threading
 
     from tuner.study import replay as replay_mod
-    from tuner.study import search as search_mod
+    from tuner.study import validset as validset_mod
 
     _, reference = run(tmp_path, trials=30, seed=5)
     events: list[str] = []
     release = threading.Event()
-    original_run, original_submit = search_mod.IndexBuild._run, replay_mod.ReplayPool.submit
+    original_run, original_submit = validset_mod.IndexBuild._run, replay_mod.ReplayPool.submit
 
     def slow_listing(self):
         release.wait(30)  # the listing finishes only once the default has been submitted
@@ -563,8 +565,8 @@ def test_the_default_goes_out_before_the_wait_for_the_valid_set(tmp_path, monkey
         assert self._result is not None
         return self._result
 
-    monkeypatch.setattr(search_mod.IndexBuild, "_run", slow_listing)
-    monkeypatch.setattr(search_mod.IndexBuild, "result", result)
+    monkeypatch.setattr(validset_mod.IndexBuild, "_run", slow_listing)
+    monkeypatch.setattr(validset_mod.IndexBuild, "result", result)
     monkeypatch.setattr(replay_mod.ReplayPool, "submit", submit)
     summary, study = run(tmp_path, trials=30, seed=5)
     assert events[:2] == ["submit", "index"]
@@ -625,20 +627,20 @@ def test_screened_and_repaired_without_the_valid_set_sampler(tmp_path):
 
 def test_a_space_is_listed_beside_the_set_up_once_per_machine(tmp_path, monkeypatch):
     """IndexBuild lists the valid set in its thread and stores it; the next study on this machine reads it."""
-    from tuner.study import search as search_mod
+    from tuner.study import validset as validset_mod
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     space = space_mod.load(SPACE)
     problem = space.problem()
     expected = {params_key(c) for c in space.enumerate(problem)}
-    index = search_mod.IndexBuild(space, problem).result()
+    index = validset_mod.IndexBuild(space, problem).result()
     assert index.complete and {params_key(index.config(i)) for i in range(len(index))} == expected
 
     def not_again(*args, **kwargs):
         raise AssertionError("the space was listed again")
 
-    monkeypatch.setattr(search_mod, "_build_index", not_again)
-    again = search_mod.IndexBuild(space, problem).result()
+    monkeypatch.setattr(validset_mod, "_build_index", not_again)
+    again = validset_mod.IndexBuild(space, problem).result()
     assert {params_key(again.config(i)) for i in range(len(again))} == expected
 
 

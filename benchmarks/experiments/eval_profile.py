@@ -25,7 +25,7 @@ from tuner.build.render import render  # noqa: E402
 from tuner.gpu.evaluator import GpuEvaluator  # noqa: E402
 from tuner.gpu.protocol import EvaluateRequest  # noqa: E402
 from tuner.space.space import load  # noqa: E402
-from tuner.study.search import valid_index  # noqa: E402
+from tuner.study.validset import valid_index  # noqa: E402
 
 
 def main() -> None:

@@ -28,12 +28,12 @@ import search as S  # noqa: E402
 def main() -> int:
     import optuna
 
-    from tuner.study import driver, opening, search
+    from tuner.study import driver, failures, opening
 
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     items, seeds, trials, out = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    shipped = search.tells_failures_as_worst
+    shipped = failures.tells_failures_as_worst
     report: dict[str, str] = {}
     for item in items:
         path = item if "=" in item or "/" in item else str(ROOT / "benchmarks" / "data" / "grid" / f"{item}.db.gz")

@@ -50,7 +50,7 @@ def _apply_patch(variant: dict[str, Any]) -> None:
     from optuna.trial import TrialState
 
     from tuner.space.space import params_key
-    from tuner.study import driver, opening, repair, search
+    from tuner.study import driver, opening, repair, validset
 
     kind = variant.get("patch")
     if kind == "dup":
@@ -75,7 +75,7 @@ def _apply_patch(variant: dict[str, Any]) -> None:
     elif kind == "mix":
         import numpy as np
 
-        sample_relative, eps = search.ValidSetSampler.sample_relative, variant["eps"]
+        sample_relative, eps = validset.ValidSetSampler.sample_relative, variant["eps"]
 
         def mixed(self, study, trial, search_space):
             if self.attached:
@@ -88,7 +88,7 @@ def _apply_patch(variant: dict[str, Any]) -> None:
                         return self.codec.encode(chosen)
             return sample_relative(self, study, trial, search_space)
 
-        search.ValidSetSampler.sample_relative = mixed  # type: ignore[method-assign]
+        validset.ValidSetSampler.sample_relative = mixed  # type: ignore[method-assign]
 
 
 def job(args: tuple[Any, ...]) -> tuple[str, int, list[tuple[str, float | None]]]:

@@ -33,7 +33,9 @@ from tuner.store.dbfiles import study_storage_url
 from tuner.store.probe import check_storage
 from tuner.store.schema import SCREENED, counts
 from tuner.store.writer import InlineMirror, Mirror
+from tuner.study.codec import CONSTRAINT_KEY, Codec
 from tuner.study.engines import Engine
+from tuner.study.failures import tells_failures_as_worst, worst_values
 from tuner.study.finalists import retime_finalists
 from tuner.study.opening import Opened, Opening, Prelude
 from tuner.study.options import SAMPLERS, StudyOptions
@@ -41,18 +43,8 @@ from tuner.study.pool import Pool
 from tuner.study.preflight import check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
 from tuner.study.repair import Repair
-from tuner.study.search import (
-    CONSTRAINT_KEY,
-    TPE_WIDE_UNTIL,
-    Codec,
-    IndexBuild,
-    ValidSetSampler,
-    check_budget,
-    make_sampler,
-    tells_failures_as_worst,
-    valid_index,
-    worst_values,
-)
+from tuner.study.search import TPE_WIDE_UNTIL, check_budget, make_sampler
+from tuner.study.validset import IndexBuild, ValidSetSampler, valid_index
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -534,7 +526,7 @@ class Driver(Opening):
             stats.add(trial.number, params, result)
         else:
             # Any failure is infeasible for the sampler, and told with the worst values so far so that every
-            # sampler learns from it (see tuner.study.search); the record keeps PRUNED/FAIL.
+            # sampler learns from it (see tuner.study.failures); the record keeps PRUNED/FAIL.
             trial.set_constraint(CONSTRAINT_KEY, 1.0)
             trial.set_user_attr(TrialAttr.CONSTRAINT, 1.0)
             trial.set_user_attr(TrialAttr.FAILURE, result.kind)

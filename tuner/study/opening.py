@@ -27,17 +27,13 @@ from tuner.store.artifacts import ArtifactWriter
 from tuner.store.dbfiles import open_storage
 from tuner.store.schema import SCREENED, counted_trials, counts
 from tuner.store.writer import Mirror, launch_writer, new_study
+from tuner.study.codec import Codec
 from tuner.study.engines import Engine
+from tuner.study.failures import evaluation_failed, tells_failures_as_worst, worst_values
 from tuner.study.options import StudyOptions, default_study_name
 from tuner.study.preflight import complete_line
-from tuner.study.search import (
-    Codec,
-    ValidSetSampler,
-    evaluation_failed,
-    make_sampler,
-    tells_failures_as_worst,
-    worst_values,
-)
+from tuner.study.search import make_sampler
+from tuner.study.validset import ValidSetSampler
 
 if TYPE_CHECKING:
     import optuna
@@ -332,7 +328,7 @@ class Opening:
 
         memory = optuna.storages.InMemoryStorage()
         directions = [o.direction for o in self.objectives]
-        # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.study.search imports
+        # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.study.validset imports
         # no Optuna), which Optuna, calling only those methods, accepts.
         wide = pool.capacity > 1 and self.opts.sampler == "tpe"
         if wide:  # the sampler suited to several configs in flight (make_sampler)

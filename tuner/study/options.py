@@ -223,7 +223,7 @@ class StudyOptions:
         help="search the space's first objective (throughput; default; the Pareto front of registers "
         "and SMEM comes from all measured trials) or all of them (multi-objective)",
     )
-    #: numeric params as ordered (index) distributions for the sampler (see `tuner.study.search.Codec`)
+    #: numeric params as ordered (index) distributions for the sampler (see `tuner.study.codec.Codec`)
     ordered: bool = option(
         True,
         flag="--categorical",
@@ -285,7 +285,7 @@ class StudyOptions:
 
     # Set by code alone (tests, benchmarks): no flag, no keyword.
     #: once the valid set is listed (and small enough to list), the sampler proposes only valid configs not yet
-    #: measured, failed or in flight (`tuner.study.search.ValidSetSampler`); False: every proposal is screened and
+    #: measured, failed or in flight (`tuner.study.validset.ValidSetSampler`); False: every proposal is screened and
     #: repaired by the driver instead
     inside_valid_set: bool = True
     replay_in_flight: int = 1

@@ -2,7 +2,7 @@
 
 A sampler proposes configs that break a constraint, or were measured (or failed) already. Such a proposal is
 answered without evaluation, and the driver measures a replacement: the nearest unexplored valid config (or, for
-random search, a uniform draw), from the space's valid set (`tuner.study.search.valid_index`).
+random search, a uniform draw), from the space's valid set (`tuner.study.validset.valid_index`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.space.space import params_key
-from tuner.study.search import ValidIndex
+from tuner.study.validset import ValidIndex
 
 if TYPE_CHECKING:
     pass
@@ -25,7 +25,7 @@ class Repair:
     trial measures the valid config closest to the proposal: fewest steps along each param's ordered list of
     values (L1 over value indices), ties broken by a seeded draw, configs already measured, failed or in flight
     skipped. With `nearest` False, a uniform draw among those configs instead. The valid set is
-    `tuner.study.search.ValidIndex` (a space too large to list within `space.WALK_BUDGET` gets no repair).
+    `tuner.study.validset.ValidIndex` (a space too large to list within `space.WALK_BUDGET` gets no repair).
     """
 
     def __init__(self, index: ValidIndex, seed: int | None, nearest: bool = True):
