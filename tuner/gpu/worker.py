@@ -316,7 +316,7 @@ class IsolatedEvaluator(Evaluator):
         """Have the child import `family`'s reference modules (`Family.reference_imports`) now, in a thread of its
         own, so that its first check does not wait for them; a child that is not up yet, and every child that
         replaces it, is told as it starts. Imports nothing here, in the caller."""
-        imports = tuple(getattr(family, "reference_imports", tuple)())
+        imports = tuple(family.reference_imports())
         if imports:
             self._imports = imports
             self._tell(("import", imports))
