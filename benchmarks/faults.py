@@ -2,7 +2,7 @@
 
     python3 benchmarks/faults.py [--out DIR] [--timeout S]      # default: $OUT, else benchmarks/results
 
-Runs the study of `tests/test_faults_gpu.py` (a declarative family whose configs hang, hit an illegal address,
+Runs the study of `tests/gpu/test_faults_gpu.py` (a declarative family whose configs hang, hit an illegal address,
 trap, store misaligned, compute a wrong result, allocate beyond memory, ask for too many registers or too much
 shared memory) on GPU 0 and writes ``faults-<date>.json`` and ``faults-<date>.md`` under the output directory:
 the command, the GPU, the date, each config's failure type and reason, and for the hang its deadline, what it
@@ -32,8 +32,8 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from test_faults_gpu import EXPECTED, run_fault_study
+    sys.path[:0] = [str(ROOT)]
+    from tests.gpu.test_faults_gpu import EXPECTED, run_fault_study
 
     work = Path(tempfile.mkdtemp(prefix="faults_"))
     os.environ.setdefault("TUNER_CACHE_DIR", str(work / "cache"))

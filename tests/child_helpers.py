@@ -1,4 +1,4 @@
-"""What the children of tests/test_child.py run: kept apart from the test module, whose imports (Optuna, pytest)
+"""What the children of tests/build/test_child.py run: kept apart from the test module, whose imports (Optuna, pytest)
 each child would otherwise pay for when it unpickles its target."""
 
 from __future__ import annotations

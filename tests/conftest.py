@@ -11,26 +11,27 @@ import pytest
 
 from tuner.build.compile import CACHE_VERSION
 
-#: Modules whose tests run many studies and inspect no cache: their tests share two of the cache's folders, the
-#: valid-set listings and the replay recordings read into JSON (each keyed by the content it was derived from,
-#: written atomically), so that each study does not list the transpose space and read the H200 recording through
-#: Optuna afresh (a second or more of CPU a study). Compiles stay private to each test everywhere.
+#: Modules (by their names in the `tests` package) whose tests run many studies and inspect no cache: their tests
+#: share two of the cache's folders, the valid-set listings and the replay recordings read into JSON (each keyed by
+#: the content it was derived from, written atomically), so that each study does not list the transpose space and
+#: read the H200 recording through Optuna afresh (a second or more of CPU a study). Compiles stay private to each
+#: test everywhere.
 WARM_LISTINGS = {
-    "test_api",
-    "test_cli",
-    "test_concurrency",
-    "test_custom_kernels",
-    "test_deadline",
-    "test_hostile_inputs",
-    "test_install",
-    "test_local",
-    "test_preflight",
-    "test_ray_cluster",
-    "test_screen_cutoff",
-    "test_study",
-    "test_study_summary",
-    "test_terminal",
-    "test_tune",
+    "tests.cli.test_cli",
+    "tests.cli.test_hostile_inputs",
+    "tests.cli.test_terminal",
+    "tests.gpu.test_deadline",
+    "tests.kernels.test_custom",
+    "tests.study.test_concurrency",
+    "tests.study.test_driver",
+    "tests.study.test_local",
+    "tests.study.test_preflight",
+    "tests.study.test_ray_cluster",
+    "tests.study.test_screen_cutoff",
+    "tests.study.test_study_summary",
+    "tests.test_api",
+    "tests.test_install",
+    "tests.test_tune",
 }
 SHARED_FOLDERS = ("valid", "recordings")
 
@@ -51,7 +52,7 @@ def _shared_listings(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _isolated_cache(request, tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.mktemp("cache")
-    if request.module.__name__.rpartition(".")[2] in WARM_LISTINGS:
+    if request.module.__name__ in WARM_LISTINGS:
         shared = request.getfixturevalue("_shared_listings")
         (cache / CACHE_VERSION).mkdir()
         for name in SHARED_FOLDERS:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-from test_custom_kernels import record
 
 import tuner
+from tests.kernels.test_custom import record
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "examples" / "scale_add" / "scale_add.cu.j2"
@@ -294,14 +294,14 @@ def test_tune_where_no_gpu_is_visible_refuses_before_anything_is_written(tmp_pat
     refused in one line, and neither studies/NAME/ nor a database is made."""
     call = (
         "import sys, tuner\n"
-        "from test_tune import KERNEL, PARAMS, PROBLEM, TEMPLATE, _ref\n"
+        "from tests.test_tune import KERNEL, PARAMS, PROBLEM, TEMPLATE, _ref\n"
         "try:\n"
         "    tuner.tune('k', TEMPLATE, PARAMS, PROBLEM, _ref, trials=3, **KERNEL)\n"
         "except tuner.InputError as exc:\n"
         "    print(exc)\n"
         "    sys.exit(2)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "-c", call], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )
@@ -316,7 +316,7 @@ def test_tune_where_no_gpu_is_visible_refuses_before_anything_is_written(tmp_pat
 @pytest.mark.gpu
 def test_tune_on_the_gpu_end_to_end(tmp_path, monkeypatch):
     """The one call verifies and times every config of the README's kernel on a real GPU."""
-    from test_bench_gpu import HAVE_GPU
+    from tests.gpu.test_evaluator_gpu import HAVE_GPU
 
     if not HAVE_GPU:
         pytest.skip("needs a CUDA GPU")

@@ -19,7 +19,7 @@ child itself:
   (`tuner.tune` stores a reference by value, so a notebook's function needs no module.)
 * the pipe is a `multiprocessing.Pipe` (a socket pair), the child's end inherited through ``pass_fds`` and
   wrapped again in the child as ``multiprocessing.connection.Connection(fd)``. That constructor is what `Pipe`
-  itself calls on POSIX, but the documentation does not describe it: tests/test_child.py fails if it stops taking
+  itself calls on POSIX, but the documentation does not describe it: tests/build/test_child.py fails if it stops taking
   a file descriptor. The messages over it are those of multiprocessing's connections (pickled objects). No
   semaphore, queue lock or resource-tracker process is involved, so a study leaves none behind.
 * the child's stderr is a pipe that a thread of the parent relays, line by line, to the parent's ``sys.stderr``

@@ -196,7 +196,7 @@ extern "C" __global__ void flush_read(const uint4* buf, u64 n, unsigned* sink) {
 #: FLUSH_SOURCE as PTX, which the driver loads without NVRTC: the copy ceiling is timed with the flush as soon as
 #: the worker's CUDA context exists, instead of after the NVRTC module (~1 s to build on a fresh machine, while
 #: the study's compiles take the CPUs). Shipped as text with a conservative .version / .target (every instruction
-#: in it is older); tests/test_devicekernels.py holds it to NVRTC's output for FLUSH_SOURCE.
+#: in it is older); tests/gpu/test_devicekernels.py holds it to NVRTC's output for FLUSH_SOURCE.
 FLUSH_PTX = """\
 .version 7.0
 .target sm_70
@@ -283,7 +283,7 @@ extern "C" __global__ void hold(const volatile unsigned* released, unsigned tick
 """
 
 #: HOLD_SOURCE as PTX the driver loads (as FLUSH_PTX, under the same conservative version and target;
-#: tests/test_devicekernels.py holds it to NVRTC's output).
+#: tests/gpu/test_devicekernels.py holds it to NVRTC's output).
 HOLD_PTX = """\
 .version 7.0
 .target sm_70

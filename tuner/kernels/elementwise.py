@@ -3,7 +3,7 @@
 x and y are rows×cols, bias has cols entries, all of the problem's dtype (bfloat16 or float32; bf16 tensors
 are uint16 bit arrays on the host, see `tuner.kernels.bf16`); the math is fp32. SCALE is a fixed constant of
 the family, 1.5 (exact in bf16 and fp32, and not a power of two, so a dropped or doubled scale fails),
-written into the template as a literal; `tests/test_families_elementwise_reduce.py` checks the two agree.
+written into the template as a literal; `tests/kernels/test_families_elementwise_reduce.py` checks the two agree.
 
 Knobs: `fusion` (1, 2, 3) splits the chain bias → GELU → scale into ceil(3 / fusion) kernels, each a full
 read and write of the tensor through a scratch buffer (`t1`, `t2`, outputs of the tensor's dtype that are

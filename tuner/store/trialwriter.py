@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Optuna releases (major, minor) whose RDB models this module was checked against, field by field, by
-#: tests/test_trialwriter.py
+#: tests/store/test_trialwriter.py
 TESTED_OPTUNA = frozenset({(5, 0), (5, 1)})
 
 #: the models of `optuna.storages._rdb.models` the bulk path writes through
