@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 SCREENED = "screened"
 
 #: the revisions of Optuna's RDB schema (its ``alembic_version`` row) whose tables `counted_trials` and
-#: `studies_of` read with their own SQL: v3.2.0.a is the schema of Optuna 3.2 to 5.1. tests/store/test_store.py fails
+#: `studies_of` read with their own SQL: v3.2.0.a is the schema of Optuna 3.2 to 5.1. tests/store/test_schema.py fails
 #: when the installed Optuna's schema is another, so that the SQL is checked against it before it is added here.
 SCHEMA_REVISIONS = frozenset({"v3.2.0.a"})
 

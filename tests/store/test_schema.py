@@ -1,5 +1,5 @@
-"""The store stage (tuner/store/): the one --storage normalisation and default, and the SQL that reads Optuna's
-tables before Optuna is imported, guarded by the schema revision it was written for."""
+"""The SQL that reads Optuna's tables before Optuna is imported (`tuner.store.schema`), guarded by the schema revision
+it was written for."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import InputError
-from tuner.store import dbfiles, schema
+from tuner.store import schema
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "transpose_h200.db"
 
@@ -49,11 +49,3 @@ def test_counted_trials_of_a_known_schema_it_cannot_read_is_a_clear_failure(tmp_
         conn.execute("DROP TABLE trial_user_attributes")
     with pytest.raises(InputError, match="cannot count the trials"):
         schema.counted_trials(db, name)
-
-
-def test_one_default_and_one_normalisation_of_storage():
-    assert dbfiles.study_storage_url(None, "gemm") == f"sqlite:///{dbfiles.STUDIES_DIR}/gemm.db"
-    assert dbfiles.study_storage_url("runs/x.db", "gemm") == "sqlite:///runs/x.db"
-    assert dbfiles.study_storage_url("postgresql://h/db", "gemm") == "postgresql://h/db"
-    with pytest.raises(InputError, match="not a database file's name"):
-        dbfiles.study_storage_url("runs/x.txt", "gemm")
