@@ -39,6 +39,21 @@ def tuner(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complete
     )
 
 
+def tuner_here(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess:
+    """`tuner ARGS` run by the command line's own `main` in this process (what a subprocess would print, without
+    the 1-2 s of a fresh interpreter's imports: for tests that run many read-only commands)."""
+    import contextlib
+    import io
+
+    from tuner.cli import main as cli_main
+
+    monkeypatch.chdir(cwd)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main.main(list(args))
+    return subprocess.CompletedProcess(["tuner", *args], rc, out.getvalue(), err.getvalue())
+
+
 def replay_study(cwd: Path, *args: str, trials: int = 3) -> subprocess.CompletedProcess:
     return tuner("study", "transpose", "--trials", str(trials), "--replay", str(RECORDING), *args, cwd=cwd)
 
@@ -200,7 +215,7 @@ def test_lease_on_a_read_only_database_says_read_only(tmp_path, content, monkeyp
 # names that open what they name
 
 
-def test_every_listed_name_opens_with_every_command(tmp_path):
+def test_every_listed_name_opens_with_every_command(tmp_path, monkeypatch):
     assert replay_study(tmp_path, "--in-process").returncode == 0  # the default name, in the default storage
     # a plain path as --storage, and a name that looks like a file
     proc = replay_study(tmp_path, "--in-process", "--storage", "studies/transpose.db", "--study-name", "my run.db")
@@ -218,10 +233,12 @@ def test_every_listed_name_opens_with_every_command(tmp_path):
                 ["trials", name, "--out", str(tmp_path / "t.csv")],
                 ["export", name, "--header", str(tmp_path / "t.h")],
             ):
-                proc = tuner(*command, *storage, cwd=tmp_path)
+                proc = tuner_here(*command, *storage, cwd=tmp_path, monkeypatch=monkeypatch)
                 assert proc.returncode == 0, (command, storage, proc.stderr)
             # explain needs Nsight Compute to profile; it must get as far as the study's trials
-            proc = tuner("explain", name, *storage, cwd=tmp_path, env={"TUNER_NCU": str(tmp_path / "no-ncu")})
+            monkeypatch.setenv("TUNER_NCU", str(tmp_path / "no-ncu"))
+            proc = tuner_here("explain", name, *storage, cwd=tmp_path, monkeypatch=monkeypatch)
+            monkeypatch.delenv("TUNER_NCU")
             assert "no such database" not in proc.stderr and "unknown study" not in proc.stderr, proc.stderr
             assert "not both" not in proc.stderr, proc.stderr
 
