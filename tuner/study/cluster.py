@@ -272,8 +272,7 @@ class Pool(Scheduler):
             if isinstance(result, Failure) and result.details.get("sticky"):
                 # The CUDA context is poisoned (or a kernel never ends): everything after this would fail too.
                 self._replace(slot)
-            self.note(result)
-        self.account(result)
+        self.answered(result)
         self.finish(job, result, gpu_index, worker)
 
     def _check_hangs(self) -> None:

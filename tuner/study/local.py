@@ -194,8 +194,7 @@ class _Gpu:
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
-        pool.account(result, time.perf_counter() - started, job.owner)
-        pool.note(result)
+        pool.answered(result, time.perf_counter() - started, job.owner)
         if isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
             hang = pool.hang(job, result, self.index, time.perf_counter() - evaluating)
             if job.speculation is not None:  # its trial is filled in when a trial claims it (`LocalPool._deliver`)

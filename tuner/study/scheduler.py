@@ -14,16 +14,16 @@ Ray tasks and actors) keeps only how a job reaches a GPU and how its result come
   `capacity`, the configs worth having in flight, is the compile slots plus ``QUEUE_DEPTH + 1`` per GPU (the rest
   wait in `ready`, so a GPU never waits for the driver); `in_flight` counts the jobs submitted and not yet
   returned by `collect`;
-* each evaluation's request, its seed and its cut-off (`evaluation`, over `Pool.request`), and the slowest healthy
-  run every hang deadline allows for (`Pool.note`);
+* each evaluation's request, its seed and its cut-off (`evaluation`, over `Pool.request`), and what an answer
+  leaves (`answered`): its cost, and the slowest healthy run that every later hang deadline allows for;
 * what the work cost (`account`, `account_compile`, `spent`), safe to call from any thread.
 
 A transport implements `gpu_count` (its GPUs) and `_compile(job)` (start compiling ``job.source`` for `arch`, then
 call `compiled` with the result, from any thread, and `account_compile` with its wall); it takes the jobs of `ready`
 to its GPUs its own way (the local pool's GPU threads take them as they come free; Ray's `poll` sends them to the
-actors with an `open` slot), sends each `evaluation(job)`, and hands each answer to `finish`. Its `poll` returns
-`collect`'s results; `done` is the queue they come through (a transport may put an exception there: a bug in
-compiling, raised by `collect`). Besides `Pool`'s members it gives `gpus`, `arch`, `measures` and `close`.
+actors with an `open` slot), sends each `evaluation(job)`, and hands each answer to `answered` and `finish`. Its
+`poll` returns `collect`'s results; `done` is the queue they come through (a transport may put an exception there: a
+bug in compiling, raised by `collect`). Besides `Pool`'s members it gives `gpus`, `arch`, `measures` and `close`.
 """
 
 from __future__ import annotations
@@ -214,6 +214,12 @@ class Scheduler(Pool):
         return out
 
     # -- what the work cost -----------------------------------------------------------------------------------
+    def answered(self, result: Result, occupied_s: float = 0.0, owner: Any = None) -> None:
+        """An evaluator answered `result` after `occupied_s` of work: counted (`account`), and a healthy run's
+        time kept if it is the slowest yet (`Pool.note`: every later hang deadline allows for it)."""
+        self.account(result, occupied_s, owner)
+        self.note(result)
+
     def account(self, result: Result, occupied_s: float = 0.0, owner: Any = None) -> None:
         """Count a result its evaluator returned after `occupied_s` of work (in `owner`'s costs too)."""
         with self._spent_lock:
