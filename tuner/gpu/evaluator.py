@@ -156,7 +156,6 @@ class GpuEvaluator(Evaluator):
             ceiling=ceiling,
         )
         self.verification = Verification(self.device, input_sets, self._sync)
-        self.gpu_index = self.device.gpu_index
         self.hang_timeout_s = hang_timeout_s
         self.module_cache_size = module_cache_size
         self.max_reps = max_reps
@@ -179,6 +178,11 @@ class GpuEvaluator(Evaluator):
     @property
     def info(self) -> dict[str, Any]:
         return self.start()
+
+    @property
+    def gpu_index(self) -> int:
+        """The cluster-wide index its records name (the device's)."""
+        return self.device.gpu_index
 
     @property
     def arch(self) -> str:
