@@ -231,7 +231,7 @@ def run(args, command: str, out: Path, studies: Path) -> int:
         if ev is None:
             ev = GpuEvaluator()
             ev.start()
-        torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+        torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
         nbytes = family.bytes_moved(problem.env)
         for impl, fn in peers(kernel, problem, torch):
 
@@ -239,7 +239,9 @@ def run(args, command: str, out: Path, studies: Path) -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush, hold=ev.hold).median_ms
+            ms = benchmark(
+                run, stream=ev.device.stream, budget_ms=200.0, flush=ev.device.flush, hold=ev.device.hold
+            ).median_ms
             tbps = nbytes / ms / 1e9
             records.append(
                 {

@@ -227,7 +227,7 @@ def main() -> int:
         if ev is None:
             ev = GpuEvaluator()
             ev.start()
-        same_bytes = measure_ceiling(nbytes // 2, 200.0, stream=ev.stream, flush=ev._flush)
+        same_bytes = measure_ceiling(nbytes // 2, 200.0, stream=ev.device.stream, flush=ev.device.flush)
         shape = " ".join(f"{k}={v}" for k, v in problem.sizes.items())
         base = {
             "kernel": kernel,
@@ -262,7 +262,7 @@ def main() -> int:
         }
         records.append(tuned)
 
-        torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+        torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
         peer_tbps = []
         for impl, fn in peers(kernel, problem.sizes, torch):
 
@@ -270,7 +270,9 @@ def main() -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush, hold=ev.hold).median_ms
+            ms = benchmark(
+                run, stream=ev.device.stream, budget_ms=200.0, flush=ev.device.flush, hold=ev.device.hold
+            ).median_ms
             tbps = nbytes / ms / 1e9
             peer_tbps.append(tbps)
             records.append(

@@ -339,7 +339,7 @@ def main() -> int:
         if ev is None:
             ev = GpuEvaluator()
             ev.start()
-        copy = _time_copy(nbytes // 2, ev.stream, 200.0, 10, ev._flush)
+        copy = _time_copy(nbytes // 2, ev.device.stream, 200.0, 10, ev.device.flush)
         copy_tbps = nbytes / (copy.median_ms * 1e-3) / 1e12
         base["same_bytes_copy_TBps"] = round(copy_tbps, 4)
         frac = best["tbps"] / ceiling
@@ -379,7 +379,7 @@ def main() -> int:
         if args.probe and kernel == "decode_attention":
             records += probe_attention(space, problem, ev, base, copy_tbps, best)
 
-        torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+        torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
         with torch.cuda.stream(torch_stream):
             peers = attention_peers(problem, torch) if kernel == "decode_attention" else adamw_peers(problem, torch)
         timed = []
@@ -393,7 +393,9 @@ def main() -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            ms = benchmark(run, stream=ev.stream, budget_ms=200.0, flush=ev._flush, hold=ev.hold).median_ms
+            ms = benchmark(
+                run, stream=ev.device.stream, budget_ms=200.0, flush=ev.device.flush, hold=ev.device.hold
+            ).median_ms
             tbps = nbytes / ms / 1e9
             record = {
                 **base,

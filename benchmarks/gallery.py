@@ -391,7 +391,7 @@ def child_peers(name: str, params: dict[str, Any], rounds: int, budget_ms: float
 
     ours()  # inputs, references and the module, before any timing
 
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
     scalars = scalars_of(family, env)
     op = PORTS[name](torch)
     with torch.cuda.stream(torch_stream):
@@ -417,10 +417,16 @@ def child_peers(name: str, params: dict[str, Any], rounds: int, budget_ms: float
             with torch.cuda.stream(torch_stream):
                 fn(**inputs, **scalars)
 
-        return benchmark(run, stream=ev.stream, budget_ms=budget_ms, flush=ev._flush, hold=ev.hold).median_ms
+        return benchmark(
+            run, stream=ev.device.stream, budget_ms=budget_ms, flush=ev.device.flush, hold=ev.device.hold
+        ).median_ms
 
     def copy_ms() -> float:  # measure_ceiling gives TB/s of 2x the buffer: back to ms for the op's bytes
-        return nbytes / (measure_ceiling(nbytes // 2, budget_ms, stream=ev.stream, flush=ev._flush) * 1e12) * 1e3
+        return (
+            nbytes
+            / (measure_ceiling(nbytes // 2, budget_ms, stream=ev.device.stream, flush=ev.device.flush) * 1e12)
+            * 1e3
+        )
 
     timers = {
         "tuner": ours,
@@ -444,7 +450,7 @@ def child_peers(name: str, params: dict[str, Any], rounds: int, budget_ms: float
         "rounds": rounds,
         "budget_ms": budget_ms,
         "protocol": f"tuner.gpu.timing.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
-        "holds_given_up": ev.hold.timeouts,
+        "holds_given_up": ev.device.hold.timeouts,
         "uri": compiled.uri,
         "config": params,
         "bytes": nbytes,
@@ -457,7 +463,7 @@ def child_peers(name: str, params: dict[str, Any], rounds: int, budget_ms: float
         "vs_torch_compile_verdict": {"verdict": call, "rounds_ours_faster": wins, "rounds_compared": n, "p": p},
         "torch_compile_first_call_s": round(compile_s, 3),
         "torch_compile_vs_eager": checks,
-        "versions": {**ev.versions, "torch": torch.__version__},
+        "versions": {**ev.device.versions, "torch": torch.__version__},
     }
 
 

@@ -105,7 +105,7 @@ def main() -> int:
     date = dt.date.today().isoformat()
     ev = GpuEvaluator()
     ev.start()
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
     shuffle = random.Random(args.seed)
     records: list[dict] = []
     summaries: list[dict] = []
@@ -127,14 +127,16 @@ def main() -> int:
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            return benchmark(run, stream=ev.stream, budget_ms=args.budget_ms, flush=ev._flush, hold=ev.hold).median_ms
+            return benchmark(
+                run, stream=ev.device.stream, budget_ms=args.budget_ms, flush=ev.device.flush, hold=ev.device.hold
+            ).median_ms
 
         tbps: dict[str, list[float]] = {name: [] for name in impls}
         for r in range(args.rounds):
             order = list(impls)
             shuffle.shuffle(order)
             for name in order:
-                gave_up = ev.hold.timeouts
+                gave_up = ev.device.hold.timeouts
                 if name == "tuner":
                     result = ev.evaluate(
                         EvaluateRequest(compiled, family, config, problem.env, budget_ms=args.budget_ms)
@@ -154,7 +156,7 @@ def main() -> int:
                         "round": r,
                         "impl": name,
                         "median_ms": ms,
-                        "holds_given_up": ev.hold.timeouts - gave_up,
+                        "holds_given_up": ev.device.hold.timeouts - gave_up,
                     }
                 )
         torch.cuda.empty_cache()
@@ -203,7 +205,7 @@ def main() -> int:
         "",
         f"Command: `{command}`. {args.rounds} rounds; in each, our config (verified every round) and every peer",
         f"timed once in a shuffled order, {args.budget_ms:g} ms of launches each, L2 flushed before every launch,",
-        f"launches enqueued behind a stream hold ({LAUNCH_HOLD}; it gave up {ev.hold.timeouts} times).",
+        f"launches enqueued behind a stream hold ({LAUNCH_HOLD}; it gave up {ev.device.hold.timeouts} times).",
         "TB/s count each family's minimal bytes. Verdict: two-sided sign test over the rounds at p < 0.05.",
         "",
         "| kernel | problem | peer | ours TB/s (min-max) | peer TB/s (min-max) | ours / peer, median (min-max) | "

@@ -703,20 +703,24 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
 
     shuffle = random.Random(0)
     tbps: dict[str, list[float]] = {name: [] for name in [*impls, "copy (same bytes)"]}
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
     for _ in range(rounds):
         order = list(tbps)
         shuffle.shuffle(order)
         for name in order:
             if name == "copy (same bytes)":
-                tbps[name].append(measure_ceiling(nbytes // 2, budget_ms, stream=ev.stream, flush=ev._flush))
+                tbps[name].append(
+                    measure_ceiling(nbytes // 2, budget_ms, stream=ev.device.stream, flush=ev.device.flush)
+                )
                 continue
 
             def run(fn=impls[name]):
                 with torch.cuda.stream(torch_stream):
                     fn()
 
-            timing = benchmark(run, stream=ev.stream, budget_ms=budget_ms, flush=ev._flush, hold=ev.hold)
+            timing = benchmark(
+                run, stream=ev.device.stream, budget_ms=budget_ms, flush=ev.device.flush, hold=ev.device.hold
+            )
             tbps[name].append(nbytes / timing.median_ms / 1e9)
     checks = peer_checks(outputs, x)
     medians = {name: round(statistics.median(v), 4) for name, v in tbps.items()}
@@ -727,7 +731,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
         "rounds": rounds,
         "budget_ms": budget_ms,
         "protocol": f"tuner.gpu.timing.benchmark: read flush of 2x L2, CUDA events, {LAUNCH_HOLD}; median per round",
-        "holds_given_up": ev.hold.timeouts,
+        "holds_given_up": ev.device.hold.timeouts,
         "uri": compiled.uri,
         "config": params,
         "verified": {"median_ms": verified.median_ms, "tbps": verified.tbps, "max_rel_error": verified.max_rel_error},
@@ -739,7 +743,7 @@ def child_peers(problem_name: str, params: dict[str, Any], triton_best: dict | N
         "vs_torch_compile_verdict": {"verdict": call, "rounds_ours_faster": wins, "rounds_compared": n, "p": p},
         "torch_compile_first_call_s": round(compile_s, 3),
         "checks_vs_torch_eager": checks,
-        "versions": {**ev.versions, "torch": torch.__version__, "triton": _version("triton")},
+        "versions": {**ev.device.versions, "torch": torch.__version__, "triton": _version("triton")},
     }
 
 
@@ -752,7 +756,7 @@ def peer_impls(ev, family, compiled, config, problem, triton_best):
     import torch.nn.functional as F
 
     M = problem.env["M"]
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
     with torch.cuda.stream(torch_stream):
         x = torch.randn(M, 2 * H, device="cuda", dtype=torch.bfloat16)
         torch_stream.synchronize()
@@ -765,7 +769,7 @@ def peer_impls(ev, family, compiled, config, problem, triton_best):
     args = (x_bits, ours_out, np.int32(H))
 
     def ours():
-        function(launch.grid, launch.block, args, shared_mem=launch.smem_dynamic, stream=ev.stream)
+        function(launch.grid, launch.block, args, shared_mem=launch.smem_dynamic, stream=ev.device.stream)
 
     def eager():
         return torch.nn.functional.silu(x[:, :H]) * x[:, H:]

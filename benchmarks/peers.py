@@ -67,14 +67,14 @@ def time_peer(ev: GpuEvaluator, fn, budget_ms: float = 200.0):
     """Median ms of `fn` (torch or CuPy work) on the evaluator's stream with the kernels' protocol."""
     import torch
 
-    stream = ev.stream
+    stream = ev.device.stream
     torch_stream = torch.cuda.ExternalStream(stream.ptr)
 
     def run():
         with torch.cuda.stream(torch_stream), stream:
             fn()
 
-    return benchmark(run, stream=stream, budget_ms=budget_ms, flush=ev._flush, hold=ev.hold).median_ms
+    return benchmark(run, stream=stream, budget_ms=budget_ms, flush=ev.device.flush, hold=ev.device.hold).median_ms
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.study.local import QUEUE_DEPTH  # noqa: E402
+from tuner.study.scheduler import QUEUE_DEPTH  # noqa: E402
 
 GRID = ROOT / "benchmarks" / "data" / "grid"
 REPLAY_SPACE = ROOT / "benchmarks" / "spaces" / "grid_gemv_ladder.yaml"

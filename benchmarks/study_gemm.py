@@ -160,13 +160,15 @@ def main() -> int:
     m, n, k = problem.sizes["M"], problem.sizes["N"], problem.sizes["K"]
     a = torch.randn(m, k, device="cuda")
     b = torch.randn(k, n, device="cuda")
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
 
     def cublas():
         with torch.cuda.stream(torch_stream):
             torch.mm(a, b)
 
-    cublas_ms = benchmark(cublas, stream=ev.stream, budget_ms=500.0, flush=ev._flush, hold=ev.hold).median_ms
+    cublas_ms = benchmark(
+        cublas, stream=ev.device.stream, budget_ms=500.0, flush=ev.device.flush, hold=ev.device.hold
+    ).median_ms
     flops = 2 * m * n * k
     cublas_tflops = flops / cublas_ms / 1e9
     date = dt.date.today().isoformat()

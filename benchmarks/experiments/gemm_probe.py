@@ -58,7 +58,7 @@ def main() -> int:
     m, n, k = problem.sizes["M"], problem.sizes["N"], problem.sizes["K"]
     a = torch.randn(m, k, device="cuda")
     b = torch.randn(k, n, device="cuda")
-    torch_stream = torch.cuda.ExternalStream(ev.stream.ptr)
+    torch_stream = torch.cuda.ExternalStream(ev.device.stream.ptr)
     flops = 2 * m * n * k
 
     def cublas_tflops() -> float:
@@ -68,7 +68,9 @@ def main() -> int:
 
         return (
             flops
-            / benchmark(run, stream=ev.stream, budget_ms=args.budget_ms, flush=ev._flush, hold=ev.hold).median_ms
+            / benchmark(
+                run, stream=ev.device.stream, budget_ms=args.budget_ms, flush=ev.device.flush, hold=ev.device.hold
+            ).median_ms
             / 1e9
         )
 

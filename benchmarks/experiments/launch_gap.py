@@ -67,7 +67,7 @@ def main() -> int:
     family = kernels.get("gemv")
     ev = GpuEvaluator()
     info = ev.start()
-    stream = ev.stream
+    stream = ev.device.stream
     M, N, K = (problem.sizes[k] for k in ("M", "N", "K"))
     nbytes = family.bytes_moved(problem.env)
 
@@ -76,8 +76,8 @@ def main() -> int:
             run()
             run()
 
-        flushed = benchmark(run, stream=stream, budget_ms=args.budget_ms, flush=ev._flush).median_ms
-        paired = benchmark(pair, stream=stream, budget_ms=args.budget_ms, flush=ev._flush).median_ms
+        flushed = benchmark(run, stream=stream, budget_ms=args.budget_ms, flush=ev.device.flush).median_ms
+        paired = benchmark(pair, stream=stream, budget_ms=args.budget_ms, flush=ev.device.flush).median_ms
         warm = benchmark(run, stream=stream, budget_ms=args.budget_ms).median_ms
         written = benchmark(run, stream=stream, budget_ms=args.budget_ms, flush=memset_flush).median_ms
         return {
@@ -93,10 +93,10 @@ def main() -> int:
 
     rows = []
     with stream:
-        written_buf = cupy.empty(ev.flush_bytes, dtype=cupy.uint8)
+        written_buf = cupy.empty(ev.device.flush_bytes, dtype=cupy.uint8)
 
         def memset_flush() -> None:
-            written_buf.data.memset_async(0, ev.flush_bytes, stream)
+            written_buf.data.memset_async(0, ev.device.flush_bytes, stream)
 
         x = cupy.asarray(cupy.random.standard_normal((M, K), dtype=cupy.float32)).astype(cupy.float16)
         w = cupy.asarray(cupy.random.standard_normal((N, K), dtype=cupy.float32)).astype(cupy.float16)

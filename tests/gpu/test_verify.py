@@ -364,8 +364,8 @@ def test_a_wrong_kernel_still_fails_and_a_kept_reference_written_over_is_restore
     assert isinstance(wrong, WrongResult) and wrong.details["verification"].startswith("pool of 2")
     assert family.calls == POOL_SIZE  # a confirmed set is not computed again to blame a config
     key = pool_key(family, PROBLEM, {"mode": "good"})
-    with evaluator.stream:  # where a kernel of the evaluator's would write it
-        for kept in evaluator._pool.sets[key]:
+    with evaluator.device.stream:  # where a kernel of the evaluator's would write it
+        for kept in evaluator.verification.pool.sets[key]:
             kept.device["y"].fill(7.0)  # as a kernel writing out of bounds might
     assert all(isinstance(_run(evaluator, binaries, family), Measurement) for _ in range(2))
     assert family.calls == POOL_SIZE  # restored from the host copies, not computed again
@@ -427,7 +427,7 @@ def test_the_bf16_generator_draws_the_bits_encoding_its_float32_draws_would(eval
 
     from tuner.kernels import bf16
 
-    one, two = evaluator._kernels.rng(99), evaluator._kernels.rng(99)
+    one, two = evaluator.device.kernels.rng(99), evaluator.device.kernels.rng(99)
     bits = one.standard_normal_bf16((1 << 20,), 0.5)
     encoded = bf16.encode(cupy, two.standard_normal((1 << 20,), dtype=cupy.float32) * cupy.float32(0.5))
     assert bits.dtype == cupy.uint16 and bool((bits == encoded).all())

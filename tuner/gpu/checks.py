@@ -1,20 +1,28 @@
 """Comparing a config's outputs with their reference, on the device that holds them.
 
 Element-wise ``|out - ref| / max(|ref|, 1) <= tolerance``; any NaN in the output fails (outputs are poisoned with
-NaN before each checked launch, so an element the kernel did not write is caught).
+NaN before each checked launch, so an element the kernel did not write is caught). `Verification` is the check of
+a config as a whole, an object the GPU evaluator owns beside its `tuner.gpu.device.Device`.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from tuner.cudalib import runtime as _runtime
 from tuner.gpu import verify
+from tuner.gpu.device import Device
+from tuner.gpu.protocol import EvaluateRequest, fresh_seed
 from tuner.kernels import bf16
 from tuner.kernels.base import Family, ReferenceFailed
+from tuner.result import WrongResult
 
 
 @dataclass(frozen=True)
@@ -61,33 +69,167 @@ def check_output(xp, name: str, out, ref, tolerance: float) -> OutputCheck:
     return OutputCheck(name, int(o.size), mismatches, nan_count, max_abs, max_rel, tolerance)
 
 
+def rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 6) for name, seconds in phases.items()}
+
+
+def np_dtype(name: str):
+    """The array dtype that stores `name`: bfloat16 travels as uint16 bits (tuner.kernels.bf16)."""
+    if name == "bfloat16":
+        return np.dtype(bf16.STORAGE)
+    return np.dtype(name)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A config whose outputs matched their reference: its run (for the timing) and the checks."""
+
+    run: Callable[[], None]
+    checks: list[OutputCheck]
+    verification: str  # how the check was made, as the Measurement records it
+
+
+def _wrong_result(bad: list[OutputCheck], seed: int, verification: str, phases: dict[str, float]) -> WrongResult:
+    """The WrongResult of the checks that failed, with the figures of the first."""
+    worst = bad[0]
+    return WrongResult(
+        reason="; ".join(check.describe() for check in bad),
+        details={
+            "output": worst.name,
+            "max_abs_error": worst.max_abs_error,
+            "max_rel_error": worst.max_rel_error,
+            "mismatches": worst.mismatches,
+            "elements": worst.elements,
+            "nan_count": worst.nan_count,
+            "tolerance": worst.tolerance,
+            "seed": seed,
+            "verification": verification,
+            "phases_s": rounded(phases),
+        },
+    )
+
+
 #: Threads that compute host references ahead (`tuner.gpu.verify`): the pool's second set and the finalists' at once.
 AHEAD_THREADS = 2
 
 
 class Verification:
-    """The verification half of `tuner.gpu.evaluator.GpuEvaluator`: inputs drawn from the problem's pool, references
-    computed once per input set (ahead, in threads, where they run on the host), launches on poisoned outputs,
-    comparisons on the device, and the finalists' re-check on a fresh input set."""
+    """The correctness check of a config on one GPU, an object `tuner.gpu.evaluator.GpuEvaluator` holds: inputs
+    drawn from the problem's pool, references computed once per input set (ahead, in threads, where they run on
+    the host), launches on poisoned outputs, comparisons on the device, and the finalists' re-check on a fresh
+    input set.
 
-    # set by the evaluator (its constructor, and `tuner.gpu.device.Device` at start)
-    stream: Any
-    _kernels: Any
-    _pool: Any
-    _ahead: ThreadPoolExecutor | None
+    Takes the `Device` it checks on (its stream and our device kernels), the input sets to keep per problem
+    (`tuner.gpu.verify`; 0: fresh inputs for every check) and `sync`, the evaluator's wait for the GPU (bounded by
+    its hang deadline). Owns the pool of input sets (made by `start`, after the device's), the seed reserved for a
+    later check, and the threads that compute references ahead. `check` gives a `Checked` or a `WrongResult`."""
 
-    def _sync(self) -> None:  # the evaluator's wait for the GPU, with its hang deadline
-        raise NotImplementedError
+    def __init__(self, device: Device, input_sets: int, sync: Callable[[], None]):
+        self.device = device
+        self.input_sets = input_sets
+        self._sync = sync
+        self._pool: verify.InputPool | None = None  # made by `start`, once the device is
+        self._reserved: int | None = None  # the seed a later check asks for (`reserve`)
+        self._ahead: ThreadPoolExecutor | None = None  # computes host references ahead (`tuner.gpu.verify`)
+
+    def start(self) -> None:
+        """Make the pool of input sets for the device's memory (once; the device started first)."""
+        if self._pool is None:
+            self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
+            if self._reserved is not None:
+                self._pool.reserve(self._reserved)
+
+    def reserve(self, seed: int) -> None:
+        """A later check with `seed` will come (the study's finalists): see `GpuEvaluator.reserve`."""
+        self._reserved = seed
+        if self._pool is not None:
+            self._pool.reserve(seed)
+
+    def close(self) -> None:
+        """Drop the references still being computed ahead."""
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def pool(self) -> verify.InputPool:
+        """The pool of input sets (`start` made it)."""
+        if self._pool is None:
+            raise RuntimeError("Verification.start makes the pool before any check")
+        return self._pool
+
+    def check(
+        self,
+        request: EvaluateRequest,
+        family: Family,
+        problem: dict[str, Any],
+        runner: Callable[[dict[str, Any]], Callable[[], None]],
+        phase: list[str],
+        phases: dict[str, float],
+    ) -> Checked | WrongResult:
+        """Run every launch of the config once on the inputs of an input set (the pool's, or a fresh one for the
+        request's seed), its outputs poisoned, and compare them with the set's reference (a mismatch against a
+        kept reference is checked again before the config is blamed). `runner(arrays)` gives the config's run on
+        those arrays (inputs and outputs by name). The check passed, with the config's run for the timing; or the
+        WrongResult of a mismatch or of a reference that failed. `phase[0]` names the stage under way."""
+        import cupy
+
+        config = request.config
+        outputs_spec = family.outputs(problem, config)
+        key = verify.pool_key(family, problem, config)
+        explicit = request.seed is not None  # an explicit seed: a fresh set, beside the pool's (the finalists')
+        pooled, seed = self._input_set(key, request.seed, phases)
+        inputs = self._inputs(family, problem, seed, phases)
+        # A checked name that is not an output is an input the kernel updates in place.
+        checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
+        checked_dtypes.update(
+            (name, np.dtype(inputs[name].dtype).name)
+            for name in family.checked()
+            if name not in outputs_spec and name in inputs
+        )
+        kept = pooled is not None and pooled.ready
+        if not kept and not explicit and pooled is not None and family.reference_on_host():
+            # The key's first set: the other sets' references (the pool's second, the finalists') start on
+            # the host in the background now, so that all of them are ready about when this one is.
+            for later in self.pool.ahead(key):
+                self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
+        try:
+            reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
+        except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
+            return WrongResult(
+                reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": rounded(phases)}
+            )
+        outputs = {name: cupy.empty(shape, dtype=np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
+        arrays = {**inputs, **outputs}
+        run = runner(arrays)
+        checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
+        if kept and not all(check.ok for check in checks):
+            checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
+        elif kept and pooled is not None:
+            pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
+        del reference
+        verification = "fresh input set" if explicit else self.pool.protocol(key)
+        bad = [check for check in checks if not check.ok]
+        if bad:
+            return _wrong_result(bad, seed, verification, phases)
+        return Checked(run, checks, verification)
+
+    def _input_set(self, key: tuple, seed: int | None, phases: dict[str, float]) -> tuple[verify.InputSet | None, int]:
+        """The input set of this check and its seed: the fresh set of an explicit `seed` (its reference computed
+        ahead where it was reserved), else the pool's next for `key`; None (with a seed of its own) where the
+        pool keeps none for it."""
+        self._settle_ahead(phases)
+        pooled = self.pool.fresh(key, seed) if seed is not None else self.pool.draw(key)
+        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
+            self._settle(key, pooled, phases)
+        return pooled, (pooled.seed if pooled is not None else fresh_seed())
 
     def _after_user_code(self) -> None:
         """Wait until what a family's own code enqueued is done: our stream (with its hang deadline), then every
         stream of the device. Inputs and references are the user's code, and may compute on a stream of their
         own (torch's current stream, a stream they made, the legacy default stream) that nothing orders with
         ours; what they produced is read next on ours. Once per input set or check: microseconds."""
-        from tuner.cudalib import runtime
-
         self._sync()
-        runtime.deviceSynchronize()
+        _runtime.deviceSynchronize()
 
     def _check(self, name: str, out, ref, tolerance: float, dtype: str | None = None) -> OutputCheck:
         """`check_output` on the device in one pass, with our own kernel (no CuPy JIT); `dtype` names what `out`
@@ -95,7 +237,7 @@ class Verification:
         import cupy
 
         ref = cupy.asarray(ref)
-        counted = self._kernels.check(out, ref, tolerance, dtype) if out.size else None
+        counted = self.device.kernels.check(out, ref, tolerance, dtype) if out.size else None
         if counted is None:
             if dtype == "bfloat16":
                 out = bf16.decode(cupy, out)
@@ -108,7 +250,7 @@ class Verification:
         import cupy
 
         started = time.perf_counter()
-        inputs = family.inputs(cupy, problem, self._kernels.rng(seed))
+        inputs = family.inputs(cupy, problem, self.device.kernels.rng(seed))
         self._after_user_code()
         phases["inputs"] += time.perf_counter() - started
         return inputs
@@ -129,7 +271,7 @@ class Verification:
                 raise ReferenceFailed(f"{what} ran out of memory: {exc}".splitlines()[0]) from None
             reference = verify.normalize_reference(expected, family, problem, config, checked_dtypes, what)
             if pooled is not None:
-                self._pool.keep(key, pooled, reference)
+                self.pool.keep(key, pooled, reference)
             return reference
         finally:
             self._sync()
@@ -161,13 +303,13 @@ class Verification:
 
     def _settle_ahead(self, phases) -> None:
         """Keep every reference computed ahead that is ready by now (uploaded between configs)."""
-        for key, later in self._pool.pending():
+        for key, later in self.pool.pending():
             if later.pending.done():
                 self._settle(key, later, phases)
 
     def _settle(self, key, later: verify.InputSet, phases) -> None:
         started = time.perf_counter()
-        self._pool.settle(key, later)
+        self.pool.settle(key, later)
         self._sync()
         phases["reference"] += time.perf_counter() - started
 
@@ -179,7 +321,7 @@ class Verification:
         started = time.perf_counter()
         for array in outputs.values():
             if array.nbytes:
-                array.data.memset_async(0xFF, array.nbytes, self.stream)  # NaN in every IEEE float format
+                array.data.memset_async(0xFF, array.nbytes, self.device.stream)  # NaN in every IEEE float format
         phase[0] = "launch"
         run()
         self._sync()
@@ -241,5 +383,5 @@ class Verification:
         phases["reference"] += time.perf_counter() - started
         again = compare(reference)
         if all(check.ok for check in again):
-            self._pool.forget(key, "its inputs did not come back from their seed: drawn afresh for every check")
+            self.pool.forget(key, "its inputs did not come back from their seed: drawn afresh for every check")
         return again

@@ -1,9 +1,10 @@
 """The GPU an evaluator owns: set up once per process, then described in every measurement it makes.
 
-`Device` is the set-up half of `tuner.gpu.evaluator.GpuEvaluator`: the CUDA context, a stream, the L2 flush
-buffer (twice the L2), the GPU's facts (`GpuFacts.from_device`), name, UUID and clocks (static ones; NVML's
-current clocks too where nvidia-ml-py is installed), the copy ceiling (`tuner.gpu.ceiling`, cached per GPU), the
-CuPy/NVRTC/CUDA versions, and the worker's own device kernels (`tuner.gpu.devicekernels`).
+`Device` is an object of its own that `tuner.gpu.evaluator.GpuEvaluator` holds: built with the GPU's index and how
+to get the ceiling, it owns (after `start`) the CUDA context, a stream, the L2 flush buffer (twice the L2), the
+GPU's facts (`GpuFacts.from_device`), name, UUID and clocks (static ones; NVML's current clocks too where
+nvidia-ml-py is installed), the copy ceiling (`tuner.gpu.ceiling`, cached per GPU), the CuPy/NVRTC/CUDA versions,
+the stream hold and the worker's own device kernels (`tuner.gpu.devicekernels`).
 """
 
 from __future__ import annotations
@@ -13,34 +14,51 @@ import time
 from typing import Any
 
 from tuner.cudalib import runtime as _runtime
-from tuner.gpu import verify
-from tuner.gpu.ceiling import ceiling_cache_key, measure_ceiling, read_cached_ceiling, store_ceiling
+from tuner.gpu.ceiling import GiB, ceiling_cache_key, measure_ceiling, read_cached_ceiling, store_ceiling
 from tuner.gpu.timing import L2_FLUSH, LAUNCH_HOLD
 from tuner.gpufacts import GpuFacts
 
 
 class Device:
-    """The set-up half of `tuner.gpu.evaluator.GpuEvaluator`: the CUDA context, a stream, the L2 flush buffer,
-    the GPU's facts, name, UUID and clocks, the copy ceiling (cached per GPU), the CuPy/NVRTC/CUDA versions, and
-    the worker's own device kernels."""
+    """One GPU of this process, set up on first use (`start`, idempotent; every property starts it).
 
-    # set by the evaluator's constructor
-    device: int
-    gpu_index: int
-    ceiling_bytes: int
-    ceiling_budget_ms: float
-    ceiling_mode: str
-    input_sets: int
-    _started: bool
-    _reserved: int | None
-    _nvml_max_sm: int | None
+    Takes the CUDA device `index` (0 inside a Ray actor or a pinned worker), the cluster-wide `gpu_index` kept in
+    records (default: `index`), the ceiling copy's size and budget, and `ceiling`: "cached" reuses the ceiling
+    measured earlier on this GPU (same UUID, driver, CuPy, buffer and budget; see `ceiling_cache_key`), measuring
+    and storing it when there is none; "measure" always measures. Gives, once started: `cuda` (the CuPy device, to
+    enter), `stream`, `flush` (evict the L2), `hold` (the launch hold), `kernels` (our own device kernels), `facts`,
+    `flush_bytes`, `smem_optin_bytes`, `versions`, `startup`, `clocks()`, and the `arch`, `gpu_name`,
+    `ceiling_tbps` and `info` properties."""
+
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        gpu_index: int | None = None,
+        ceiling_bytes: int = 2 * GiB,
+        # ~50 copies of 2 GiB (one takes ~1 ms on an H200): a steady median, measured once per GPU and cached
+        ceiling_budget_ms: float = 50.0,
+        ceiling: str = "cached",
+    ):
+        if ceiling not in ("cached", "measure"):
+            raise ValueError(f"ceiling must be 'cached' or 'measure', not {ceiling!r}")
+        self.index = index
+        self.gpu_index = index if gpu_index is None else gpu_index
+        self.ceiling_bytes = ceiling_bytes
+        self.ceiling_budget_ms = ceiling_budget_ms
+        self.ceiling_mode = ceiling
+        self.started = False
+        self._nvml_max_sm: int | None = None
 
     def start(self) -> dict[str, Any]:
         """Create the context, flush buffer and stream, measure the ceiling (once); return `info`."""
-        if not self._started:
-            self._start()
-            self._started = True
+        self._ensure()
         return self._info()
+
+    def _ensure(self) -> None:
+        if not self.started:
+            self._start()
+            self.started = True
 
     def _start(self) -> None:
         import cupy
@@ -49,18 +67,18 @@ class Device:
         from tuner.gpu import devicekernels
 
         t0 = time.perf_counter()
-        self._device = cupy.cuda.Device(self.device)
-        self._arch = f"sm_{self._device.compute_capability}"
+        self.cuda = cupy.cuda.Device(self.index)
+        self._arch = f"sm_{self.cuda.compute_capability}"
         # Our random-input kernels and the checks every shipped family uses compile (or come from the compile
         # cache) while the context, the flush buffer and the ceiling are set up: NVRTC releases the GIL.
         first = devicekernels.Built(devicekernels.FIRST_CHECKS, self._arch, uri="tuner_worker_kernels_first")
-        self._device.use()
-        props = _runtime.getDeviceProperties(self.device)
+        self.cuda.use()
+        props = _runtime.getDeviceProperties(self.index)
         name = props.get("name", b"")
         self._gpu_name = name.decode() if isinstance(name, bytes) else str(name)
         uuid = props.get("uuid", b"")
         self._gpu_uuid = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
-        self.facts = GpuFacts.from_device(self.device)
+        self.facts = GpuFacts.from_device(self.index)
         self.l2_bytes = self.facts.l2_bytes
         self.sm_count = self.facts.sm_count
         self.smem_optin_bytes = self.facts.smem_per_block_max
@@ -83,14 +101,14 @@ class Device:
         # The flush is PTX the driver loads (no NVRTC): the ceiling is timed with it while our NVRTC module builds.
         self._read_flush = devicekernels.ReadFlush(self.stream)
         self.hold = devicekernels.Hold(self.stream)
-        self._flush()
+        self.flush()
         key = ceiling_cache_key(
             self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes, self.ceiling_budget_ms
         )
         cached = read_cached_ceiling(key) if self.ceiling_mode == "cached" else None
         if cached is None:
             self._ceiling_tbps = measure_ceiling(
-                self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream, flush=self._flush
+                self.ceiling_bytes, self.ceiling_budget_ms, stream=self.stream, flush=self.flush
             )
             store_ceiling(key, self._ceiling_tbps, self._gpu_name)
         else:
@@ -104,10 +122,7 @@ class Device:
         later = devicekernels.Built(
             devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest", fills=False
         )
-        self._kernels = devicekernels.DeviceKernels(built, devicekernels.FIRST_CHECKS, later)
-        self._pool = verify.InputPool.for_device(_runtime.memGetInfo()[1], self.input_sets)
-        if self._reserved is not None:
-            self._pool.reserve(self._reserved)
+        self.kernels = devicekernels.DeviceKernels(built, devicekernels.FIRST_CHECKS, later)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command
@@ -124,19 +139,19 @@ class Device:
 
     @property
     def gpu_name(self) -> str:
-        self.start()
+        self._ensure()
         return self._gpu_name
 
     @property
     def arch(self) -> str:
         """``sm_90`` on an H100/H200: what to compile for."""
-        self.start()
+        self._ensure()
         return self._arch
 
     @property
     def ceiling_tbps(self) -> float:
         """The device-to-device copy's TB/s, measured once at start."""
-        self.start()
+        self._ensure()
         return self._ceiling_tbps
 
     @property
@@ -160,7 +175,7 @@ class Device:
             "startup": dict(self.startup),
         }
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Evict the L2 before a timed launch: read `flush_bytes` (twice the L2) of zeros (L2_FLUSH)."""
         self._read_flush(self._flush_buf, self._flush_sink)
 
@@ -171,7 +186,7 @@ class Device:
             ("mem_clock_max_mhz", "cudaDevAttrMemoryClockRate"),
         ):
             try:
-                clocks[key] = _runtime.deviceGetAttribute(getattr(_runtime, attr), self.device) // 1000
+                clocks[key] = _runtime.deviceGetAttribute(getattr(_runtime, attr), self.index) // 1000
             except (AttributeError, _runtime.CUDARuntimeError):
                 pass  # attribute dropped by this CUDA version: clocks are informative only
         return clocks
@@ -184,7 +199,7 @@ class Device:
             return None
         try:
             pynvml.nvmlInit()
-            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(self._device.pci_bus_id)
+            return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(self.cuda.pci_bus_id)
         except Exception:  # optional telemetry (NVMLError, or a pynvml that wants bytes): never fatal
             return None
 

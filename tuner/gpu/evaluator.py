@@ -30,7 +30,6 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,14 +41,13 @@ from tuner.cudalib import runtime as _runtime
 from tuner.expr.ops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB
-from tuner.gpu.checks import OutputCheck, Verification
+from tuner.gpu.checks import Checked, Verification, rounded
 from tuner.gpu.deadline import Deadline, Hung, expected_seconds, wait_until_done
 from tuner.gpu.device import Device
-from tuner.gpu.protocol import PHASES, EvaluateRequest, Evaluator, fresh_seed
+from tuner.gpu.protocol import PHASES, EvaluateRequest, Evaluator
 from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
 from tuner.gpu.timing import benchmark
-from tuner.kernels import bf16
-from tuner.kernels.base import Family, Launch, ReferenceFailed
+from tuner.kernels.base import Family, Launch
 from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
 
 __all__ = ["GpuEvaluator", "gpu_evaluator"]
@@ -85,17 +83,6 @@ def _scalar(value: Any):
     raise TypeError(f"kernel argument {value!r} is neither an array nor a number")
 
 
-def _np_dtype(name: str):
-    """The array dtype that stores `name`: bfloat16 travels as uint16 bits (tuner.kernels.bf16)."""
-    if name == "bfloat16":
-        return np.dtype(bf16.STORAGE)
-    return np.dtype(name)
-
-
-def _rounded(phases: dict[str, float]) -> dict[str, float]:
-    return {name: round(seconds, 6) for name, seconds in phases.items()}
-
-
 def _problem_dict(problem) -> dict[str, Any]:
     return dict(getattr(problem, "env", problem))
 
@@ -120,41 +107,15 @@ class _Resources:
     warps_per_sm: int
 
 
-@dataclass(frozen=True)
-class _Checked:
-    """A config whose outputs matched their reference: its run (for the timing) and the checks."""
-
-    run: Callable[[], None]
-    checks: list[OutputCheck]
-    verification: str  # how the check was made, as the Measurement records it
-
-
-def _wrong_result(bad: list[OutputCheck], seed: int, verification: str, phases: dict[str, float]) -> WrongResult:
-    """The WrongResult of the checks that failed, with the figures of the first."""
-    worst = bad[0]
-    return WrongResult(
-        reason="; ".join(check.describe() for check in bad),
-        details={
-            "output": worst.name,
-            "max_abs_error": worst.max_abs_error,
-            "max_rel_error": worst.max_rel_error,
-            "mismatches": worst.mismatches,
-            "elements": worst.elements,
-            "nan_count": worst.nan_count,
-            "tolerance": worst.tolerance,
-            "seed": seed,
-            "verification": verification,
-            "phases_s": _rounded(phases),
-        },
-    )
-
-
-class GpuEvaluator(Device, Verification, Evaluator):
+class GpuEvaluator(Evaluator):
     """Measures compiled configs on one GPU. One per process; see the module docstring for the protocol.
 
-    Set-up happens on first use (`start`): the CUDA context, a stream, the L2 flush buffer (2× the L2 size),
-    the copy ceiling, the GPU's name, clocks (static ones; NVML's current clocks too where nvidia-ml-py is
-    installed) and the CuPy/NVRTC/CUDA versions. Loaded modules are kept in an LRU keyed by `Compiled.key`.
+    It holds two objects, each owning its state: `device` (`tuner.gpu.device.Device`: the CUDA context, a stream,
+    the L2 flush buffer (2× the L2 size), the copy ceiling, the GPU's name, clocks and facts, the CuPy/NVRTC/CUDA
+    versions, our device kernels) and `verification` (`tuner.gpu.checks.Verification`: the pools of input sets,
+    their references, the correctness check of a config). Both are set up on first use (`start`). The evaluator
+    itself owns the loaded modules (an LRU keyed by `Compiled.key`), the waits for the GPU and their deadline, and
+    whether its context is poisoned.
 
     Hangs: once `set_deadline` has given it a `tuner.gpu.deadline.Deadline`, every wait for the GPU polls instead
     of blocking; a wait that covers runs of the user's kernel gives up after the deadline's seconds for those
@@ -184,46 +145,72 @@ class GpuEvaluator(Device, Verification, Evaluator):
         ceiling: str = "cached",
         input_sets: int = verify.POOL_SIZE,
     ):
-        self.device = device
-        self.gpu_index = device if gpu_index is None else gpu_index
-        self.ceiling_bytes = ceiling_bytes
-        self.ceiling_budget_ms = ceiling_budget_ms
+        """`device`: the CUDA device's index; `gpu_index`, `ceiling_bytes`, `ceiling_budget_ms` and `ceiling`
+        ("cached" or "measure") as `Device` takes them; `input_sets`: kept per problem with their references
+        (`tuner.gpu.verify`; 0: fresh inputs for every check)."""
+        self.device = Device(
+            device,
+            gpu_index=gpu_index,
+            ceiling_bytes=ceiling_bytes,
+            ceiling_budget_ms=ceiling_budget_ms,
+            ceiling=ceiling,
+        )
+        self.verification = Verification(self.device, input_sets, self._sync)
         self.hang_timeout_s = hang_timeout_s
         self.module_cache_size = module_cache_size
         self.max_reps = max_reps
-        if ceiling not in ("cached", "measure"):
-            raise ValueError(f"ceiling must be 'cached' or 'measure', not {ceiling!r}")
-        #: "cached": reuse the ceiling measured earlier on this GPU (same UUID, driver, CuPy, buffer and budget;
-        #: see `ceiling_cache_key`), measuring and storing it when there is none; "measure": always measure
-        self.ceiling_mode = ceiling
-        #: input sets kept per problem with their references (`tuner.gpu.verify`); 0: fresh inputs for every check
-        self.input_sets = input_sets
         self.poisoned = False
         self.poisoned_by: LaunchFailed | TimedOut | None = None
         self.deadline: Deadline | None = None  # see `set_deadline`
         self._runs = 0  # runs of the user's kernel enqueued since the last wait (`_sync`)
         self._expected_s = 0.0  # one run's expected seconds, for the config being evaluated
-        self._started = False
         self._modules: OrderedDict[str, _Loaded] = OrderedDict()
-        self._reserved: int | None = None  # the seed a later check asks for (`reserve`)
-        self._nvml_max_sm: int | None = None
-        self._ahead: ThreadPoolExecutor | None = None  # computes host references ahead (`tuner.gpu.verify`)
 
     # -- set-up ----------------------------------------------------------------------------------------------
+
+    def start(self) -> dict[str, Any]:
+        """Set up the device (context, stream, flush buffer, ceiling) and the pools of input sets, once; return
+        `info`."""
+        info = self.device.start()
+        self.verification.start()
+        return info
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.start()
+
+    @property
+    def gpu_index(self) -> int:
+        """The cluster-wide index its records name (the device's)."""
+        return self.device.gpu_index
+
+    @property
+    def arch(self) -> str:
+        """``sm_90`` on an H100/H200: what to compile for."""
+        self.start()
+        return self.device.arch
+
+    @property
+    def gpu_name(self) -> str:
+        self.start()
+        return self.device.gpu_name
+
+    @property
+    def ceiling_tbps(self) -> float:
+        """The device-to-device copy's TB/s, measured once at start."""
+        self.start()
+        return self.device.ceiling_tbps
 
     def close(self) -> None:
         """Unload the cached modules and drop references still being computed ahead; the CUDA context goes
         with the process."""
         self._modules.clear()
-        if self._ahead is not None:
-            self._ahead.shutdown(wait=False, cancel_futures=True)
+        self.verification.close()
 
     def reserve(self, seed: int) -> None:
         """A later request with `seed` will come (the study's finalists): where the reference runs on the host,
         its input set is computed ahead, in the background, beside a problem's first set."""
-        self._reserved = seed
-        if self._started:
-            self._pool.reserve(seed)
+        self.verification.reserve(seed)
 
     def set_deadline(self, deadline: Deadline | None) -> None:
         """Bound the waits of later evaluations by `deadline` (see the class docstring); None: unbounded."""
@@ -243,11 +230,11 @@ class GpuEvaluator(Device, Verification, Evaluator):
         runs, self._runs = self._runs, 0
         limit = self._wait_limit(runs)
         if limit is None:
-            self.stream.synchronize()
+            self.device.stream.synchronize()
             return
         try:
             status = wait_until_done(
-                functools.partial(_runtime.streamQuery, self.stream.ptr), limit, not_ready=NOT_READY
+                functools.partial(_runtime.streamQuery, self.device.stream.ptr), limit, not_ready=NOT_READY
             )
         except Hung:
             raise Hung(limit, runs) from None
@@ -295,7 +282,7 @@ class GpuEvaluator(Device, Verification, Evaluator):
         try:
             # One stream for everything of this evaluation: CuPy's operations (allocations, uploads of a reference
             # computed ahead, a CuPy reference), our own kernels and the config's launches run on it in order.
-            with self._device, self.stream:
+            with self.device.cuda, self.device.stream:
                 return self._evaluate(request, family, problem, phase)
         except CUDA_ERRORS as exc:
             failure = cuda_failure(exc, phase[0])
@@ -336,8 +323,8 @@ class GpuEvaluator(Device, Verification, Evaluator):
         loaded = self._load(compiled, entries)
         # A run's expected time, for the deadline of the waits behind it: its bytes and one L2 flush (a timed
         # run follows one) over the copy ceiling, or the family's own estimate.
-        flush_s = self.flush_bytes / (self._ceiling_tbps * 1e12) if self._ceiling_tbps else 0.0
-        self._expected_s = expected_seconds(family, problem, config, self._ceiling_tbps) + flush_s
+        flush_s = self.device.flush_bytes / (self.device.ceiling_tbps * 1e12) if self.device.ceiling_tbps else 0.0
+        self._expected_s = expected_seconds(family, problem, config, self.device.ceiling_tbps) + flush_s
         self._runs = 0
 
         phase[0] = "launch configuration"
@@ -347,24 +334,25 @@ class GpuEvaluator(Device, Verification, Evaluator):
 
         phase[0] = "correctness check"
         phases = dict.fromkeys(PHASES, 0.0)
-        checked = self._check_outputs(request, family, problem, loaded, launches, phase, phases)
+        runner = functools.partial(self._runner, loaded, launches, problem=problem, config=config)
+        checked = self.verification.check(request, family, problem, runner, phase, phases)
         if isinstance(checked, WrongResult):
             return checked
 
         phase[0] = "timing"
-        given_up = self.hold.timeouts
+        given_up = self.device.hold.timeouts
         started = time.perf_counter()
         timing = benchmark(
             checked.run,
-            stream=self.stream,
+            stream=self.device.stream,
             budget_ms=request.budget_ms,
             min_reps=request.min_reps,
             max_reps=self.max_reps,
-            flush=self._flush,
+            flush=self.device.flush,
             sync=self._sync,
             cutoff_ms=request.cutoff_ms,
             warm=True,  # the correctness launch ran every launch of the config once
-            hold=self.hold,
+            hold=self.device.hold,
         )
         phases["timing"] = time.perf_counter() - started
         return self._measurement(compiled, family, problem, launches, resources, checked, timing, phases, given_up)
@@ -395,7 +383,7 @@ class GpuEvaluator(Device, Verification, Evaluator):
                 return refused
             dynamic_by_entry[launch.entry] = max(dynamic_by_entry.get(launch.entry, 0), launch.smem_dynamic)
         for entry, dynamic in dynamic_by_entry.items():
-            if dynamic and attrs[entry]["smem_static"] + dynamic > self.facts.smem_per_block:
+            if dynamic and attrs[entry]["smem_static"] + dynamic > self.device.facts.smem_per_block:
                 _driver.funcSetAttribute(loaded.functions[entry].ptr, _ATTR_MAX_DYNAMIC_SMEM, dynamic)
         main = next((launch for launch in launches if launch.entry == compiled.entry), launches[0])
         main_threads = math.prod(main.block)
@@ -409,7 +397,7 @@ class GpuEvaluator(Device, Verification, Evaluator):
         memory per block than the device has; None for a launch within both."""
         threads = math.prod(launch.block)
         if threads > attrs["max_threads"]:
-            status = 1 if threads > self.facts.max_threads_per_block else 701
+            status = 1 if threads > self.device.facts.max_threads_per_block else 701
             return LaunchFailed(
                 reason=f"{launch.entry}: {threads} threads per block, but the function allows at most "
                 f"{attrs['max_threads']} (registers or launch bounds)",
@@ -422,94 +410,28 @@ class GpuEvaluator(Device, Verification, Evaluator):
                 },
             )
         smem_total = attrs["smem_static"] + launch.smem_dynamic
-        if smem_total > self.smem_optin_bytes:
+        if smem_total > self.device.smem_optin_bytes:
             return LaunchFailed(
                 reason=f"{launch.entry}: {smem_total} bytes of shared memory per block "
                 f"({attrs['smem_static']} static + {launch.smem_dynamic} dynamic) exceed the device's "
-                f"{self.smem_optin_bytes}",
+                f"{self.device.smem_optin_bytes}",
                 details={
                     "status": 1,
                     "sticky": False,
                     "phase": phase,
                     "smem_bytes": smem_total,
-                    "smem_limit": self.smem_optin_bytes,
+                    "smem_limit": self.device.smem_optin_bytes,
                 },
             )
         return None
 
-    # -- correctness -----------------------------------------------------------------------------------------
-    def _check_outputs(
-        self,
-        request: EvaluateRequest,
-        family: Family,
-        problem: dict[str, Any],
-        loaded: _Loaded,
-        launches: list[Launch],
-        phase: list[str],
-        phases: dict[str, float],
-    ) -> _Checked | WrongResult:
-        """Run every launch of the config once on the inputs of an input set (the pool's, or a fresh one for the
-        request's seed), its outputs poisoned, and compare them with the set's reference (a mismatch against a
-        kept reference is checked again before the config is blamed). The check passed, with the config's run
-        for the timing; or the WrongResult of a mismatch or of a reference that failed."""
-        import cupy
-
-        config = request.config
-        outputs_spec = family.outputs(problem, config)
-        key = verify.pool_key(family, problem, config)
-        explicit = request.seed is not None  # an explicit seed: a fresh set, beside the pool's (the finalists')
-        pooled, seed = self._input_set(key, request.seed, phases)
-        inputs = self._inputs(family, problem, seed, phases)
-        # A checked name that is not an output is an input the kernel updates in place.
-        checked_dtypes = {name: dtype for name, (_, dtype) in outputs_spec.items()}
-        checked_dtypes.update(
-            (name, np.dtype(inputs[name].dtype).name)
-            for name in family.checked()
-            if name not in outputs_spec and name in inputs
-        )
-        kept = pooled is not None and pooled.ready
-        if not kept and not explicit and pooled is not None and family.reference_on_host():
-            # The key's first set: the other sets' references (the pool's second, the finalists') start on
-            # the host in the background now, so that all of them are ready about when this one is.
-            for later in self._pool.ahead(key):
-                self._compute_ahead(family, problem, config, checked_dtypes, later, phases)
-        try:
-            reference = self._reference(family, inputs, problem, config, checked_dtypes, pooled, key, phases)
-        except ReferenceFailed as exc:  # the user's reference: the same for every config, so the study stops
-            return WrongResult(
-                reason=str(exc), details={"phase": "reference", "seed": seed, "phases_s": _rounded(phases)}
-            )
-        outputs = {name: cupy.empty(shape, dtype=_np_dtype(dtype)) for name, (shape, dtype) in outputs_spec.items()}
-        arrays = {**inputs, **outputs}
-        run = self._runner(loaded, launches, arrays, problem, config)
-        checks = self._checked_launch(family, problem, outputs_spec, arrays, outputs, reference, run, phase, phases)
-        if kept and not all(check.ok for check in checks):
-            checks = self._recheck(family, problem, config, key, pooled, checks, arrays, checked_dtypes, phases)
-        elif kept and pooled is not None:
-            pooled.confirmed = True  # matched on inputs drawn again: the set comes back from its seed
-        del reference
-        verification = "fresh input set" if explicit else self._pool.protocol(key)
-        bad = [check for check in checks if not check.ok]
-        if bad:
-            return _wrong_result(bad, seed, verification, phases)
-        return _Checked(run, checks, verification)
-
-    def _input_set(self, key: tuple, seed: int | None, phases: dict[str, float]) -> tuple[verify.InputSet | None, int]:
-        """The input set of this check and its seed: the fresh set of an explicit `seed` (its reference computed
-        ahead where it was reserved), else the pool's next for `key`; None (with a seed of its own) where the
-        pool keeps none for it."""
-        self._settle_ahead(phases)
-        pooled = self._pool.fresh(key, seed) if seed is not None else self._pool.draw(key)
-        if pooled is not None and pooled.pending is not None:  # an explicit set computed ahead: wait for it
-            self._settle(key, pooled, phases)
-        return pooled, (pooled.seed if pooled is not None else fresh_seed())
-
+    # -- the config's run --------------------------------------------------------------------------------------
     def _runner(
-        self, loaded: _Loaded, launches: list[Launch], arrays: dict[str, Any], problem: dict[str, Any], config
+        self, loaded: _Loaded, launches: list[Launch], arrays: dict[str, Any], *, problem: dict[str, Any], config
     ) -> Callable[[], None]:
         """One run of the config: every launch, in order, on the stream, with its arguments bound now (an array
         by name, else a scalar from the problem or the config)."""
-        stream = self.stream
+        stream = self.device.stream
 
         def argument(name: str):
             if name in arrays:
@@ -542,7 +464,7 @@ class GpuEvaluator(Device, Verification, Evaluator):
         problem: dict[str, Any],
         launches: list[Launch],
         resources: _Resources,
-        checked: _Checked,
+        checked: Checked,
         timing,
         phases: dict[str, float],
         given_up: int,
@@ -562,8 +484,8 @@ class GpuEvaluator(Device, Verification, Evaluator):
             flops=flops,
             tbps=tbps,
             tflops=flops / seconds / 1e12,
-            ceiling_tbps=self._ceiling_tbps,
-            fraction_of_ceiling=tbps / self._ceiling_tbps,
+            ceiling_tbps=self.device.ceiling_tbps,
+            fraction_of_ceiling=tbps / self.device.ceiling_tbps,
             registers=max(attrs[launch.entry]["regs"] for launch in launches),
             smem_static_bytes=max(attrs[launch.entry]["smem_static"] for launch in launches),
             smem_dynamic_bytes=max(launch.smem_dynamic for launch in launches),
@@ -573,16 +495,16 @@ class GpuEvaluator(Device, Verification, Evaluator):
             warps_per_sm=resources.warps_per_sm,
             max_abs_error=max(check.max_abs_error for check in checked.checks),
             max_rel_error=max(check.max_rel_error for check in checked.checks),
-            gpu=self._gpu_name,
+            gpu=self.device.gpu_name,
             gpu_index=self.gpu_index,
-            clocks=self.clocks(),
-            versions={**self.versions, "arch": compiled.arch, "verification": checked.verification},
+            clocks=self.device.clocks(),
+            versions={**self.device.versions, "arch": compiled.arch, "verification": checked.verification},
             uri=compiled.uri,
-            holds_given_up=self.hold.timeouts - given_up,
+            holds_given_up=self.device.hold.timeouts - given_up,
             threads_per_block=resources.main_threads,
             # the checked launch ran the same work as one repetition: counted at the median
             gpu_ms=timing.total_ms + timing.median_ms,
-            phases_s=_rounded(phases),
+            phases_s=rounded(phases),
         )
 
 

@@ -1,15 +1,17 @@
 """Ray: compile tasks on CPUs, one GPU actor per GPU, replaced on fault.
 
-`Pool` is the Ray engine's `tuner.study.pool.Pool`: the study driver's ``submit(number, params)`` and ``poll()`` →
-finished (number, Result).
-Behind it, each config is rendered in the driver (cheap, and templates live with the driver), compiled in a Ray
-CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA context, L2 flush buffer and
-the copy ceiling are set up once). An actor that faults (a sticky CUDA error poisons its context), dies, or runs
-past the time limit is killed and replaced; its trial gets the typed failure and the study goes on. Each
-evaluation carries a `tuner.gpu.deadline.Deadline` (the time limit as its ceiling, the slowest healthy run so far),
-so an evaluator that bounds its waits by one (`tuner.gpu.evaluator.GpuEvaluator`) reports a hung kernel as a sticky
-`TimedOut` at the config's deadline, not at the limit; the jobs queued behind it on that actor go back to the
-queue, in order, and run on the next free actor.
+`Pool` is the Ray engine's transport of the scheduling core (`tuner.study.scheduler.Scheduler`, which keeps the job
+records, the ready queue, the in-flight count, the request's seed and cut-off and the slowest run, as it does for
+the local engine's `tuner.study.local.LocalPool`): the study driver's ``submit(number, params)`` and ``poll()`` →
+finished (number, Result). Behind it, each config is rendered in the driver (cheap, and templates live with the
+driver), compiled in a Ray CPU task, then measured by a GPU actor that owns one GPU for its whole life (CUDA
+context, L2 flush buffer and the copy ceiling are set up once); an actor is sent at most
+`tuner.study.scheduler.QUEUE_DEPTH` jobs at a time, the one it runs included. An actor that faults (a sticky CUDA
+error poisons its context), dies, or runs past the time limit is killed and replaced; its trial gets the typed
+failure and the study goes on. Each evaluation carries a `tuner.gpu.deadline.Deadline` (the time limit as its
+ceiling, the slowest healthy run so far), so an evaluator that bounds its waits by one
+(`tuner.gpu.evaluator.GpuEvaluator`) reports a hung kernel as a sticky `TimedOut` at the config's deadline, not at
+the limit; the jobs queued behind it on that actor go back to the queue, in order, and run on the next free actor.
 
 Each actor wraps whatever `tuner.gpu.protocol.Evaluator` the caller's factory builds there:
 `tuner.gpu.evaluator.GpuEvaluator` on a real GPU, or `tuner.study.replay.ReplayEvaluator` on a logical one
@@ -28,17 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.build.render import render
 from tuner.errors import InputError
 from tuner.gpu.deadline import Deadline
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
-from tuner.study import pool as contract
 from tuner.study import sharing
 from tuner.study.pool import Job
-
-#: Jobs queued on one actor beyond the one it runs: hides the driver's round trip between two configs.
-ACTOR_DEPTH = 2
+from tuner.study.scheduler import Scheduler
 
 
 def init_ray(address: str | None, logical_gpus: int | None = None) -> dict[str, Any]:
@@ -141,10 +139,8 @@ class _Slot:
     head_started: float = 0.0
 
 
-class Pool(contract.Pool):
+class Pool(Scheduler):
     """Compile slots plus one GPU actor per GPU; see the module docstring."""
-
-    compile_slots: int
 
     def __init__(
         self,
@@ -163,13 +159,9 @@ class Pool(contract.Pool):
         that need none."""
         import ray
 
-        super().__init__(problem)
-        self.space = space
-        self.family = space.family
-        self.timeout_s = timeout_s
         t0 = time.perf_counter()
         resources = init_ray(ray_address, logical_gpus)
-        self.startup = {"engine": "ray", "ray_init_s": round(time.perf_counter() - t0, 3)}
+        ray_init_s = round(time.perf_counter() - t0, 3)
         available = int(resources.get("GPU", 0))
         want = gpus or available
         if want < 1:
@@ -177,8 +169,10 @@ class Pool(contract.Pool):
         if want > available:
             raise InputError(f"--gpus {want}: Ray sees only {available} GPU(s)")
         cpus = int(resources.get("CPU", 1))
-        self.compile_slots = compile_slots or max(1, cpus - want)
-        self._compile = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
+        super().__init__(space, problem, compile_slots or max(1, cpus - want))
+        self.timeout_s = timeout_s
+        self.startup = {"engine": "ray", "ray_init_s": ray_init_s}
+        self._compile_task = ray.remote(num_cpus=1, max_retries=0)(_compile_task)
         # num_cpus=0: an actor reserves a CPU by default, and 8 GPU actors must fit on a 2-core host.
         # Ray's typed overload of remote(**options) lists only task options; max_concurrency is an actor option
         # that Ray documents and accepts, hence the ignore.
@@ -194,12 +188,7 @@ class Pool(contract.Pool):
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self._measures = bool(self.slots[0].info["measures"])
         self._arch = arch or str(self.slots[0].info["arch"])
-        self.compiling: dict[Any, Job] = {}
-        self.ready: collections.deque[Job] = collections.deque()
-        self.finished: list[tuple[int, Result]] = []
-        self.replaced = 0
-        #: the results collected and compiles done so far (`spent` adds the live actors' occupied time)
-        self._spent = Spent()
+        self.compiling: dict[Any, Job] = {}  # by the ref of its compile task
         self.started = time.perf_counter()
 
     # -- actors -----------------------------------------------------------------------------------------------
@@ -217,7 +206,7 @@ class Pool(contract.Pool):
         import ray
 
         ray.kill(slot.actor, no_restart=True)
-        self.ready.extendleft(job for _, job in reversed(slot.queue))
+        self.ready.requeue(job for _, job in slot.queue)
         fresh = self._start_actors(1)[0]
         slot.actor, slot.info, slot.queue, slot.head_started = fresh.actor, fresh.info, collections.deque(), 0.0
         self.replaced += 1
@@ -236,25 +225,12 @@ class Pool(contract.Pool):
 
     # -- work ---------------------------------------------------------------------------------------------------
     @property
-    def capacity(self) -> int:
-        """How many configs to keep in flight so no GPU and no compile slot waits on the driver."""
-        return self.compile_slots + len(self.slots) * (ACTOR_DEPTH + 1)
+    def gpu_count(self) -> int:
+        return len(self.slots)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self.compiling) + len(self.ready) + sum(len(s.queue) for s in self.slots)
-
-    def submit(self, number: int, params: dict[str, Any], budget_ms: float = 25.0, screening: bool = True) -> None:
-        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
-        screening job is timed under the pool's `cutoff_ms` as it stands when the job goes to its actor."""
-        config = self.space.resolve(params, self.problem)
-        job = Job(number=number, params=params, config=config, budget_ms=budget_ms, screening=screening)
-        if not self.measures:  # it answers without running the kernel: nothing to compile
-            self.ready.append(job)
-            return
-        job.source = render(self.family, params, config, self.problem.env)
-        ref = self._compile.remote(job.source, self.arch)
-        self.compiling[ref] = job
+    def _compile(self, job: Job) -> None:
+        """Compile on a cluster CPU (a Ray task); `poll` files its outcome."""
+        self.compiling[self._compile_task.remote(job.source, self.arch)] = job
 
     def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
         """Advance the pipeline; return the configs finished since the last call."""
@@ -272,20 +248,13 @@ class Pool(contract.Pool):
                 if ref in self.compiling:
                     job = self.compiling.pop(ref)
                     result, compile_s = ray.get(ref)
-                    self._spent.add_compile(compile_s)
-                    if result.ok:
-                        job.compiled = result
-                        if job.number >= 0:
-                            self.built[job.number] = (job.source, result)
-                        self.ready.append(job)
-                    else:
-                        self.finished.append((job.number, result))
+                    self.account_compile(compile_s)
+                    self.compiled(job, result)
                 else:
                     self._collect(ref)
         self._check_hangs()
         self._dispatch()
-        out, self.finished = self.finished, []
-        return out
+        return self.collect()
 
     def _collect(self, ref) -> None:
         import ray
@@ -293,8 +262,7 @@ class Pool(contract.Pool):
         slot = next(s for s in self.slots if s.queue and s.queue[0][0] == ref)
         _, job = slot.queue.popleft()
         slot.head_started = time.perf_counter()
-        self.ran_on[job.number] = slot.info["gpu_index"]
-        self.ran_by[job.number] = {k: slot.info.get(k) for k in ("host", "pid", "node")}
+        gpu_index, worker = slot.info["gpu_index"], {k: slot.info.get(k) for k in ("host", "pid", "node")}
         try:
             result = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
@@ -304,26 +272,27 @@ class Pool(contract.Pool):
             if isinstance(result, Failure) and result.details.get("sticky"):
                 # The CUDA context is poisoned (or a kernel never ends): everything after this would fail too.
                 self._replace(slot)
-            self.note(result)
-        self._spent.add(result)
-        self.finished.append((job.number, result))
+        self.answered(result)
+        self.finish(job, result, gpu_index, worker)
 
     def _check_hangs(self) -> None:
         now = time.perf_counter()
         for slot in self.slots:
             if slot.queue and now - slot.head_started > self.timeout_s:
                 _, job = slot.queue.popleft()
-                self.ran_on[job.number] = slot.info["gpu_index"]
+                gpu_index = slot.info["gpu_index"]
                 self._replace(slot)
-                self.finished.append(
-                    (job.number, TimedOut(reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced"))
+                self.finish(
+                    job, TimedOut(reason=f"no answer within {self.timeout_s:g} s; GPU worker replaced"), gpu_index
                 )
 
     def _dispatch(self) -> None:
+        """Send the ready jobs, in order, to the actors with an open slot, the least loaded first."""
         for slot in sorted(self.slots, key=lambda s: len(s.queue)):
-            while self.ready and len(slot.queue) < ACTOR_DEPTH:
-                job = self.ready.popleft()
-                request = self.request(job, self.space.family_ref)
+            while len(self.ready) and self.open(len(slot.queue)):
+                job = self.ready.take(block=False)
+                assert job is not None, "only the local pool's close queues a stop"
+                request = self.evaluation(job)
                 deadline = Deadline(ceiling_s=self.timeout_s, slowest_s=self.slowest_s)
                 ref = slot.actor.evaluate.remote(request, deadline=deadline)
                 if not slot.queue:
@@ -335,7 +304,7 @@ class Pool(contract.Pool):
         an actor that was replaced took its count with it."""
         import ray
 
-        spent = self._spent.copy()
+        spent = super().spent()
         spent.occupied_s = sum(ray.get([s.actor.occupied.remote() for s in self.slots]))
         return spent
 

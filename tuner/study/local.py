@@ -1,8 +1,9 @@
 """The study's pool on this machine without Ray: compile threads, one evaluator thread per GPU.
 
-`LocalPool` is a `tuner.study.pool.Pool`, as Ray's `tuner.study.cluster.Pool` is, so the study driver runs
-unchanged over either. It is what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the
-default):
+`LocalPool` is a transport of the scheduling core (`tuner.study.scheduler.Scheduler`: the job records, the ready
+queue, the in-flight count, the request's seed and cut-off, the slowest run), as Ray's `tuner.study.cluster.Pool`
+is, so the study driver runs unchanged over either; it keeps how a job reaches a GPU here and comes back. It is
+what ``tuner study`` uses when no ``--ray-address`` is given (``--engine local``, the default):
 
 * the evaluators come from the same `tuner.gpu.protocol.EvaluatorFactory` a Ray actor would call. For real GPUs
   that factory is `isolated_gpu_evaluator`: a `tuner.gpu.worker.IsolatedEvaluator` whose child process owns one GPU,
@@ -44,15 +45,13 @@ from typing import Any
 from tuner.build.compilers import CompileProcesses
 from tuner.build.render import render
 from tuner.gpu.clock import since_command
-from tuner.gpu.protocol import Evaluator, EvaluatorFactory, Spent
+from tuner.gpu.protocol import Evaluator, EvaluatorFactory
 from tuner.result import LaunchFailed, Result, TimedOut
 from tuner.study import sharing
-from tuner.study.pool import Job, Pool
+from tuner.study.pool import Job
+from tuner.study.scheduler import Scheduler
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
-
-#: Configs queued for the GPU threads beyond one per GPU: hides the driver's round trip between two configs.
-QUEUE_DEPTH = 2
 
 
 def host_cores() -> int:
@@ -158,7 +157,7 @@ class _Gpu:
         if not self._start():
             return
         while True:
-            job = self.pool.ready.get()
+            job = self.pool.ready.take()
             if job is None:
                 return
             self.run(job)
@@ -185,9 +184,7 @@ class _Gpu:
         pool.startup.setdefault("first_measure_start_s", since_command(started))
         evaluating = started  # past the start of a replacement worker, if one is started first
         try:
-            # The family travels by reference, so a user's family is re-imported in the GPU worker's child. The
-            # cut-off is read now, not at submit: results that came in while the job waited count.
-            request = pool.request(job, pool.space.family_ref or pool.family)
+            request = pool.evaluation(job)  # the family by reference: a user's is imported again in the child
             # the slowest healthy run on any GPU lengthens this one's hang deadline
             self.evaluator.note_healthy(pool.slowest_s)
             self._replace_lost(pool)
@@ -197,33 +194,20 @@ class _Gpu:
             result = LaunchFailed(
                 reason=f"GPU worker raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
-        pool.account(result, time.perf_counter() - started, job.owner)
-        pool.note(result)
+        pool.answered(result, time.perf_counter() - started, job.owner)
         if isinstance(result, TimedOut):  # what the hang cost this GPU, for the study's summary
-            hang = {
-                # a speculation's trial is filled in when a trial claims it (`LocalPool._deliver`): None till then
-                "trial": job.number if job.speculation is None else None,
-                "gpu_index": self.index,
-                "cost_s": round(time.perf_counter() - evaluating, 3),
-                "deadline_s": result.details.get("deadline_s", result.details.get("timeout_s")),
-                "phase": result.details.get("phase"),
-            }
-            pool.hangs.append(hang)
-            if job.speculation is not None:
+            hang = pool.hang(job, result, self.index, time.perf_counter() - evaluating)
+            if job.speculation is not None:  # its trial is filled in when a trial claims it (`LocalPool._deliver`)
                 job.speculation.hang = hang
         pool.startup.setdefault("first_measure_s", round(time.perf_counter() - started, 3))
         if job.speculation is not None:
             pool.speculated(job, result, self)
             return
-        pool.ran_on[job.number] = self.index
-        pool.ran_by[job.number] = self.worker()
-        pool.done.put((job.number, result))
+        pool.finish(job, result, self.index, self.worker())
 
 
-class LocalPool(Pool):
+class LocalPool(Scheduler):
     """Compile threads plus one evaluator per local GPU; see the module docstring."""
-
-    compile_slots: int
 
     def __init__(
         self,
@@ -240,29 +224,18 @@ class LocalPool(Pool):
         `inline` (for evaluators that answer at once, such as a replay without delay): no threads; each `poll`
         answers the oldest queued config in the caller's thread, the evaluators taking turns, so a seeded study
         asks and tells in the same order on every run."""
-        super().__init__(problem)
-        self.inline = inline
-        self.space = space
-        self.family = space.family  # shipped, entry-point or the space's own (declarative or a file of the user's)
-        self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         t0 = time.perf_counter()
-        self.compile_slots = compile_slots or host_cores()
+        super().__init__(space, problem, compile_slots or host_cores())
+        self.inline = inline
+        self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
         self._compiler = ThreadPoolExecutor(self.compile_slots, thread_name_prefix="tuner-compile")
-        self.ready: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        #: finished configs; an exception in place of a Result is a bug in compiling, raised by poll()
-        self.done: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
         self._prefetched: dict[tuple[str, str], Future] = {}
-        self._queued = 0  # submitted and not yet finished
         self.host = socket.gethostname()
-        self.replaced = 0
         self._turn = 0
         #: prefetched configs the GPU measures before the driver asks (`prefetch(..., evaluate=True)`), by
         #: (source text, arch); guarded by `_lock` (the GPU threads and the driver both change them)
         self._speculations: dict[tuple[str, str], _Speculation] = {}
         self._lock = threading.Lock()
-        #: what the evaluations and compiles cost so far (see `spent`); the GPU and compile threads add to it
-        self._spent = Spent()
-        self._spent_lock = threading.Lock()
         self.closing = False
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
@@ -310,13 +283,8 @@ class LocalPool(Pool):
 
     # -- work -------------------------------------------------------------------------------------------------
     @property
-    def capacity(self) -> int:
-        """Configs in flight that keep every compile thread and every GPU busy."""
-        return self.compile_slots + len(self._workers) * (QUEUE_DEPTH + 1)
-
-    @property
-    def in_flight(self) -> int:
-        return self._queued
+    def gpu_count(self) -> int:
+        return len(self._workers)
 
     def prefetch(self, params: dict[str, Any], arch: str, evaluate: bool = False, budget_ms: float = 25.0) -> None:
         """Start compiling `params` for `arch` now (before the GPU worker says what its arch is); a later
@@ -386,49 +354,22 @@ class LocalPool(Pool):
         """Whether the evaluators measure (known before they start: a replay answers without running kernels)."""
         return all(w.evaluator.measures for w in self._workers)
 
-    def submit(
-        self,
-        number: int,
-        params: dict[str, Any],
-        budget_ms: float = 25.0,
-        screening: bool = True,
-        problem: Any = None,
-        owner: Any = None,
-    ) -> None:
-        """Queue a config; `budget_ms` of timed work on the GPU (screening default; finalists get more). A
-        screening job is timed under the pool's `cutoff_ms` as it stands when the GPU takes the job. `problem`
-        and `owner` (a `tuner.study.sidebyside` share, whose `cutoff_ms` then applies and which is told what the
-        job costs) are given for a job of another problem of the space than the pool's own."""
-        problem = problem or self.problem
-        config = self.space.resolve(params, problem)
-        job = Job(
-            number=number,
-            params=params,
-            config=config,
-            budget_ms=budget_ms,
-            screening=screening,
-            problem=problem,
-            owner=owner,
-        )
-        self._queued += 1
-        if not self.measures:  # it answers without running the kernel: nothing to compile
-            self.ready.put(job)
-            return
-        job.source = render(self.family, params, config, problem.env)
+    def _compile(self, job: Job) -> None:
+        """Take the GPU's measure of a prefetched config (`prefetch` with ``evaluate``), else compile `job`."""
         key = (job.source.text, self.arch)
         speculation = self._speculations.get(key)
         # Claimed only if it was measured as this trial would be: the same budget and the same resolved config (the
         # launch geometry may depend on GPU facts that the study learnt from the worker after the prefetch).
-        same = speculation is not None and speculation.budget_ms == budget_ms and speculation.config == config
-        if speculation is not None and screening and same:
+        same = speculation is not None and speculation.budget_ms == job.budget_ms and speculation.config == job.config
+        if speculation is not None and job.screening and same:
             del self._speculations[key]
             with self._lock:
-                speculation.claimed_by = number
+                speculation.claimed_by = job.number
                 settled = speculation.dropped or speculation.result is not None
             if settled:
-                ahead = Job(number=-1, params=params, config=config, budget_ms=budget_ms, source=job.source)
+                ahead = Job(number=-1, params=job.params, config=job.config, budget_ms=job.budget_ms, source=job.source)
                 ahead.compiled = self._prefetched_result(key)
-                self._deliver(number, ahead, speculation)
+                self._deliver(job.number, ahead, speculation)
             # else the GPU thread delivers it when it finishes (built[] is filled from its job there)
             return
         self._start_job(job)
@@ -455,41 +396,22 @@ class LocalPool(Pool):
             self.done.put((job.number, exc))
             return
         self.startup.setdefault("first_compile_done_s", since_command(time.perf_counter()))
-        if result.ok:
-            job.compiled = result
-            if job.number >= 0:
-                self.built[job.number] = (job.source, result)
-            self.ready.put(job)
-        else:
-            self.done.put((job.number, result))
+        self.compiled(job, result)
 
     def poll(self, timeout: float = 0.05) -> list[tuple[int, Result]]:
-        """The configs finished since the last call; waits up to `timeout` for the first one."""
-        got = []
-        if self.inline:
-            try:
-                job = self.ready.get_nowait()
-            except queue.Empty:
-                return []
-            if job is None:  # close() ran
-                return []
-            self._workers[self._turn % len(self._workers)].run(job)
-            self._turn += 1
-            got.append(self.done.get_nowait())
-        else:
-            try:
-                got.append(self.done.get(timeout=timeout))
-                while True:
-                    got.append(self.done.get_nowait())
-            except queue.Empty:
-                pass
-        self._queued -= len(got)
-        out: list[tuple[int, Result]] = []
-        for number, result in got:
-            if isinstance(result, BaseException):
-                raise result
-            out.append((number, result))
-        return out
+        """The configs finished since the last call; waits up to `timeout` for the first one. Inline, the oldest
+        ready config is answered first, in this thread, by the GPUs in turn."""
+        if not self.inline:
+            return self.collect(timeout)
+        try:
+            job = self.ready.take(block=False)
+        except queue.Empty:
+            return []
+        if job is None:  # close() ran
+            return []
+        self._workers[self._turn % len(self._workers)].run(job)
+        self._turn += 1
+        return self.collect()
 
     def _timed_compile(self, source, arch, owner=None):
         """In a compile thread: compile, and count its wall in `spent` (and in `owner`'s)."""
@@ -501,23 +423,7 @@ class LocalPool(Pool):
 
             return compile_source(source, arch)
         finally:
-            elapsed = time.perf_counter() - started
-            with self._spent_lock:
-                self._spent.add_compile(elapsed)
-            if owner is not None:
-                owner.add_compile(elapsed)
-
-    def account(self, result: Result, occupied_s: float, owner: Any = None) -> None:
-        """In a GPU thread: count a result its evaluator returned after `occupied_s` of work (in `owner`'s too)."""
-        with self._spent_lock:
-            self._spent.add(result, occupied_s)
-        if owner is not None:
-            owner.add(result, occupied_s)
-
-    def spent(self) -> Spent:
-        """What the pool's evaluations and compiles have cost so far (a copy: the threads go on adding)."""
-        with self._spent_lock:
-            return self._spent.copy()
+            self.account_compile(time.perf_counter() - started, owner)
 
     def close(self) -> None:
         """Stop the GPU threads and their evaluators (a GPU worker's child exits)."""

@@ -1,12 +1,13 @@
 """The pool contract: what the study driver hands its configs to and takes their results from.
 
 Four pools implement `Pool`: the local engine's `tuner.study.local.LocalPool` (compile processes, a GPU worker
-process per GPU), the Ray engine's `tuner.study.cluster.Pool` (compile tasks, a GPU actor per GPU), the in-process
-replay's `tuner.study.replay.ReplayPool` (answers from a recording in the driver's thread), and one study's share of
-a pool that several studies run over side by side (`tuner.study.sidebyside.Share`). The driver
-(`tuner.study.driver`, `tuner.study.opening`, `tuner.study.finalists`) uses only the members declared here and
-never asks which pool it has: what a pool lacks (compile slots, workers to name, hangs, replaced workers) reads as
-the default set here.
+process per GPU) and the Ray engine's `tuner.study.cluster.Pool` (compile tasks, a GPU actor per GPU), two transports
+of one scheduling core (`tuner.study.scheduler.Scheduler`: the job records, the ready queue, the slots, the request,
+the slowest run, the costs); the in-process replay's `tuner.study.replay.ReplayPool` (answers from a recording in
+the driver's thread); and one study's share of a pool that several studies run over side by side
+(`tuner.study.sidebyside.Share`). The driver (`tuner.study.driver`, `tuner.study.opening`,
+`tuner.study.finalists`) uses only the members declared here and never asks which pool it has: what a pool lacks
+(compile slots, workers to name, hangs, replaced workers) reads as the default set here.
 
 The contract:
 
