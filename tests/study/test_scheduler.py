@@ -16,7 +16,7 @@ from tuner.space import space as space_mod
 from tuner.study.pool import Job
 from tuner.study.scheduler import QUEUE_DEPTH, Ready, Scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPACE = ROOT / "search_spaces" / "transpose.yaml"
 
 
