@@ -310,13 +310,13 @@ def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResu
     does not take, or GPUs this machine cannot give (none, with neither `replay` nor a Ray address), is an
     InputError before anything is written."""
     from tuner.gpu import discovery
-    from tuner.study.options import check_call
+    from tuner.study.options import check_call, engine_for
 
     kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
     options = {key: value for key, value in keywords.items() if key not in kernel_fields}
     given = check_call(trials, options, caller="tuner.tune", others=kernel_fields)
     kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
-    engine = given["engine"] or ("ray" if given["ray_address"] else "local")  # as `options.engine_of` decides
+    engine = engine_for(given["engine"], given["ray_address"])
     discovery.gpus(given["gpus"], given["replay"] is not None, given["ray_address"], engine)
     return study(write_space(kernel), trials, **options)
 

@@ -26,7 +26,6 @@ from tuner import kernels
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.result import Invalid, Result, TrialAttr
-from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.store.dbfiles import study_storage_url
@@ -38,12 +37,11 @@ from tuner.study.engines import Engine
 from tuner.study.failures import tells_failures_as_worst, worst_values
 from tuner.study.finalists import retime_finalists
 from tuner.study.opening import Opened, Opening, Prelude
-from tuner.study.options import SAMPLERS, StudyOptions
+from tuner.study.options import StudyOptions
 from tuner.study.pool import Pool
-from tuner.study.preflight import check_study_name
 from tuner.study.progress import Progress, Stats, study_location, time_split
 from tuner.study.repair import Repair
-from tuner.study.search import TPE_WIDE_UNTIL, check_budget, make_sampler
+from tuner.study.search import TPE_WIDE_UNTIL, make_sampler
 from tuner.study.validset import IndexBuild, ValidSetSampler, valid_index
 
 if TYPE_CHECKING:
@@ -104,14 +102,8 @@ class Driver(Opening):
         self.prelude = prelude or Prelude()
         self.search: _Search | None = None  # the loop's state, while it runs
         self.summary: dict[str, Any] = {}
-        if opts.trials < 1:
-            raise InputError(f"--trials {opts.trials}: must be ≥ 1")
-        if opts.sampler not in SAMPLERS:
-            raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
-        check_budget(opts.sampler, opts.trials)
-        # The name and the storage before anything else: a study that could not be opened by its name again, or
-        # could not record its trials, is refused before any work (`tuner.study.preflight`).
-        check_study_name(opts.study_name)
+        # `opts` checked themselves as they were made (`StudyOptions._check`: the study's name among them). The
+        # storage before anything else: a study that could not record its trials is refused before any work.
         self.url = study_storage_url(opts.storage, opts.kernel)
         # Checked (and probed with a write, rolled back) now, created only in run() once the pool is up: a refused
         # command leaves no database behind.
@@ -126,11 +118,8 @@ class Driver(Opening):
         self.family = self.space.family
         self.engine = Engine.of(opts)
         self.engine.check_kernel(self.space, self.problem)  # before anything is written
-        if opts.objectives not in ("first", "all"):
-            raise InputError(f"--objectives {opts.objectives}: choose first or all")
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.space = self.engine.searched(self.space, self.problem)
-        limits.replay_delay(opts.replay_delay_s)
         self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
         self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)

@@ -20,7 +20,7 @@ from tuner.errors import InputError
 from tuner.gpu import discovery
 from tuner.gpu.protocol import EvaluatorFactory
 from tuner.space import space as space_mod
-from tuner.study.options import ENGINES, StudyOptions, engine_of
+from tuner.study.options import StudyOptions, engine_of
 from tuner.study.pool import Pool
 
 #: a local replay's compile threads on any machine: its width steers a seeded sampler (16: our GPU hosts' cores)
@@ -83,12 +83,7 @@ class Engine:
         opts = self.opts
         if opts.in_process:
             raise InputError("an in-process study needs a replay recording")
-        engine = opts.engine or ("ray" if opts.ray_address else "local")
-        if engine not in ENGINES:
-            raise InputError(f"--engine {engine}: unknown (choose from {', '.join(ENGINES)})")
-        if engine == "local" and opts.ray_address:
-            raise InputError("--engine local runs on this machine alone; drop --ray-address or use --engine ray")
-        if engine == "ray":
+        if engine_of(opts) == "ray":  # the engine's name and its address checked with the options
             from tuner.study.cluster import Pool as RayPool
 
             assert self.evaluator is not None, "searched() sets the evaluator"

@@ -267,11 +267,7 @@ def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> d
     best, fraction of the ceiling, wall, configs transferred), "studies": each problem's study summary, "wall_s",
     "command_wall_s", "side_by_side"}. A study complete before this run measured nothing now: its row's best is
     `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one."""
-    if opts.study_name:
-        raise InputError("--study-name names one study; with --problems each problem's study has its default name")
-    if opts.problem:
-        raise InputError("give --problem or --problems, not both")
-    assert opts.problems is not None
+    assert opts.problems is not None  # neither --study-name nor --problem beside it (`StudyOptions._check`)
     space = space_mod.load(opts.space)
     chosen = problem_list(space, opts.problems)
     replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
