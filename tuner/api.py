@@ -151,15 +151,15 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
 
     given = check_call(trials, keywords)
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
-    where, given["kernel"] = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
+    where, given["kernel"], loaded = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
     opts = from_keywords(where, trials, given)
     # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
     # not started.
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     try:
         if opts.problems is not None:
-            return _study_problems(opts)
-        summary = run_study(opts, warm_prelude(opts) if opts.warm_start else None)
+            return _study_problems(opts, loaded)
+        summary = run_study(opts, warm_prelude(opts, loaded) if opts.warm_start else None, loaded)
     finally:
         ray = sys.modules.get("ray")
         if started_ray and ray is not None and ray.is_initialized():
@@ -167,21 +167,24 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     return StudyResult(summary=summary)
 
 
-def _study_problems(opts) -> ProblemsResult:
-    """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
+def _study_problems(opts, space: SearchSpace | None) -> ProblemsResult:
+    """`study` over several problems (`tuner.study.shapes.run_problems`) of `space` (None: not loaded yet), a
+    StudyResult per problem."""
     from tuner.results.tables import stored_best
     from tuner.study.shapes import run_problems
 
-    out = run_problems(opts, stored_best)
+    out = run_problems(opts, stored_best, space)
     results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
     return ProblemsResult(summary=out, results=results)
 
 
 def _space_and_kernel(
     space: SearchSpace | str | Path, kernel: str | None, replay: str | Path | None, problem: str | None
-) -> tuple[str, str]:
-    """Where `space` is (a path, or a shipped space's name) and the kernel it is studied for (`kernel`, else the
-    space's); a space loaded here (not for a replay) has its includes checked first (`_check_includes`)."""
+) -> tuple[str, str, SearchSpace | None]:
+    """Where `space` is (a path, or a shipped space's name), the kernel it is studied for (`kernel`, else the
+    space's) and the space loaded (given, or loaded here: the study takes it as it is, its file is not read again;
+    None where the driver loads it, after its own checks); a space loaded here (not for a replay) has its includes
+    checked first (`_check_includes`)."""
     if isinstance(space, SearchSpace):
         loaded: SearchSpace | None = space
         where = str(space.path)
@@ -195,7 +198,7 @@ def _space_and_kernel(
         if replay is None:
             _check_includes(loaded, problem)
     assert kernel is not None  # given, or the loaded space's
-    return where, kernel
+    return where, kernel, loaded
 
 
 def _study_signature() -> inspect.Signature:

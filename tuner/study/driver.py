@@ -91,7 +91,9 @@ class _Search:
 class Driver(Opening):
     """Runs one study to N counted trials. Construct, then `run()`; `summary` holds the outcome."""
 
-    def __init__(self, opts: StudyOptions, prelude: Prelude | None = None):
+    def __init__(self, opts: StudyOptions, prelude: Prelude | None = None, space: space_mod.SearchSpace | None = None):
+        """A study of `opts`, of `space` where the caller loaded it already (`opts.space` is then its path, kept
+        as the study's record; the file is not read again), else of the space `opts.space` names."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -109,9 +111,11 @@ class Driver(Opening):
         # command leaves no database behind.
         #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
         self.storage_file = check_storage(self.url, opts.storage is not None) if self.url != ":memory:" else None
-        if opts.space == opts.kernel and opts.kernel not in kernels.names():
-            raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
-        self.space = space_mod.load(opts.space)
+        if space is None:
+            if opts.space == opts.kernel and opts.kernel not in kernels.names():
+                raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
+            space = space_mod.load(opts.space)
+        self.space = space
         if self.space.kernel != opts.kernel:
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
@@ -608,5 +612,8 @@ def _close_writer(mirror) -> dict[str, Any]:
         raise
 
 
-def run_study(opts: StudyOptions, prelude: Prelude | None = None) -> dict[str, Any]:
-    return Driver(opts, prelude).run()
+def run_study(
+    opts: StudyOptions, prelude: Prelude | None = None, space: space_mod.SearchSpace | None = None
+) -> dict[str, Any]:
+    """Run the study of `opts` (of `space`, where loaded already: see `Driver`) to its end; its summary."""
+    return Driver(opts, prelude, space).run()

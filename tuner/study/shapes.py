@@ -248,17 +248,20 @@ def first_configs(
 # the run
 
 
-def warm_prelude(opts: StudyOptions):
-    """The `tuner.study.opening.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
+def warm_prelude(opts: StudyOptions, space: space_mod.SearchSpace | None = None):
+    """The `tuner.study.opening.Prelude` of a one-problem study started from ``--warm-start``'s studies; `space`
+    is the study's, where loaded already (else `opts.space` is read)."""
     from tuner.study.opening import Prelude
 
     assert opts.warm_start is not None
-    space = space_mod.load(opts.space)
+    space = space or space_mod.load(opts.space)
     sources = warm_sources(opts.warm_start, space)
     return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
-def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> dict[str, Any]:
+def run_problems(
+    opts: StudyOptions, stored_best: StoredBest | None = None, space: space_mod.SearchSpace | None = None
+) -> dict[str, Any]:
     """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
     with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
     answers from recordings, one per problem (`match_replays`). Side by side over one pool
@@ -266,9 +269,10 @@ def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> d
     on Ray, and for replays with a delay. Returns {"problems": a row per problem (name, sizes, study, trials,
     best, fraction of the ceiling, wall, configs transferred), "studies": each problem's study summary, "wall_s",
     "command_wall_s", "side_by_side"}. A study complete before this run measured nothing now: its row's best is
-    `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one."""
+    `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one.
+    `space` is the studies' space where loaded already (else `opts.space` is read): every study takes it as it is."""
     assert opts.problems is not None  # neither --study-name nor --problem beside it (`StudyOptions._check`)
-    space = space_mod.load(opts.space)
+    space = space or space_mod.load(opts.space)
     chosen = problem_list(space, opts.problems)
     replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
     recordings = match_replays(chosen, replays) if replays else {}
@@ -340,7 +344,7 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm):
             started = time.perf_counter()
             label = f"{problem.name} ({i + 1}/{len(chosen)})"
             prelude = _prelude(space, problem, stored, warm, label, spare_writer=i + 1 < len(chosen))
-            summary = run_study(_one(opts, problem, recordings), prelude)
+            summary = run_study(_one(opts, problem, recordings), prelude, space)
             summaries[problem.name] = summary
             source = _source(_load(summary)) if url != ":memory:" else None
             if source is not None:
@@ -362,7 +366,7 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
     for problem in chosen:
         # the pool is made below, once every study's options are checked: the share is taken as the study opens
         prelude = _prelude(space, problem, stored, warm, problem.name, bar=bar)
-        drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude)
+        drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude, space)
     if url != ":memory:":
         open_storage(url)  # made here, once: each study's writer would otherwise race to create the same file
     searching = sum(1 for d in drivers.values() if d.complete is None)  # a complete study takes no share
