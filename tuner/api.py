@@ -27,7 +27,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.kernelspec import KernelSpec, tune_space, write_space
@@ -35,6 +35,9 @@ from tuner.result import Result
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
+
+if TYPE_CHECKING:
+    from tuner.study.ahead import Ahead
 
 __all__ = [
     "KernelSpec",
@@ -144,6 +147,14 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     `warm_start` starts the study, or each problem's, from the best configs of the studies of the same space it
     names (a study, kernel or .db, as ``tuner best`` finds it).
     """
+    return study_ahead(None, space, trials, **keywords)
+
+
+def study_ahead(
+    ahead: Ahead | None, space: SearchSpace | str | Path, trials: int, **keywords: Any
+) -> StudyResult | ProblemsResult:
+    """`study`, taking the writer and GPU workers that ``tuner study`` started `ahead` of it (`tuner.study.ahead`;
+    None: the study starts its own)."""
     from tuner.build.cachedirs import ensure_writable
     from tuner.study.driver import run_study
     from tuner.study.options import check_call, from_keywords
@@ -158,8 +169,8 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     try:
         if opts.problems is not None:
-            return _study_problems(opts, loaded)
-        summary = run_study(opts, warm_prelude(opts, loaded) if opts.warm_start else None, loaded)
+            return _study_problems(opts, loaded, ahead)
+        summary = run_study(opts, warm_prelude(opts, loaded) if opts.warm_start else None, loaded, ahead)
     finally:
         ray = sys.modules.get("ray")
         if started_ray and ray is not None and ray.is_initialized():
@@ -167,13 +178,13 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     return StudyResult(summary=summary)
 
 
-def _study_problems(opts, space: SearchSpace | None) -> ProblemsResult:
-    """`study` over several problems (`tuner.study.shapes.run_problems`) of `space` (None: not loaded yet), a
-    StudyResult per problem."""
+def _study_problems(opts, space: SearchSpace | None, ahead: Ahead | None) -> ProblemsResult:
+    """`study` over several problems (`tuner.study.shapes.run_problems`) of `space` (None: not loaded yet), with
+    what was started `ahead`, a StudyResult per problem."""
     from tuner.results.tables import stored_best
     from tuner.study.shapes import run_problems
 
-    out = run_problems(opts, stored_best, space)
+    out = run_problems(opts, stored_best, space, ahead)
     results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
     return ProblemsResult(summary=out, results=results)
 

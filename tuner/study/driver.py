@@ -32,6 +32,7 @@ from tuner.store.dbfiles import study_storage_url
 from tuner.store.probe import check_storage
 from tuner.store.schema import SCREENED, counts
 from tuner.store.writer import InlineMirror, Mirror
+from tuner.study.ahead import Ahead
 from tuner.study.codec import CONSTRAINT_KEY, Codec
 from tuner.study.engines import Engine
 from tuner.study.failures import tells_failures_as_worst, worst_values
@@ -91,9 +92,16 @@ class _Search:
 class Driver(Opening):
     """Runs one study to N counted trials. Construct, then `run()`; `summary` holds the outcome."""
 
-    def __init__(self, opts: StudyOptions, prelude: Prelude | None = None, space: space_mod.SearchSpace | None = None):
+    def __init__(
+        self,
+        opts: StudyOptions,
+        prelude: Prelude | None = None,
+        space: space_mod.SearchSpace | None = None,
+        ahead: Ahead | None = None,
+    ):
         """A study of `opts`, of `space` where the caller loaded it already (`opts.space` is then its path, kept
-        as the study's record; the file is not read again), else of the space `opts.space` names."""
+        as the study's record; the file is not read again), else of the space `opts.space` names; it takes the
+        writer and GPU workers its command started `ahead` (none given: it starts its own)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -102,6 +110,7 @@ class Driver(Opening):
         self.t_imports = since_command()
         self.opts = opts
         self.prelude = prelude or Prelude()
+        self.ahead = ahead or Ahead()
         self.search: _Search | None = None  # the loop's state, while it runs
         self.summary: dict[str, Any] = {}
         # `opts` checked themselves as they were made (`StudyOptions._check`: the study's name among them). The
@@ -120,7 +129,7 @@ class Driver(Opening):
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = self.space.family
-        self.engine = Engine.of(opts)
+        self.engine = Engine.of(opts, self.ahead)
         self.engine.check_kernel(self.space, self.problem)  # before anything is written
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.space = self.engine.searched(self.space, self.problem)
@@ -613,7 +622,11 @@ def _close_writer(mirror) -> dict[str, Any]:
 
 
 def run_study(
-    opts: StudyOptions, prelude: Prelude | None = None, space: space_mod.SearchSpace | None = None
+    opts: StudyOptions,
+    prelude: Prelude | None = None,
+    space: space_mod.SearchSpace | None = None,
+    ahead: Ahead | None = None,
 ) -> dict[str, Any]:
-    """Run the study of `opts` (of `space`, where loaded already: see `Driver`) to its end; its summary."""
-    return Driver(opts, prelude, space).run()
+    """Run the study of `opts` (of `space`, where loaded already, with what was started `ahead` of it: see
+    `Driver`) to its end; its summary."""
+    return Driver(opts, prelude, space, ahead).run()

@@ -26,7 +26,7 @@ from tuner.space.space import params_key
 from tuner.store.artifacts import ArtifactWriter
 from tuner.store.dbfiles import open_storage
 from tuner.store.schema import SCREENED, counted_trials, counts
-from tuner.store.writer import Mirror, launch_writer, new_study
+from tuner.store.writer import Mirror, new_study
 from tuner.study.codec import Codec
 from tuner.study.engines import Engine
 from tuner.study.failures import evaluation_failed, tells_failures_as_worst, worst_values
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from tuner.space import space as space_mod
     from tuner.space.problem import Objective
     from tuner.store.lease import Lease
+    from tuner.study.ahead import Ahead
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Opening:
     codec: Codec
     prelude: Prelude
     engine: Engine
+    ahead: Ahead
     lease: Lease | None
     sampler: Any
     _setting_up: tuple[Any, Any] | None
@@ -255,10 +257,10 @@ class Opening:
         starting: the writer's imports and the GPU workers' start-up overlap the rest of the set-up."""
         mirror: Any = None  # Mirror (a process), or, made once the study is open, InlineMirror (in-process)
         if not self.opts.in_process:
-            mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.store.writer.launch_writer`)
+            mirror = self.ahead.writer_for(self.url)  # its imports overlap the set-up (`Ahead.launch_writer`)
             self._setting_up = (None, mirror)
             if self.prelude.spare_writer:
-                launch_writer()  # for the study that follows this one
+                self.ahead.launch_writer()  # for the study that follows this one
         if self.prelude.pool is not None:
             pool = self.prelude.pool(self.space, self.problem)
         else:
