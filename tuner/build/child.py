@@ -68,6 +68,7 @@ TAIL_BYTES = 2048
 RELAY_DRAIN_S = 2.0
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: this process's children still running: process-wide by nature, as they end with the process (its exit handler)
 _LIVE: weakref.WeakSet[Child] = weakref.WeakSet()
 
 
