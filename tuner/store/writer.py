@@ -15,6 +15,7 @@ importing anything heavy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -358,3 +359,18 @@ class InlineMirror:
 
     def close(self, timeout: float = 0.0) -> dict[str, Any]:
         return {}
+
+
+#: how long the writer may go on writing the trials it was sent after a Ctrl-C cut its close short
+FLUSH_AFTER_INTERRUPT_S = 30.0
+
+
+def close_writer(mirror: Mirror | InlineMirror) -> dict[str, Any]:
+    """`mirror.close()`; a Ctrl-C while it waits still lets the writer write what it was sent (within
+    `FLUSH_AFTER_INTERRUPT_S`), then goes on as the interrupt."""
+    try:
+        return mirror.close()
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            mirror.drain(FLUSH_AFTER_INTERRUPT_S)
+        raise
