@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import signal
 import time
@@ -280,6 +281,21 @@ def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeyp
     with pytest.raises(SystemExit):
         cli.main(["study", "transpose", *argv])
     assert calls == ([launched] if launched else [])
+
+
+def test_what_tuner_study_starts_ahead_is_handed_to_the_study(monkeypatch):
+    """The writer and the GPU workers ``tuner study`` starts first thing reach the study as one object."""
+    launched, handed = [], []
+    monkeypatch.setattr(discovery, "local_gpus", lambda: 1)
+    monkeypatch.setattr(Ahead, "launch_gpu_workers", lambda self, count, timeout_s: launched.append(self))
+    driver = importlib.import_module("tuner.study.driver")  # `tuner.study` is the API call, not this package
+    monkeypatch.setattr(
+        driver, "run_study", lambda opts, prelude=None, space=None, ahead=None: handed.append(ahead) or {"trials": 0}
+    )
+    assert cli.main(["study", "transpose", "--trials", "1", "--storage", ":memory:"]) == 0
+    (ahead,) = handed
+    assert launched == [ahead] and ahead.writer is not None and ahead.writer.proc.alive()
+    ahead.writer.abort()
 
 
 def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():
