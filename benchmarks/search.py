@@ -172,7 +172,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         optuna.study.Study.ask = ask  # type: ignore[method-assign]
     per_proposal = sorted(a + t for a, t in zip(asks, tells, strict=False))
-    study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    study = optuna.load_study(study_name=summary["study"], storage=driver.opening.storage)
     sequence = []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         attrs = t.user_attrs

@@ -109,3 +109,16 @@ def test_bad_repair_is_bad_input():
 
     with pytest.raises(tuner.InputError, match="repair 'closest'"):
         tuner.study("transpose", 1, repair="closest", replay=str(RECORDING))
+
+
+def test_a_loaded_space_is_studied_as_it_is_not_read_again(tmp_path):
+    """A SearchSpace given to `tuner.study` goes to the driver as it is: its file, gone since it was loaded, is not
+    read again (a user's family module would run again if it were)."""
+    copied = tmp_path / "transpose_copy.yaml"
+    copied.write_text((ROOT / "search_spaces" / "transpose.yaml").read_text())
+    space = tuner.load_space(copied)
+    copied.unlink()
+    url = f"sqlite:///{tmp_path}/loaded.db"
+    result = tuner.study(space, 4, replay=str(RECORDING), in_process=True, storage=url, seed=1)
+    assert result.summary["trials"] == 4
+    assert result.study.user_attrs["space_path"] == str(copied)

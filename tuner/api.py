@@ -27,7 +27,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.kernelspec import KernelSpec, tune_space, write_space
@@ -35,6 +35,9 @@ from tuner.result import Result
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
+
+if TYPE_CHECKING:
+    from tuner.study.ahead import Ahead
 
 __all__ = [
     "KernelSpec",
@@ -144,6 +147,14 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     `warm_start` starts the study, or each problem's, from the best configs of the studies of the same space it
     names (a study, kernel or .db, as ``tuner best`` finds it).
     """
+    return study_ahead(None, space, trials, **keywords)
+
+
+def study_ahead(
+    ahead: Ahead | None, space: SearchSpace | str | Path, trials: int, **keywords: Any
+) -> StudyResult | ProblemsResult:
+    """`study`, taking the writer and GPU workers that ``tuner study`` started `ahead` of it (`tuner.study.ahead`;
+    None: the study starts its own)."""
     from tuner.build.cachedirs import ensure_writable
     from tuner.study.driver import run_study
     from tuner.study.options import check_call, from_keywords
@@ -151,15 +162,15 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
 
     given = check_call(trials, keywords)
     ensure_writable()  # before the study's workers and writer start: they inherit the cache folders chosen here
-    where, given["kernel"] = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
+    where, given["kernel"], loaded = _space_and_kernel(space, given["kernel"], given["replay"], given["problem"])
     opts = from_keywords(where, trials, given)
     # Ray is imported only where the study uses it (the local engine does not): a Ray that was not imported was
     # not started.
     started_ray = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     try:
         if opts.problems is not None:
-            return _study_problems(opts)
-        summary = run_study(opts, warm_prelude(opts) if opts.warm_start else None)
+            return _study_problems(opts, loaded, ahead)
+        summary = run_study(opts, warm_prelude(opts, loaded) if opts.warm_start else None, loaded, ahead)
     finally:
         ray = sys.modules.get("ray")
         if started_ray and ray is not None and ray.is_initialized():
@@ -167,21 +178,24 @@ def study(space: SearchSpace | str | Path, trials: int, **keywords: Any) -> Stud
     return StudyResult(summary=summary)
 
 
-def _study_problems(opts) -> ProblemsResult:
-    """`study` over several problems (`tuner.study.shapes.run_problems`), a StudyResult per problem."""
+def _study_problems(opts, space: SearchSpace | None, ahead: Ahead | None) -> ProblemsResult:
+    """`study` over several problems (`tuner.study.shapes.run_problems`) of `space` (None: not loaded yet), with
+    what was started `ahead`, a StudyResult per problem."""
     from tuner.results.tables import stored_best
     from tuner.study.shapes import run_problems
 
-    out = run_problems(opts, stored_best)
+    out = run_problems(opts, stored_best, space, ahead)
     results = {name: StudyResult(summary=summary) for name, summary in out["studies"].items()}
     return ProblemsResult(summary=out, results=results)
 
 
 def _space_and_kernel(
     space: SearchSpace | str | Path, kernel: str | None, replay: str | Path | None, problem: str | None
-) -> tuple[str, str]:
-    """Where `space` is (a path, or a shipped space's name) and the kernel it is studied for (`kernel`, else the
-    space's); a space loaded here (not for a replay) has its includes checked first (`_check_includes`)."""
+) -> tuple[str, str, SearchSpace | None]:
+    """Where `space` is (a path, or a shipped space's name), the kernel it is studied for (`kernel`, else the
+    space's) and the space loaded (given, or loaded here: the study takes it as it is, its file is not read again;
+    None where the driver loads it, after its own checks); a space loaded here (not for a replay) has its includes
+    checked first (`_check_includes`)."""
     if isinstance(space, SearchSpace):
         loaded: SearchSpace | None = space
         where = str(space.path)
@@ -195,7 +209,7 @@ def _space_and_kernel(
         if replay is None:
             _check_includes(loaded, problem)
     assert kernel is not None  # given, or the loaded space's
-    return where, kernel
+    return where, kernel, loaded
 
 
 def _study_signature() -> inspect.Signature:
@@ -310,13 +324,13 @@ def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResu
     does not take, or GPUs this machine cannot give (none, with neither `replay` nor a Ray address), is an
     InputError before anything is written."""
     from tuner.gpu import discovery
-    from tuner.study.options import check_call
+    from tuner.study.options import check_call, engine_for
 
     kernel_fields = [f.name for f in dataclasses.fields(KernelSpec)]
     options = {key: value for key, value in keywords.items() if key not in kernel_fields}
     given = check_call(trials, options, caller="tuner.tune", others=kernel_fields)
     kernel = KernelSpec(*args, **{key: value for key, value in keywords.items() if key in kernel_fields})
-    engine = given["engine"] or ("ray" if given["ray_address"] else "local")  # as `options.engine_of` decides
+    engine = engine_for(given["engine"], given["ray_address"])
     discovery.gpus(given["gpus"], given["replay"] is not None, given["ray_address"], engine)
     return study(write_space(kernel), trials, **options)
 

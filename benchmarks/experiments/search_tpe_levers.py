@@ -65,7 +65,7 @@ def job(args):
         )
     )
     s = d.run()
-    study = optuna.load_study(study_name=s["study"], storage=d.storage)
+    study = optuna.load_study(study_name=s["study"], storage=d.opening.storage)
     seq = []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         if "screened" in t.user_attrs:

@@ -236,12 +236,12 @@ def test_children_end_with_the_parent(tmp_path):
         f"""
         from tuner.study.replay import ReplayEvaluator
         from tuner.gpu.worker import IsolatedEvaluator
-        from tuner.store import writer
-        from tuner.store.writer import launch_writer
+        from tuner.study.ahead import Ahead
         w = IsolatedEvaluator(evaluator_factory=ReplayEvaluator, evaluator_kwargs={{"path": {str(RECORDING)!r}}})
         w.launch()
-        launch_writer()
-        print(w.pid, writer._LAUNCHED.proc.pid, flush=True)
+        ahead = Ahead()
+        ahead.launch_writer()
+        print(w.pid, ahead.writer.proc.pid, flush=True)
         """
     )
     proc = _run([sys.executable, "-c", code], tmp_path)

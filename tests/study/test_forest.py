@@ -48,7 +48,7 @@ def _study(space_file: Path, trials: int, seed: int = 0, **kw):
     )
     driver = Driver(opts)
     summary = driver.run()
-    study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    study = optuna.load_study(study_name=summary["study"], storage=driver.opening.storage)
     return summary, sorted(study.trials, key=lambda t: t.number)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from tuner.gpu.protocol import Evaluator
 from tuner.gpu.worker import IsolatedEvaluator
 from tuner.space import space as space_mod
 from tuner.study import local
+from tuner.study.ahead import Ahead
 from tuner.study.local import LocalPool, host_cores
 from tuner.study.replay import ReplayEvaluator
 
@@ -247,15 +249,15 @@ def replay_children(monkeypatch, tmp_path):
             IsolatedEvaluator, start_timeout_s=120.0, evaluator_factory=_ReplayChild, evaluator_kwargs={"delay_s": 0.0}
         ),
     )
-    monkeypatch.setattr(worker_mod, "_LAUNCHED", {})
 
 
 def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_children):
-    worker_mod.launch_gpu_workers(1, timeout_s=30.0)
-    early = worker_mod._LAUNCHED[0]
+    ahead = Ahead()
+    ahead.launch_gpu_workers(1, timeout_s=30.0)
+    early = ahead.workers[0]
     assert early.alive() and not early.info  # its process runs before anyone waits for it
-    with _pool(space, local.isolated_gpu_evaluator, gpus=1) as pool:
-        assert pool._workers[0].evaluator is early and not worker_mod._LAUNCHED
+    with _pool(space, functools.partial(local.isolated_gpu_evaluator, ahead=ahead), gpus=1) as pool:
+        assert pool._workers[0].evaluator is early and not ahead.workers
         pool.submit(0, list(space.enumerate())[0])
         assert _drain(pool, 1)[0].ok
         assert pool.ran_by[0]["pid"] == early.pid  # the same child measured it
@@ -273,12 +275,27 @@ def test_a_worker_launched_first_thing_is_the_one_the_pool_takes(space, replay_c
 def test_tuner_study_launches_the_local_gpu_workers_before_anything_else(monkeypatch, argv, launched):
     calls = []
     monkeypatch.setattr(discovery, "local_gpus", lambda: 1)
-    monkeypatch.setattr(worker_mod, "launch_gpu_workers", lambda count, timeout_s: calls.append(count))
+    monkeypatch.setattr(Ahead, "launch_gpu_workers", lambda self, count, timeout_s: calls.append(count))
     # Stop right after the launch: the study itself is tested elsewhere.
-    monkeypatch.setattr("tuner.api.study", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr("tuner.api.study_ahead", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))
     with pytest.raises(SystemExit):
         cli.main(["study", "transpose", *argv])
     assert calls == ([launched] if launched else [])
+
+
+def test_what_tuner_study_starts_ahead_is_handed_to_the_study(monkeypatch):
+    """The writer and the GPU workers ``tuner study`` starts first thing reach the study as one object."""
+    launched, handed = [], []
+    monkeypatch.setattr(discovery, "local_gpus", lambda: 1)
+    monkeypatch.setattr(Ahead, "launch_gpu_workers", lambda self, count, timeout_s: launched.append(self))
+    driver = importlib.import_module("tuner.study.driver")  # `tuner.study` is the API call, not this package
+    monkeypatch.setattr(
+        driver, "run_study", lambda opts, prelude=None, space=None, ahead=None: handed.append(ahead) or {"trials": 0}
+    )
+    assert cli.main(["study", "transpose", "--trials", "1", "--storage", ":memory:"]) == 0
+    (ahead,) = handed
+    assert launched == [ahead] and ahead.writer is not None and ahead.writer.proc.alive()
+    ahead.writer.abort()
 
 
 def test_launching_gpu_workers_imports_neither_numpy_nor_the_kernel_families():

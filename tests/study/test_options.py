@@ -151,7 +151,9 @@ def test_the_command_line_and_the_call_make_the_same_options(monkeypatch):
     """Each flag reaches its field through its keyword, renames and all."""
     made: list[StudyOptions] = []
     driver = importlib.import_module("tuner.study.driver")
-    monkeypatch.setattr(driver, "run_study", lambda opts, prelude=None: made.append(opts) or {"trials": 0})
+    monkeypatch.setattr(
+        driver, "run_study", lambda opts, prelude=None, space=None, ahead=None: made.append(opts) or {"trials": 0}
+    )
     flags = "--categorical --repair random --replay-delay 0.5 --screen-ms 2 --screen-cutoff off --json --seed 3"
     flags += " --gpus 2 --timeout 9 --in-process --takeover --replay-study s --problem p --objectives all"
     flags += " --engine local --sampler grid --storage sqlite:///x.db --study-name nm"

@@ -301,12 +301,12 @@ def test_a_complete_study_found_once_the_study_is_open(tmp_path, monkeypatch):
     """Where the name waits for a worker's GPU (no GPU model before start, a cluster's), the driver stops right
     after opening the study: the pool and the writer are stopped, nothing is measured or written."""
     import tuner
-    from tuner.study.driver import Driver
+    from tuner.study.opening import Opening
 
     monkeypatch.chdir(tmp_path)
     tuner.study("transpose", 3, replay=RECORDING, storage="s.db", in_process=True)
     before = files_in(tmp_path)
-    monkeypatch.setattr(Driver, "_name_before_start", lambda self: None)
+    monkeypatch.setattr(Opening, "_name_before_start", lambda self: None)
     summary = tuner.study("transpose", 3, replay=RECORDING, storage="s.db", replay_delay=0.2).summary
     assert summary["complete_before_run"] and summary["study"] == REPLAY_NAME and summary["trials"] == 3
     # the lease was taken and dropped, and this process's storage keeps SQLite's WAL files open: no other change

@@ -50,7 +50,7 @@ class CutoffProbe(ReplayEvaluator):
 def probe(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     CutoffProbe.calls = []
-    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
+    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0, ahead=None: CutoffProbe(RECORDING))
     monkeypatch.setattr(discovery, "local_gpus", lambda: 1)  # the probe stands in for one GPU
     return CutoffProbe
 

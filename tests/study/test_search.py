@@ -55,7 +55,7 @@ def _driver(**kw) -> Driver:
 def run(tmp_path, **kw):
     driver = _driver(**kw)
     summary = driver.run()
-    return summary, optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    return summary, optuna.load_study(study_name=summary["study"], storage=driver.opening.storage)
 
 
 def _gemv_m64(recording: Path, **kw):
@@ -182,7 +182,8 @@ def test_failures_are_told_to_the_sampler_as_infeasible_worst_values(tmp_path):
     driver = _driver(trials=40, replay=str(cache))
     driver.run()
     # What the sampler saw (its in-memory study) is rebuilt from storage exactly as a resumed study sees it.
-    study = optuna.load_study(study_name=driver.storage.get_all_studies()[0].study_name, storage=driver.storage)
+    storage = driver.opening.storage
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     measured = [t.values[0] for t in study.trials if t.state.name == "COMPLETE"]
     for t in study.trials:
         if t.state.name == "FAIL":

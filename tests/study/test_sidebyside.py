@@ -208,7 +208,7 @@ def test_side_by_side_over_the_local_engine_compiles_measures_and_retimes_each_p
 
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     CutoffProbe.calls = []
-    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: CutoffProbe(RECORDING))
+    monkeypatch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0, ahead=None: CutoffProbe(RECORDING))
     monkeypatch.setattr(discovery, "local_gpus", lambda: 1)  # the probe stands in for one GPU
     text = (ROOT / "search_spaces" / "transpose.yaml").read_text()
     two = text.replace(

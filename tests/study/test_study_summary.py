@@ -122,7 +122,7 @@ def run(tmp_path_factory) -> Run:
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(printed):
         patch.setenv("TUNER_CACHE_DIR", str(where / "cache"))
-        patch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0: HostBoundEvaluator(i))
+        patch.setattr(local, "isolated_gpu_evaluator", lambda i, timeout_s=60.0, ahead=None: HostBoundEvaluator(i))
         patch.setattr(discovery, "local_gpus", lambda: 1)  # the evaluator stands in for one GPU
         opts = StudyOptions(
             kernel="scale_add",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import _thread
 import atexit
 import collections
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -51,7 +52,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ TAIL_BYTES = 2048
 RELAY_DRAIN_S = 2.0
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: this process's children still running: process-wide by nature, as they end with the process (its exit handler)
 _LIVE: weakref.WeakSet[Child] = weakref.WeakSet()
 
 
@@ -254,3 +256,14 @@ def _end_children(wait_s: float = 2.0) -> None:
     deadline = time.monotonic() + wait_s
     for child in children:
         child.join(max(0.0, deadline - time.monotonic()))
+
+
+@contextlib.contextmanager
+def quiet_after_interrupt(interrupted: bool) -> Iterator[None]:
+    """Tear-down after an interrupt: a child process that ended meanwhile (a pool's, a study's writer) is part of
+    the interrupt, not a fault of its own to report over it; the trials the writer took are stored either way."""
+    try:
+        yield
+    except Exception:
+        if not interrupted:
+            raise

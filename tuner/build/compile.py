@@ -240,6 +240,8 @@ def include_options(source: Source) -> list[str]:
     return [f"-I{d}" for d in dict.fromkeys([*source.include_dirs, *includes.system_include_dirs()])]
 
 
+#: cache folders found unusable (warned once) and usable in this process: process-wide, as the folders are the
+#: machine's and the warning is said once per process, whatever compiles
 _UNCACHED: set[Path] = set()
 _CACHEABLE: set[Path] = set()
 
@@ -339,6 +341,7 @@ def compile_source(
         return _compile(source, arch, searched, key, vers, (meta_path, cubin_path))
 
 
+#: numbers the compile retries of this process: process-wide, so that no two retries share a name
 _RETRIES = itertools.count()
 
 

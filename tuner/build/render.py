@@ -67,6 +67,7 @@ def environment(templates_dir: Path | str = TEMPLATES_DIR, *extra_dirs: Path | s
     )
 
 
+#: template directory → its Jinja environment: process-wide, a cache of what each directory's templates compile to
 _ENVS: dict[str, jinja2.Environment] = {}
 
 

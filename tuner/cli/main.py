@@ -144,19 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     interrupts = _Interrupts(argv is None)
     try:
+        ahead = None  # what a study's command starts before it knows the study (`tuner.study.ahead`)
         if words[:1] == ["study"] and not {"-h", "--help", "--in-process"} & set(words):
             # A study will need its writer process (tuner.store.writer): start it before this process builds its
             # parser, so that the writer's imports (a second or two) overlap everything after. Bad flags end it
             # with us.
-            from tuner.store.writer import launch_writer
+            from tuner.study.ahead import Ahead
 
-            launch_writer()
+            ahead = Ahead()
+            ahead.launch_writer()
         parser = build_parser()
         if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (register-python-argcomplete tuner)
             import argcomplete
 
             argcomplete.autocomplete(parser)
         args = parser.parse_args(argv)
+        if ahead is not None:
+            args.ahead = ahead  # ``tuner study`` hands it to the study (`tuner.cli.study.cmd_study`)
         from tuner.build.cachedirs import ensure_writable
         from tuner.build.child import profiled
 

@@ -9,16 +9,16 @@ from typing import Any
 
 from tuner.cli.args import flag_type
 from tuner.study import options
+from tuner.study.ahead import Ahead
 
 
-def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> None:
+def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None, ahead: Ahead) -> None:
     """Start the local engine's GPU worker processes before the study's own imports and set-up (Optuna, the
     space, the storage), which they overlap; a study refused meanwhile stops them on exit. First the checks that
     take milliseconds (`tuner.study.preflight`: the study's name; `tuner.store.probe`: a SQLite file's storage,
     which must take a write), so that a study refused by them starts no worker; and none start for a study that may
     hold its trials already: the driver's exact check then comes first (it starts them itself otherwise)."""
     from tuner.gpu import discovery
-    from tuner.gpu.worker import launch_gpu_workers
     from tuner.store.dbfiles import plain_sqlite_file, study_storage_url
     from tuner.store.probe import check_storage
     from tuner.study import preflight
@@ -30,7 +30,7 @@ def _start_gpu_workers_early(args: argparse.Namespace, kernel: str | None) -> No
     if kernel and preflight.maybe_complete(args.storage, kernel, args.trials, args.study_name):
         return
     available = discovery.local_gpus() or 0
-    launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
+    ahead.launch_gpu_workers(min(args.gpus or available, available), timeout_s=args.timeout)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -38,11 +38,12 @@ def cmd_study(args: argparse.Namespace) -> int:
         # `tuner study my_space.yaml ...`: the space file names its kernel
         args.space, args.kernel = args.kernel, None
     kernel = args.kernel
+    ahead = args.ahead or Ahead()  # `tuner.cli.main.main` started the writer in it
     if (args.engine in (None, "local") and not args.ray_address) and not (args.replay or args.in_process):
-        _start_gpu_workers_early(args, kernel)
-    from tuner.api import study
+        _start_gpu_workers_early(args, kernel, ahead)
+    from tuner.api import study_ahead
 
-    summary = study(args.space or kernel, args.trials, **_keywords(args)).summary
+    summary = study_ahead(ahead, args.space or kernel, args.trials, **_keywords(args)).summary
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     # The study has closed its GPU workers, its writer and its database; without Ray (whose exit handler stops the
@@ -67,7 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="run (or resume) an Optuna study over this machine's GPUs (or a Ray cluster's)")
     for o in options.flags():
         p.add_argument(o.flag, **_argument(o))
-    p.set_defaults(func=cmd_study)
+    p.set_defaults(func=cmd_study, ahead=None)
 
 
 def _argument(o: options.Option) -> dict[str, Any]:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 # top: the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
 # study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
-__all__ = ["IsolatedEvaluator", "WorkerError", "launch_gpu_workers", "take_launched"]
+__all__ = ["IsolatedEvaluator", "WorkerError"]
 
 
 class WorkerError(RuntimeError):
@@ -473,26 +473,3 @@ class IsolatedEvaluator(Evaluator):
     def arch(self) -> str:
         """The child's GPU arch (``sm_90``), what to compile for."""
         return self.start()["arch"]
-
-
-# ------------------------------------------------------------------------------------------------------------
-# children started ahead of the study
-
-#: GPU workers whose processes `launch_gpu_workers` started ahead of the study, by GPU index
-_LAUNCHED: dict[int, IsolatedEvaluator] = {}
-
-
-def launch_gpu_workers(count: int, timeout_s: float = 60.0) -> None:
-    """Start the processes of `count` GPU workers now, without waiting for them: ``tuner study`` calls this first
-    thing, so their interpreter, CuPy import, CUDA context and ceiling overlap the driver's own imports and
-    set-up. `take_launched` hands them out; ones never taken end with this process (`tuner.build.child`)."""
-    for gpu in range(count):
-        if gpu not in _LAUNCHED:
-            evaluator = IsolatedEvaluator(gpu=gpu, timeout_s=timeout_s)
-            evaluator.launch()
-            _LAUNCHED[gpu] = evaluator
-
-
-def take_launched(gpu: int) -> IsolatedEvaluator | None:
-    """The worker `launch_gpu_workers` started for GPU `gpu`, once (None if there is none)."""
-    return _LAUNCHED.pop(gpu, None)

@@ -38,6 +38,7 @@ _REGISTRY: dict[str, str] = {
     "adamw": "tuner.kernels.adamw",
     "kt": "tuner.kernels.kt",
 }
+#: reference → family, as this process loaded it; process-wide as the imported modules it holds objects of are
 _LOADED: dict[str, Family] = {}
 
 

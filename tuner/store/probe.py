@@ -29,7 +29,8 @@ from tuner.store.dbfiles import (
 #: journal or WAL file
 SQLITE_READONLY_DIRECTORY = 1544
 
-#: storage URLs that passed `check_storage` in this process
+#: storage URLs that passed `check_storage` in this process: process-wide, a cache of a probe of the storage
+#: (the machine's), not of any study's state
 _WRITABLE: set[str] = set()
 
 

@@ -18,7 +18,8 @@ import optuna
 from tuner.errors import InputError
 from tuner.store.dbfiles import DB_SUFFIXES, STUDIES_DIR, file_url, sqlite_path, storage_url
 
-#: storage URL of each study `open_studies` returned (Optuna keeps its storage private)
+#: storage URL of each study `open_studies` returned (Optuna keeps its storage private): process-wide, a weak
+#: side table of the study objects themselves, gone with each of them
 _URLS: weakref.WeakKeyDictionary[optuna.Study, str] = weakref.WeakKeyDictionary()
 
 

@@ -2,12 +2,12 @@
 
 The driver samples from an in-memory Optuna study; every trial is mirrored, in ask order, into the study's
 durable storage by this process, so SQLite's commits (tens of milliseconds each) never hold up the GPUs. The
-process is started before anything is known of the study (`launch_writer`, called first thing by ``tuner study``,
-so that its imports of Optuna and SQLAlchemy overlap the driver's own start-up); its first message names the
-storage and the study (`Mirror.bind` for a study the driver has opened, `Mirror.create` for a new one, which the
-writer creates itself). The process is a `tuner.build.child` child (it never runs the caller's ``__main__``); the
-driver's messages go to it over its pipe from a thread (`tuner.build.child.Outbox`), so that a slow commit never blocks
-the driver, and its one report comes back on the same pipe.
+process may start before anything is known of the study (a `Mirror` of no storage yet: ``tuner study`` starts
+one first thing, so that its imports of Optuna and SQLAlchemy overlap the driver's own start-up); its first
+message names the storage and the study (`Mirror.bind` for a study the driver has opened, `Mirror.create` for a
+new one, which the writer creates itself). The process is a `tuner.build.child` child (it never runs the caller's
+``__main__``); the driver's messages go to it over its pipe from a thread (`tuner.build.child.Outbox`), so that a
+slow commit never blocks the driver, and its one report comes back on the same pipe.
 
 This module imports only the standard library at the top: the driver's command can start the process before
 importing anything heavy.
@@ -15,6 +15,7 @@ importing anything heavy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -249,20 +250,6 @@ class Mirror:
         if study_id is not None:
             self.bind(study_id)
 
-    @classmethod
-    def for_storage(cls, url: str) -> Mirror:
-        """A writer for the storage at `url`: the one `launch_writer` started, if it is still running in this
-        directory, else a new one (a writer left by a command of this process that ended before its study, in
-        another directory, would open a relative storage path there)."""
-        global _LAUNCHED
-        launched, _LAUNCHED = _LAUNCHED, None
-        if launched is not None and launched.proc.alive():
-            if launched.cwd == os.getcwd():
-                launched.url = url
-                return launched
-            launched.close(timeout=30.0)
-        return cls(url)
-
     def bind(self, study_id: int) -> None:
         """Name the study the writer mirrors into (once, before the first trial)."""
         self.outbox.put(("study", study_id, self.url))
@@ -349,20 +336,6 @@ class Mirror:
         return self._raise_refusal(stats)
 
 
-#: the writer `launch_writer` started ahead of the study (taken by `Mirror.for_storage`)
-_LAUNCHED: Mirror | None = None
-
-
-def launch_writer() -> None:
-    """Start a study writer's process now, before the storage is known: ``tuner study`` calls this first thing,
-    so the writer's imports (Optuna, SQLAlchemy, Alembic: a second or two on a busy host) overlap the driver's own
-    start-up instead of ending after it. One never taken ends with this process (`tuner.build.child`; it also exits by
-    itself once its parent is gone)."""
-    global _LAUNCHED
-    if _LAUNCHED is None:
-        _LAUNCHED = Mirror(None)
-
-
 class InlineMirror:
     """`Mirror` without a process: writes each trial into `storage` at once (in-process replay studies)."""
 
@@ -386,3 +359,18 @@ class InlineMirror:
 
     def close(self, timeout: float = 0.0) -> dict[str, Any]:
         return {}
+
+
+#: how long the writer may go on writing the trials it was sent after a Ctrl-C cut its close short
+FLUSH_AFTER_INTERRUPT_S = 30.0
+
+
+def close_writer(mirror: Mirror | InlineMirror) -> dict[str, Any]:
+    """`mirror.close()`; a Ctrl-C while it waits still lets the writer write what it was sent (within
+    `FLUSH_AFTER_INTERRUPT_S`), then goes on as the interrupt."""
+    try:
+        return mirror.close()
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            mirror.drain(FLUSH_AFTER_INTERRUPT_S)
+        raise

@@ -7,7 +7,8 @@ inside; `repair`: the repair of proposals that cannot be measured); an engine's 
 one contract; `local` on this machine and `cluster` on Ray, two transports of one scheduling core, `scheduler`;
 `replay` from a recorded study; `engines`: which one a study gets); the store stage's writer process mirrors every
 trial into the durable storage and its lease row refuses a second driver on the same study (`tuner.store`);
-`preflight` refuses a study that cannot start before anything starts; `progress` draws the bar and the summary.
+`preflight` refuses a study that cannot start before anything starts; `progress` draws the bar and the summary;
+`ahead` hands the study what its command started before it (the writer process, the GPU workers).
 Several problems of a space in one command: `shapes` (a study per problem, transfer between them), run side by side
 over one pool (`sidebyside`) or one after another over kept workers (`sharing`). Out: the summary of the run
 (trials, wall time, GPUs, best, finalists). Any failure of a config is a trial, never a crash of the study.

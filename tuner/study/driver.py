@@ -14,7 +14,6 @@ in flight waits for that result; anything else goes to the pool.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from collections import defaultdict
@@ -23,33 +22,31 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner import kernels
+from tuner.build.child import quiet_after_interrupt
 from tuner.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.result import Invalid, Result, TrialAttr
-from tuner.space import limits
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.store.dbfiles import study_storage_url
 from tuner.store.probe import check_storage
 from tuner.store.schema import SCREENED, counts
-from tuner.store.writer import InlineMirror, Mirror
+from tuner.store.writer import InlineMirror, Mirror, close_writer
+from tuner.study.ahead import Ahead
 from tuner.study.codec import CONSTRAINT_KEY, Codec
 from tuner.study.engines import Engine
 from tuner.study.failures import tells_failures_as_worst, worst_values
 from tuner.study.finalists import retime_finalists
-from tuner.study.opening import Opened, Opening, Prelude
-from tuner.study.options import SAMPLERS, StudyOptions
+from tuner.study.opening import Opened, Opening, Prelude, replay_history, sampler_study
+from tuner.study.options import StudyOptions
 from tuner.study.pool import Pool
-from tuner.study.preflight import check_study_name
-from tuner.study.progress import Progress, Stats, study_location, time_split
+from tuner.study.progress import Progress, Stats, study_location, time_split, worker_startup, writer_summary
 from tuner.study.repair import Repair
-from tuner.study.search import TPE_WIDE_UNTIL, check_budget, make_sampler
+from tuner.study.search import TPE_WIDE_UNTIL, make_sampler
 from tuner.study.validset import IndexBuild, ValidSetSampler, valid_index
 
 if TYPE_CHECKING:
-    from optuna.storages import BaseStorage
-
-    from tuner.store.lease import Lease
+    from optuna.samplers import BaseSampler
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -90,10 +87,19 @@ class _Search:
     progress: Progress = field(init=False)
 
 
-class Driver(Opening):
+class Driver:
     """Runs one study to N counted trials. Construct, then `run()`; `summary` holds the outcome."""
 
-    def __init__(self, opts: StudyOptions, prelude: Prelude | None = None):
+    def __init__(
+        self,
+        opts: StudyOptions,
+        prelude: Prelude | None = None,
+        space: space_mod.SearchSpace | None = None,
+        ahead: Ahead | None = None,
+    ):
+        """A study of `opts`, of `space` where the caller loaded it already (`opts.space` is then its path, kept
+        as the study's record; the file is not read again), else of the space `opts.space` names; it takes the
+        writer and GPU workers its command started `ahead` (none given: it starts its own)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -102,45 +108,58 @@ class Driver(Opening):
         self.t_imports = since_command()
         self.opts = opts
         self.prelude = prelude or Prelude()
+        self.ahead = ahead or Ahead()
         self.search: _Search | None = None  # the loop's state, while it runs
         self.summary: dict[str, Any] = {}
-        if opts.trials < 1:
-            raise InputError(f"--trials {opts.trials}: must be ≥ 1")
-        if opts.sampler not in SAMPLERS:
-            raise InputError(f"--sampler {opts.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
-        check_budget(opts.sampler, opts.trials)
-        # The name and the storage before anything else: a study that could not be opened by its name again, or
-        # could not record its trials, is refused before any work (`tuner.study.preflight`).
-        check_study_name(opts.study_name)
+        # `opts` checked themselves as they were made (`StudyOptions._check`: the study's name among them). The
+        # storage before anything else: a study that could not record its trials is refused before any work.
         self.url = study_storage_url(opts.storage, opts.kernel)
         # Checked (and probed with a write, rolled back) now, created only in run() once the pool is up: a refused
         # command leaves no database behind.
-        #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
-        self.storage_file = check_storage(self.url, opts.storage is not None) if self.url != ":memory:" else None
-        if opts.space == opts.kernel and opts.kernel not in kernels.names():
-            raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
-        self.space = space_mod.load(opts.space)
+        storage_file = check_storage(self.url, opts.storage is not None) if self.url != ":memory:" else None
+        if space is None:
+            if opts.space == opts.kernel and opts.kernel not in kernels.names():
+                raise InputError(f"unknown kernel {opts.kernel!r} (known: {', '.join(kernels.names())})")
+            space = space_mod.load(opts.space)
+        self.space = space
         if self.space.kernel != opts.kernel:
             raise InputError(f"space is for kernel {self.space.kernel!r}, not {opts.kernel!r}", str(self.space.path))
         self.problem = self.space.problem(opts.problem)
         self.family = self.space.family
-        self.engine = Engine.of(opts)
+        self.engine = Engine.of(opts, self.ahead)
         self.engine.check_kernel(self.space, self.problem)  # before anything is written
-        if opts.objectives not in ("first", "all"):
-            raise InputError(f"--objectives {opts.objectives}: choose first or all")
         self.objectives = self.space.objectives[:1] if opts.objectives == "first" else self.space.objectives
         self.space = self.engine.searched(self.space, self.problem)
-        limits.replay_delay(opts.replay_delay_s)
-        self.storage: BaseStorage | None = None  # opened by run(), once the pool is up
-        self.lease: Lease | None = None
         self.codec = Codec(self.space.params, ordered=opts.ordered)
         self.sampler_s = 0.0
         # made now so a missing extra is refused before the pool starts; remade in run() for the pool's capacity
         self.sampler = self._make_sampler(1)
+        self.memory: Any = None  # the sampler's study's storage and the study's id there, made by run()
+        self.fast_id = 0
+        self.worst: list[float] | None = None  # the worst values measured so far (`tuner.study.failures`)
+        #: what opens the study, and owns what it opens (its storage, its lease, the pool until the loop has it)
+        self.opening = Opening(
+            opts,
+            self.url,
+            storage_file,
+            self.space,
+            self.problem,
+            self.objectives,
+            self.prelude,
+            self.engine,
+            self.ahead,
+            self.t0,
+        )
         #: (name, counted trials) of a study that holds its trials already: run() then starts nothing
-        self.complete = self._complete_before_start()
+        self.complete = self.opening.complete_before_start()
         if self.complete is None:  # a complete study needs no GPU: it is said to be complete on any machine
             self.engine.check_gpus()
+
+    def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
+        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
+        if self.opts.inside_valid_set and self.opts.sampler != "grid":
+            return ValidSetSampler(sampler, self.codec)
+        return sampler
 
     def _narrow_sampler(self, fast) -> None:
         """From here on, TPE scores its usual 24 candidates per proposal (see TPE_WIDE_UNTIL)."""
@@ -162,19 +181,17 @@ class Driver(Opening):
         """`run`, one turn of the ask → evaluate → tell loop at a time: a generator that yields after each turn
         and sets `summary` as it ends, so one thread can step several studies side by side over one pool
         (`tuner.study.sidebyside`)."""
-        self._setting_up: tuple[Any, Any] | None = None
         if self.complete is not None:
-            self.summary = self._already_complete(*self.complete)  # no pool, no writer, no lease: nothing to do
+            self.summary = self.opening.already_complete(*self.complete)  # no pool, no writer, no lease
             return
         try:
             self.summary = yield from self._run()
         except BaseException as exc:
-            with _quiet_if(isinstance(exc, KeyboardInterrupt)):
-                self._stop_set_up()  # refused or interrupted during set-up: stop what was started for it
+            with quiet_after_interrupt(isinstance(exc, KeyboardInterrupt)):
+                self.opening.stop_set_up()  # refused or interrupted during set-up: stop what was started for it
             raise
         finally:
-            if self.lease is not None:
-                self.lease.release()
+            self.opening.release()
 
     def offer(self, params: dict[str, Any], source: str) -> bool:
         """Measure `params` next (the best config of problem `source`'s study, `tuner.study.sidebyside`; its trial
@@ -192,27 +209,18 @@ class Driver(Opening):
         s.fast.enqueue_trial(self.codec.encode(dict(params)), user_attrs={TrialAttr.TAKEN_FROM: source})
         return True
 
-    def _stop_set_up(self) -> None:
-        """Stop the pool and the writer that the set-up started, while it has not handed them to the loop."""
-        if self._setting_up is not None:
-            pool, mirror = self._setting_up
-            self._setting_up = None
-            if pool is not None:
-                pool.close()
-            if mirror is not None:
-                mirror.abort()
-
     def _run(self) -> Generator[None, None, dict[str, Any]]:
         # The valid set (for the repair of unmeasurable proposals) is listed, or read from the cache, beside the
         # set-up: with this process's problem (the default GPU facts), checked against the workers' facts below.
         index_build = IndexBuild(self.space, self.problem) if self.opts.sampler != "grid" else None
-        pool, mirror = self._start_pool()
-        opened = self._open(pool, mirror)
+        pool, mirror = self.opening.start_pool()
+        opened = self.opening.open(pool, mirror)
+        self.problem = opened.problem  # with the GPU facts the workers reported
         fast, wide = self._sampler_study(pool, opened.stamps)
-        measured, failed, counted = self._replay_history(fast, opened)
+        measured, failed, counted, self.worst = replay_history(fast, opened, self.codec, self.objectives, self.opts)
         if counted >= self.opts.trials:  # complete already (its name waited for the GPU): nothing to ask or write
-            self._stop_set_up()
-            return self._already_complete(opened.name, counted)
+            self.opening.stop_set_up()
+            return self.opening.already_complete(opened.name, counted)
         yield  # the pool and the study are open: side by side, the other studies open theirs now
         stats = Stats(self.family.throughput_unit, opened.past, gpu=self.problem.gpu, objectives=self.objectives)
         s = _Search(fast, pool, mirror, stats, self.opts.trials, counted, measured, failed, wide, submitted=counted)
@@ -224,8 +232,8 @@ class Driver(Opening):
             self._take_index(s, index_build)
         if s.mirror is None:  # an in-process study: no writer, and a study it opened itself
             assert opened.study_id is not None
-            s.mirror = InlineMirror(self._opened_storage(), opened.study_id)
-        self._setting_up = None
+            s.mirror = InlineMirror(self.opening.opened_storage(), opened.study_id)
+        self.opening.handed_over()
         s.progress = Progress(
             self.opts.progress,
             s.target,
@@ -255,19 +263,28 @@ class Driver(Opening):
             raise
         finally:
             try:
-                with _quiet_if(interrupted):
+                with quiet_after_interrupt(interrupted):
                     pool.close()
             except KeyboardInterrupt:
                 interrupted = True
                 raise
             finally:  # the trials told so far are written, whatever happened above
                 ran["flush_started"] = time.perf_counter()
-                with _quiet_if(interrupted):
-                    writer = _close_writer(s.mirror)
+                with quiet_after_interrupt(interrupted):
+                    writer = close_writer(s.mirror)
         summary = self._summary(s, opened, ran, finalists, writer)
         if self.prelude.table:
             s.progress.final(summary)
         return summary
+
+    def _sampler_study(self, pool: Pool, stamps: dict[str, Any]):
+        """The in-memory study the sampler works on, and whether TPE starts wide (several configs in flight)."""
+        wide = pool.capacity > 1 and self.opts.sampler == "tpe"
+        if wide:  # the sampler suited to several configs in flight (make_sampler)
+            self.sampler = self._make_sampler(pool.capacity)
+        fast, self.memory, self.fast_id = sampler_study(self.sampler, self.objectives)
+        stamps["sampler_study_made_s"] = since_command()
+        return fast, wide
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def _enqueue(self, s: _Search, opened: Opened) -> None:
@@ -409,8 +426,8 @@ class Driver(Opening):
             if number in pool.ran_by:
                 trial.set_user_attr(TrialAttr.WORKER, pool.ran_by.pop(number))
             built = pool.built.pop(number, None)
-            if result.ok and built is not None and self.artifacts is not None:
-                self.artifacts.attach(trial, *built)
+            if result.ok and built is not None and self.opening.artifacts is not None:
+                self.opening.artifacts.attach(trial, *built)
             key = params_key(self.codec.decode(trial.params))
             s.running.pop(key, None)
             s.counted += self._tell(s.fast, s.mirror, trial, result, s.stats)
@@ -434,7 +451,7 @@ class Driver(Opening):
             "valid_index_wait_s": round(s.index_wait_s, 3),
             **opened.stamps,
             **s.pool.report().startup,
-            **_worker_startup(s.pool.gpus),
+            **worker_startup(s.pool.gpus),
             "study_ready_s": round(loop_started + since, 3),
             "first_result_s": round(s.first_result_at + since, 3) if s.first_result_at else None,
         }
@@ -475,7 +492,7 @@ class Driver(Opening):
             # What a user waits for, up to this summary: from the command's start (imports included) through the
             # search, the finalists' re-timing and the writer's last commit. `wall_s` is the driver's loop alone.
             "command_wall_s": since_command(),
-            **({"writer": _writer_summary(writer)} if writer else {}),
+            **({"writer": writer_summary(writer)} if writer else {}),
             "best": stats.best,
             "finalists": finalists,
             # Configs that hung: what each cost its GPU and its deadline; the start-up of each worker replaced.
@@ -562,62 +579,12 @@ class Driver(Opening):
         return 0 if SCREENED in trial.user_attrs else 1
 
 
-def _writer_summary(stats: dict[str, Any]) -> dict[str, Any]:
-    """The writer process's timings (`_writer_main`) in seconds from the command's start, with its cost per trial
-    written."""
-    out = _stamps_from_command({k: v for k, v in stats.items() if k.endswith("_at")})
-    out["trials_written"] = stats["trials"]
-    out["ms_per_trial"] = round(1000 * stats["write_s"] / stats["trials"], 2) if stats["trials"] else None
-    return out
-
-
-def _stamps_from_command(stamps: dict[str, Any]) -> dict[str, Any]:
-    """Another process's "<stage>_at" `perf_counter` stamps as "<stage>_s" from the command's start
-    (`tuner.gpu.clock`); other entries as they are."""
-    return {
-        (k.removesuffix("_at") + "_s" if k.endswith("_at") else k): (since_command(v) if k.endswith("_at") else v)
-        for k, v in stamps.items()
-    }
-
-
-def _worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first GPU worker's own start-up stages (context, CuPy warm-up, ceiling: measured or cached)."""
-    stages = gpus[0].get("startup") if gpus else None
-    if not stages:
-        return {}
-    # "<stage>_at": the worker's perf_counter stamps (`tuner.gpu.clock`) → "<stage>_s" from the command
-    return {"gpu_worker": _stamps_from_command(stages)}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# progress and summary
-
-
-@contextlib.contextmanager
-def _quiet_if(interrupted: bool) -> Iterator[None]:
-    """Tear-down after an interrupt: a child process that ended meanwhile (its pool's, the writer) is part of the
-    interrupt, not a fault of its own to report over it; the trials the writer took are stored either way."""
-    try:
-        yield
-    except Exception:
-        if not interrupted:
-            raise
-
-
-#: how long the writer may go on writing the trials it was sent after a Ctrl-C cut its close short
-FLUSH_AFTER_INTERRUPT_S = 30.0
-
-
-def _close_writer(mirror) -> dict[str, Any]:
-    """`mirror.close()`; a Ctrl-C while it waits still lets the writer write what it was sent (within
-    `FLUSH_AFTER_INTERRUPT_S`), then goes on as the interrupt."""
-    try:
-        return mirror.close()
-    except KeyboardInterrupt:
-        with contextlib.suppress(Exception):
-            mirror.drain(FLUSH_AFTER_INTERRUPT_S)
-        raise
-
-
-def run_study(opts: StudyOptions, prelude: Prelude | None = None) -> dict[str, Any]:
-    return Driver(opts, prelude).run()
+def run_study(
+    opts: StudyOptions,
+    prelude: Prelude | None = None,
+    space: space_mod.SearchSpace | None = None,
+    ahead: Ahead | None = None,
+) -> dict[str, Any]:
+    """Run the study of `opts` (of `space`, where loaded already, with what was started `ahead` of it: see
+    `Driver`) to its end; its summary."""
+    return Driver(opts, prelude, space, ahead).run()

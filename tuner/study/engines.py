@@ -20,7 +20,8 @@ from tuner.errors import InputError
 from tuner.gpu import discovery
 from tuner.gpu.protocol import EvaluatorFactory
 from tuner.space import space as space_mod
-from tuner.study.options import ENGINES, StudyOptions, engine_of
+from tuner.study.ahead import Ahead
+from tuner.study.options import StudyOptions, engine_of
 from tuner.study.pool import Pool
 
 #: a local replay's compile threads on any machine: its width steers a seeded sampler (16: our GPU hosts' cores)
@@ -34,16 +35,18 @@ class Engine:
     recording instead."""
 
     opts: StudyOptions
+    #: what the command started ahead of the study: the local engine's pool takes its GPU workers
+    ahead: Ahead | None = None
     #: builds each GPU's evaluator (set by `searched`)
     evaluator: EvaluatorFactory | None = None
     #: GPUs Ray is told the machine has (a replay on a machine without GPUs); None: the real ones
     logical_gpus: int | None = None
 
     @staticmethod
-    def of(opts: StudyOptions) -> Engine:
-        """The engine `opts` ask for: a replay's with a recording (``--replay``), else the GPUs'. Nothing is
-        checked or read yet."""
-        return ReplayEngine(opts) if opts.replay else Engine(opts)
+    def of(opts: StudyOptions, ahead: Ahead | None = None) -> Engine:
+        """The engine `opts` ask for: a replay's with a recording (``--replay``), else the GPUs' (whose local pool
+        takes the GPU workers started `ahead`). Nothing is checked or read yet."""
+        return ReplayEngine(opts, ahead) if opts.replay else Engine(opts, ahead)
 
     def check_kernel(self, space: space_mod.SearchSpace, problem: space_mod.Problem) -> None:
         """Refuse a kernel this engine cannot run: on a GPU, a family needs a template, and a declarative family a
@@ -83,12 +86,7 @@ class Engine:
         opts = self.opts
         if opts.in_process:
             raise InputError("an in-process study needs a replay recording")
-        engine = opts.engine or ("ray" if opts.ray_address else "local")
-        if engine not in ENGINES:
-            raise InputError(f"--engine {engine}: unknown (choose from {', '.join(ENGINES)})")
-        if engine == "local" and opts.ray_address:
-            raise InputError("--engine local runs on this machine alone; drop --ray-address or use --engine ray")
-        if engine == "ray":
+        if engine_of(opts) == "ray":  # the engine's name and its address checked with the options
             from tuner.study.cluster import Pool as RayPool
 
             assert self.evaluator is not None, "searched() sets the evaluator"
@@ -108,7 +106,7 @@ class Engine:
         from tuner.study.local import LocalPool, isolated_gpu_evaluator
 
         opts = self.opts
-        factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout)
+        factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout, ahead=self.ahead)
         pool = LocalPool(space, problem, factory, gpus=opts.gpus or discovery.local_gpus() or 1)
         # Compile while the GPU worker starts: the first configs the study will submit — the space's default
         # for a search, the first configs of the listing for a grid (three per compile thread: all of a small

@@ -48,6 +48,7 @@ from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import Evaluator, EvaluatorFactory
 from tuner.result import LaunchFailed, Result, TimedOut
 from tuner.study import sharing
+from tuner.study.ahead import Ahead
 from tuner.study.pool import Job
 from tuner.study.scheduler import Scheduler
 
@@ -70,13 +71,13 @@ def _keep(gpu_index: int, evaluator: Evaluator) -> bool:
     return sharing.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
 
 
-def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0) -> Evaluator:
+def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0, ahead: Ahead | None = None) -> Evaluator:
     """The local engine's evaluator for GPU `gpu_index`: a GpuEvaluator in a child process (see tuner.gpu.worker):
-    the one a study before this one kept (`tuner.study.sharing`), else the one
-    `tuner.gpu.worker.launch_gpu_workers` started, if there is one."""
-    from tuner.gpu.worker import IsolatedEvaluator, take_launched
+    the one a study before this one kept (`tuner.study.sharing`), else the one its command started `ahead`
+    (`tuner.study.ahead.Ahead.launch_gpu_workers`), if there is one."""
+    from tuner.gpu.worker import IsolatedEvaluator
 
-    launched = sharing.take(("gpu worker", gpu_index)) or take_launched(gpu_index)
+    launched = sharing.take(("gpu worker", gpu_index)) or (ahead.take_worker(gpu_index) if ahead else None)
     if launched is not None:
         launched.timeout_s = timeout_s
         return launched

@@ -1,9 +1,10 @@
 """Opening a study: its identity, whether a stored study may be resumed or is complete already, and its trials.
 
-`Opening` is the set-up half of `tuner.study.driver.Driver`. A stored study is resumed only by the command that
-made it (the same space file, template, kernel, problem and objectives); one that holds its trials already is
-said to be complete before anything starts, where its SQLite file tells; trials a killed driver left RUNNING are
-failed as interrupted and their configs queued again.
+`Opening` opens one study for the driver that holds it (`tuner.study.driver.Driver`), and owns what it opens;
+`sampler_study` and `replay_history` make the driver's in-memory copy of the study. A stored study is resumed
+only by the command that made it (the same space file, template, kernel, problem and objectives); one that holds
+its trials already is said to be complete before anything starts, where its SQLite file tells; trials a killed
+driver left RUNNING are failed as interrupted and their configs queued again.
 """
 
 from __future__ import annotations
@@ -26,31 +27,30 @@ from tuner.space.space import params_key
 from tuner.store.artifacts import ArtifactWriter
 from tuner.store.dbfiles import open_storage
 from tuner.store.schema import SCREENED, counted_trials, counts
-from tuner.store.writer import Mirror, launch_writer, new_study
+from tuner.store.writer import Mirror, new_study
 from tuner.study.codec import Codec
-from tuner.study.engines import Engine
 from tuner.study.failures import evaluation_failed, tells_failures_as_worst, worst_values
 from tuner.study.options import StudyOptions, default_study_name
 from tuner.study.preflight import complete_line
-from tuner.study.search import make_sampler
-from tuner.study.validset import ValidSetSampler
 
 if TYPE_CHECKING:
     import optuna
     from optuna.samplers import BaseSampler
-    from optuna.storages import BaseStorage
+    from optuna.storages import BaseStorage, InMemoryStorage
 
     from tuner.kernels.base import Family
     from tuner.space import space as space_mod
     from tuner.space.problem import Objective
     from tuner.store.lease import Lease
+    from tuner.study.ahead import Ahead
+    from tuner.study.engines import Engine
 
 
 @dataclass
 class Opened:
     """A study as the set-up opened it: its name, its stored trials, the configs a killed driver left unmeasured,
-    how to set a study attr, its id in the storage (None where the writer creates it), the set-up's stamps and the
-    seconds spent on the storage."""
+    how to set a study attr, its id in the storage (None where the writer creates it), the set-up's stamps, the
+    seconds spent on the storage and its problem."""
 
     name: str
     past: list[Any]
@@ -59,6 +59,8 @@ class Opened:
     study_id: int | None
     stamps: dict[str, Any]
     storage_s: float
+    #: the problem with the GPU facts its workers reported
+    problem: space_mod.Problem
 
 
 @dataclass
@@ -83,26 +85,36 @@ class Prelude:
 
 
 class Opening:
-    """The set-up half of `tuner.study.driver.Driver`: the study's identity and attrs, whether a stored study may be
-    resumed (or is complete already, known before anything starts), opening it and failing the trials a killed
-    driver left RUNNING."""
+    """Opens one study for its driver, which holds one (`tuner.study.driver.Driver.opening`): the study's identity
+    and attrs, whether a stored study may be resumed (or is complete already, known before anything starts), the
+    pool and the writer started for it, opening it and failing the trials a killed driver left RUNNING. It owns
+    what it opens: the durable storage, the study's lease and the artifact writer, and the pool and the writer
+    until the driver takes them over (`handed_over`). `space` is the space searched; `problem` follows the GPU
+    facts the workers report (`open`)."""
 
-    # set by the driver's constructor
-    opts: StudyOptions
-    url: str
-    storage_file: Path | None
-    storage: BaseStorage | None
-    space: space_mod.SearchSpace
-    problem: space_mod.Problem
-    family: Family
-    objectives: list[Objective]
-    t0: float
-    codec: Codec
-    prelude: Prelude
-    engine: Engine
-    lease: Lease | None
-    sampler: Any
-    _setting_up: tuple[Any, Any] | None
+    def __init__(
+        self,
+        opts: StudyOptions,
+        url: str,
+        storage_file: Path | None,
+        space: space_mod.SearchSpace,
+        problem: space_mod.Problem,
+        objectives: list[Objective],
+        prelude: Prelude,
+        engine: Engine,
+        ahead: Ahead,
+        t0: float,
+    ):
+        self.opts, self.url, self.space, self.problem, self.objectives = opts, url, space, problem, objectives
+        #: the storage's SQLite file (None: in memory or another database); it does not exist yet for a new study
+        self.storage_file = storage_file
+        self.family: Family = space.family
+        self.prelude, self.engine, self.ahead, self.t0 = prelude, engine, ahead, t0
+        self.storage: BaseStorage | None = None  # opened by `open`, once the pool is up
+        self.lease: Lease | None = None
+        self.artifacts: ArtifactWriter | None = None
+        #: the pool and the writer started for the study (`start_pool`) that the driver has not taken over yet
+        self.setting_up: tuple[Any, Any] | None = None
 
     def _identity_attrs(self) -> dict[str, Any]:
         """The user attrs that say which study this is, whatever GPU runs it: what a resumed study must match."""
@@ -158,10 +170,10 @@ class Opening:
         gpu = self.engine.gpu_before_start()
         return None if gpu is None else default_study_name(self.space, self.problem, gpu)
 
-    def _complete_before_start(self) -> tuple[str, int] | None:
+    def complete_before_start(self) -> tuple[str, int] | None:
         """(name, counted trials) when the stored study this command resumes already holds `opts.trials` counted
         trials, read from its SQLite file before anything starts; None otherwise, or where it cannot be known yet
-        (another database, a name that waits for the GPU: `_run` checks again once the study is open). A study
+        (another database, a name that waits for the GPU: the driver checks again once the study is open). A study
         this command cannot resume is refused here, before any worker starts."""
         if self.storage_file is None:
             return None
@@ -177,7 +189,7 @@ class Opening:
             raise InputError(refusal, self.url)
         return (name, counted) if counted >= self.opts.trials else None
 
-    def _already_complete(self, name: str, counted: int) -> dict[str, Any]:
+    def already_complete(self, name: str, counted: int) -> dict[str, Any]:
         """The summary of a study that held its trials before this run (nothing measured, nothing written); one
         line says so where progress is shown."""
         from tuner.store.dbfiles import sqlite_path
@@ -207,7 +219,7 @@ class Opening:
         name = self._study_name(gpu)
         attrs = self._study_attrs(gpu, arch, gpu_facts)
         directions = [o.direction for o in self.objectives]
-        storage = self._opened_storage()
+        storage = self.opened_storage()
         try:
             existing = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
@@ -224,8 +236,8 @@ class Opening:
     def _study_name(self, gpu: str) -> str:
         return self.opts.study_name or default_study_name(self.space, self.problem, gpu)
 
-    def _opened_storage(self) -> BaseStorage:
-        assert self.storage is not None, "the durable storage opens at the start of run()"
+    def opened_storage(self) -> BaseStorage:
+        assert self.storage is not None, "the durable storage opens in `open`"
         return self.storage
 
     def _recover(self, durable: optuna.Study) -> list[dict[str, Any]]:
@@ -233,7 +245,7 @@ class Opening:
         from optuna.trial import TrialState
 
         again = []
-        storage = self._opened_storage()
+        storage = self.opened_storage()
         study_id = storage.get_study_id_from_name(durable.study_name)
         for trial in durable.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
@@ -250,25 +262,45 @@ class Opening:
         return self.storage_file is not None and not self.storage_file.exists()
 
     # -- opening the study, replaying its history -----------------------------------------------------------------
-    def _start_pool(self):
+    def start_pool(self):
         """The engine's pool and the writer process that mirrors the trials (none for an in-process study), both
         starting: the writer's imports and the GPU workers' start-up overlap the rest of the set-up."""
         mirror: Any = None  # Mirror (a process), or, made once the study is open, InlineMirror (in-process)
         if not self.opts.in_process:
-            mirror = Mirror.for_storage(self.url)  # its imports overlap the set-up (`tuner.store.writer.launch_writer`)
-            self._setting_up = (None, mirror)
+            mirror = self.ahead.writer_for(self.url)  # its imports overlap the set-up (`Ahead.launch_writer`)
+            self.setting_up = (None, mirror)
             if self.prelude.spare_writer:
-                launch_writer()  # for the study that follows this one
+                self.ahead.launch_writer()  # for the study that follows this one
         if self.prelude.pool is not None:
             pool = self.prelude.pool(self.space, self.problem)
         else:
             pool = self.engine.pool(self.space, self.problem, self._new_storage)
-        self._setting_up = (pool, mirror)
+        self.setting_up = (pool, mirror)
         return pool, mirror
 
-    def _open(self, pool, mirror) -> Opened:
+    def handed_over(self) -> None:
+        """The driver has taken the pool and the writer over: stopping them is its part from here on."""
+        self.setting_up = None
+
+    def stop_set_up(self) -> None:
+        """Stop the pool and the writer that `start_pool` started, while the driver has not taken them over."""
+        if self.setting_up is not None:
+            pool, mirror = self.setting_up
+            self.setting_up = None
+            if pool is not None:
+                pool.close()
+            if mirror is not None:
+                mirror.abort()
+
+    def release(self) -> None:
+        """Give the study's lease back (held from before the first read of its trials to the end of the run)."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def open(self, pool, mirror) -> Opened:
         """Open (or have the writer create) the study once the GPU workers report their GPU: its name and the
-        space's GPU facts follow from that GPU. A stored study is leased, and its interrupted trials failed."""
+        space's GPU facts (the problem `Opened` holds, the pool's too) follow from that GPU. A stored study is
+        leased, and its interrupted trials failed."""
         import optuna
 
         from tuner.store.lease import acquire
@@ -313,62 +345,59 @@ class Opening:
             again = self._recover(durable)
             past = durable.get_trials(deepcopy=False)
             set_study_attr = durable.set_user_attr
-            study_id = self._opened_storage().get_study_id_from_name(name)
+            study_id = self.opened_storage().get_study_id_from_name(name)
             if mirror is not None:
                 mirror.bind(study_id)  # the writer opens the storage while the rest of the set-up goes on
         storage_s += time.perf_counter() - t_storage
         stamps["study_opened_s"] = since_command()
         self.artifacts = ArtifactWriter(self.url) if pool.measures else None
         stamps["artifacts_s"] = since_command()
-        return Opened(name, past, again, set_study_attr, study_id, stamps, storage_s)
+        return Opened(name, past, again, set_study_attr, study_id, stamps, storage_s, self.problem)
 
-    def _sampler_study(self, pool, stamps: dict[str, Any]):
-        """The in-memory study the sampler works on, and whether TPE starts wide (several configs in flight)."""
-        import optuna
 
-        memory = optuna.storages.InMemoryStorage()
-        directions = [o.direction for o in self.objectives]
-        # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.study.validset imports
-        # no Optuna), which Optuna, calling only those methods, accepts.
-        wide = pool.capacity > 1 and self.opts.sampler == "tpe"
-        if wide:  # the sampler suited to several configs in flight (make_sampler)
-            self.sampler = self._make_sampler(pool.capacity)
-        sampler = cast("BaseSampler", self.sampler)
-        fast = optuna.create_study(storage=memory, directions=directions, sampler=sampler)
-        stamps["sampler_study_made_s"] = since_command()
-        self.memory, self.fast_id = memory, memory.get_study_id_from_name(fast.study_name)
-        return fast, wide
+# ---------------------------------------------------------------------------------------------------------------
+# the sampler's study: the driver's, made and told the stored trials as the study opens
 
-    def _replay_history(self, fast, opened: Opened) -> tuple[dict[str, int], dict[str, int], int]:
-        """Tell the sampler the stored trials; (measured, failed, counted): params key → the trial that measured
-        it, params key → the trial whose evaluation failed (never evaluated again), and the trials that count."""
-        from optuna.trial import TrialState
 
-        measured: dict[str, int] = {}
-        failed: dict[str, int] = {}
-        measured_values: list[list[float]] = []
-        for t in opened.past:
-            if TrialAttr.DUPLICATE_OF in t.user_attrs or SCREENED in t.user_attrs:
-                continue
-            if t.state == TrialState.COMPLETE:
-                measured.setdefault(params_key(t.params), t.number)
-                measured_values.append(list(t.values))
-            elif evaluation_failed(t):
-                failed.setdefault(params_key(t.params), t.number)
-        self.worst = worst_values(measured_values, [o.direction for o in self.objectives])
-        sampler, inside = self.opts.sampler, self.opts.inside_valid_set
+def sampler_study(sampler: Any, objectives: list[Objective]) -> tuple[optuna.Study, InMemoryStorage, int]:
+    """The in-memory study `sampler` works on: (the study, its storage, its id there)."""
+    import optuna
 
-        def worst_for(t) -> list[float] | None:  # the worst values, for a failure this sampler is told as such
-            kind = t.user_attrs.get(TrialAttr.FAILURE)
-            return self.worst if kind is None or tells_failures_as_worst(sampler, inside, kind) else None
+    memory = optuna.storages.InMemoryStorage()
+    directions = [o.direction for o in objectives]
+    # ValidSetSampler offers BaseSampler's methods without subclassing it (importing tuner.study.validset imports
+    # no Optuna), which Optuna, calling only those methods, accepts.
+    fast = optuna.create_study(storage=memory, directions=directions, sampler=cast("BaseSampler", sampler))
+    return fast, memory, memory.get_study_id_from_name(fast.study_name)
 
-        told = (self.codec.sampler_trial(t, worst_for(t)) for t in opened.past)
-        fast.add_trials([s for s in told if s is not None])
-        opened.stamps["sampler_study_s"] = since_command()
-        return measured, failed, sum(1 for t in opened.past if counts(t))
 
-    def _make_sampler(self, in_flight: int) -> BaseSampler | ValidSetSampler:
-        sampler = make_sampler(self.opts.sampler, self.opts.seed, len(self.objectives), in_flight)
-        if self.opts.inside_valid_set and self.opts.sampler != "grid":
-            return ValidSetSampler(sampler, self.codec)
-        return sampler
+def replay_history(
+    fast: optuna.Study, opened: Opened, codec: Codec, objectives: list[Objective], opts: StudyOptions
+) -> tuple[dict[str, int], dict[str, int], int, list[float] | None]:
+    """Tell the sampler's study `fast` the stored trials; (measured, failed, counted, worst): params key → the
+    trial that measured it, params key → the trial whose evaluation failed (never evaluated again), the trials
+    that count, and the worst values measured (`tuner.study.failures.worst_values`)."""
+    from optuna.trial import TrialState
+
+    measured: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    measured_values: list[list[float]] = []
+    for t in opened.past:
+        if TrialAttr.DUPLICATE_OF in t.user_attrs or SCREENED in t.user_attrs:
+            continue
+        if t.state == TrialState.COMPLETE:
+            measured.setdefault(params_key(t.params), t.number)
+            measured_values.append(list(t.values))
+        elif evaluation_failed(t):
+            failed.setdefault(params_key(t.params), t.number)
+    worst = worst_values(measured_values, [o.direction for o in objectives])
+    sampler, inside = opts.sampler, opts.inside_valid_set
+
+    def worst_for(t) -> list[float] | None:  # the worst values, for a failure this sampler is told as such
+        kind = t.user_attrs.get(TrialAttr.FAILURE)
+        return worst if kind is None or tells_failures_as_worst(sampler, inside, kind) else None
+
+    told = (codec.sampler_trial(t, worst_for(t)) for t in opened.past)
+    fast.add_trials([s for s in told if s is not None])
+    opened.stamps["sampler_study_s"] = since_command()
+    return measured, failed, sum(1 for t in opened.past if counts(t)), worst

@@ -314,6 +314,37 @@ class StudyOptions:
             self.replay = self.replay[0] if self.replay else None
         if self.one_at_a_time and self.problems is None:
             raise InputError("--one-at-a-time orders the studies of several problems: give it with --problems")
+        self._check()
+
+    def _check(self) -> None:
+        """Refuse a study no face may ask for: the one check of the options as a whole (a keyword's or a flag's
+        value is checked first, in its own words, by its `Option` or argparse; options made in code meet this
+        alone). The driver, the engines and the runner of several problems trust what passed. Imports inside: the
+        command line reads this module before the study's imports."""
+        from tuner.study.preflight import check_study_name
+        from tuner.study.search import check_budget
+
+        if self.trials < 1:
+            raise InputError(f"--trials {self.trials}: must be ≥ 1")
+        if self.sampler not in SAMPLERS:
+            raise InputError(f"--sampler {self.sampler}: unknown (choose from {', '.join(SAMPLERS)})")
+        check_budget(self.sampler, self.trials)
+        check_study_name(self.study_name)
+        if self.objectives not in ("first", "all"):
+            raise InputError(f"--objectives {self.objectives}: choose first or all")
+        limits.replay_delay(self.replay_delay_s)
+        engine = engine_of(self)
+        if engine not in ENGINES:
+            raise InputError(f"--engine {engine}: unknown (choose from {', '.join(ENGINES)})")
+        if engine == "local" and self.ray_address:
+            raise InputError("--engine local runs on this machine alone; drop --ray-address or use --engine ray")
+        if self.problems is not None:
+            if self.study_name:
+                raise InputError(
+                    "--study-name names one study; with --problems each problem's study has its default name"
+                )
+            if self.problem:
+                raise InputError("give --problem or --problems, not both")
 
 
 @cache
@@ -397,8 +428,14 @@ def _alternatives(names: Sequence[str]) -> str:
 
 
 def engine_of(opts: StudyOptions) -> str:
-    """The engine a study runs on: `opts.engine`, else ray with a `ray_address`, else local."""
-    return opts.engine or ("ray" if opts.ray_address else "local")
+    """The engine a study runs on (`engine_for` its options)."""
+    return engine_for(opts.engine, opts.ray_address)
+
+
+def engine_for(engine: str | None, ray_address: str | None) -> str:
+    """The engine a study asked for `engine` with `ray_address` runs on: `engine`, else ray with a `ray_address`,
+    else local."""
+    return engine or ("ray" if ray_address else "local")
 
 
 def default_study_name(space: space_mod.SearchSpace, problem: space_mod.Problem, gpu: str) -> str:

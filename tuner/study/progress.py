@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from tuner.gpu.clock import human_seconds
+from tuner.gpu.clock import human_seconds, since_command
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
 from tuner.gpufacts import GpuFacts
 from tuner.result import TrialAttr
@@ -352,3 +352,34 @@ def problems_table(out: dict[str, Any], unit: str, kernel: str) -> None:
             str(row["first_from_other_problems"] + row.get("taken_from_other_problems", 0)),
         )
     Console(stderr=True).print(table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the summary's figures from other processes
+
+
+def writer_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """The writer process's timings (`_writer_main`) in seconds from the command's start, with its cost per trial
+    written."""
+    out = stamps_from_command({k: v for k, v in stats.items() if k.endswith("_at")})
+    out["trials_written"] = stats["trials"]
+    out["ms_per_trial"] = round(1000 * stats["write_s"] / stats["trials"], 2) if stats["trials"] else None
+    return out
+
+
+def stamps_from_command(stamps: dict[str, Any]) -> dict[str, Any]:
+    """Another process's "<stage>_at" `perf_counter` stamps as "<stage>_s" from the command's start
+    (`tuner.gpu.clock`); other entries as they are."""
+    return {
+        (k.removesuffix("_at") + "_s" if k.endswith("_at") else k): (since_command(v) if k.endswith("_at") else v)
+        for k, v in stamps.items()
+    }
+
+
+def worker_startup(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first GPU worker's own start-up stages (context, CuPy warm-up, ceiling: measured or cached)."""
+    stages = gpus[0].get("startup") if gpus else None
+    if not stages:
+        return {}
+    # "<stage>_at": the worker's perf_counter stamps (`tuner.gpu.clock`) → "<stage>_s" from the command
+    return {"gpu_worker": stamps_from_command(stages)}

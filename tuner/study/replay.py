@@ -192,7 +192,8 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
 
 
 #: recordings read in this process, by (path, study name, size, mtime): a replayed study reads its recording
-#: twice (checks, then the pool) and a benchmark replays one recording hundreds of times
+#: twice (checks, then the pool) and a benchmark replays one recording hundreds of times. Process-wide: a cache
+#: keyed by the file's identity, whose entry is the same for every study that reads it
 _LOADED: dict[tuple[Any, ...], tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, Any], list[str]]] = {}
 
 

@@ -35,6 +35,7 @@ from tuner.gpu.clock import since_command
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.store.dbfiles import study_storage_url
+from tuner.study.ahead import Ahead
 from tuner.study.options import StudyOptions
 
 __all__ = [
@@ -248,17 +249,23 @@ def first_configs(
 # the run
 
 
-def warm_prelude(opts: StudyOptions):
-    """The `tuner.study.opening.Prelude` of a one-problem study started from ``--warm-start``'s studies."""
+def warm_prelude(opts: StudyOptions, space: space_mod.SearchSpace | None = None):
+    """The `tuner.study.opening.Prelude` of a one-problem study started from ``--warm-start``'s studies; `space`
+    is the study's, where loaded already (else `opts.space` is read)."""
     from tuner.study.opening import Prelude
 
     assert opts.warm_start is not None
-    space = space_mod.load(opts.space)
+    space = space or space_mod.load(opts.space)
     sources = warm_sources(opts.warm_start, space)
     return Prelude(first=first_configs(space, space.problem(opts.problem), sources))
 
 
-def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> dict[str, Any]:
+def run_problems(
+    opts: StudyOptions,
+    stored_best: StoredBest | None = None,
+    space: space_mod.SearchSpace | None = None,
+    ahead: Ahead | None = None,
+) -> dict[str, Any]:
     """Run (or resume) one study per problem of `opts.problems` (see `problem_list`) to `opts.trials` trials each,
     with transfer between them (module docstring), also from `opts.warm_start`'s studies; `opts.replay` (a list)
     answers from recordings, one per problem (`match_replays`). Side by side over one pool
@@ -266,13 +273,13 @@ def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> d
     on Ray, and for replays with a delay. Returns {"problems": a row per problem (name, sizes, study, trials,
     best, fraction of the ceiling, wall, configs transferred), "studies": each problem's study summary, "wall_s",
     "command_wall_s", "side_by_side"}. A study complete before this run measured nothing now: its row's best is
-    `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one."""
-    if opts.study_name:
-        raise InputError("--study-name names one study; with --problems each problem's study has its default name")
-    if opts.problem:
-        raise InputError("give --problem or --problems, not both")
-    assert opts.problems is not None
-    space = space_mod.load(opts.space)
+    `stored_best` of its summary (the API gives ``tuner best --json``'s view of the stored study), {} without one.
+    `space` is the studies' space where loaded already (else `opts.space` is read): every study takes it as it is.
+    `ahead` holds what the command started before (`tuner.study.ahead`); each study takes from it, and one
+    started for the next study (`Prelude.spare_writer`) goes there too."""
+    assert opts.problems is not None  # neither --study-name nor --problem beside it (`StudyOptions._check`)
+    space = space or space_mod.load(opts.space)
+    ahead = ahead or Ahead()
     chosen = problem_list(space, opts.problems)
     replays = [opts.replay] if isinstance(opts.replay, str) else list(opts.replay or [])
     recordings = match_replays(chosen, replays) if replays else {}
@@ -283,7 +290,7 @@ def run_problems(opts: StudyOptions, stored_best: StoredBest | None = None) -> d
     together = _side_by_side(opts, chosen)
     t0 = time.perf_counter()
     run = _together if together else _in_turn
-    rows, summaries = run(opts, space, chosen, recordings, url, stored, warm)
+    rows, summaries = run(opts, space, chosen, recordings, url, stored, warm, ahead)
     if stored_best is not None:
         for row in rows:
             if row["complete_before_run"] and not row["best"]:
@@ -333,7 +340,7 @@ def _one(opts: StudyOptions, problem: space_mod.Problem, recordings: dict[str, s
     )
 
 
-def _in_turn(opts, space, chosen, recordings, url, stored, warm):
+def _in_turn(opts, space, chosen, recordings, url, stored, warm, ahead):
     """The studies one after another, each over the whole pool (`tuner.study.sharing` keeps its workers up)."""
     from tuner.study.driver import run_study
     from tuner.study.sharing import shared_workers
@@ -344,7 +351,7 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm):
             started = time.perf_counter()
             label = f"{problem.name} ({i + 1}/{len(chosen)})"
             prelude = _prelude(space, problem, stored, warm, label, spare_writer=i + 1 < len(chosen))
-            summary = run_study(_one(opts, problem, recordings), prelude)
+            summary = run_study(_one(opts, problem, recordings), prelude, space, ahead)
             summaries[problem.name] = summary
             source = _source(_load(summary)) if url != ":memory:" else None
             if source is not None:
@@ -353,7 +360,7 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm):
     return rows, summaries
 
 
-def _together(opts, space, chosen, recordings, url, stored, warm):
+def _together(opts, space, chosen, recordings, url, stored, warm, ahead):
     """The studies side by side over one pool (`tuner.study.sidebyside`): each starts from what the database and
     `warm` hold, and takes the new best configs of its neighbours' studies as they are found."""
     from tuner.store.dbfiles import open_storage
@@ -366,7 +373,7 @@ def _together(opts, space, chosen, recordings, url, stored, warm):
     for problem in chosen:
         # the pool is made below, once every study's options are checked: the share is taken as the study opens
         prelude = _prelude(space, problem, stored, warm, problem.name, bar=bar)
-        drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude)
+        drivers[problem.name] = Driver(_one(opts, problem, recordings), prelude, space, ahead)
     if url != ":memory:":
         open_storage(url)  # made here, once: each study's writer would otherwise race to create the same file
     searching = sum(1 for d in drivers.values() if d.complete is None)  # a complete study takes no share

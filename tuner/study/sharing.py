@@ -16,7 +16,9 @@ from typing import Any
 
 __all__ = ["keep", "shared_workers", "take"]
 
-#: key → (what is kept, how to stop it), while `shared_workers` is in force; None outside it
+#: key → (what is kept, how to stop it), while `shared_workers` is in force; None outside it. Module state scoped
+#: by the ``with`` block of the runner of several studies one after another (`tuner.study.shapes`): the pools of
+#: the studies inside it (local and Ray) keep and take through `keep` and `take`
 _KEPT: dict[Hashable, tuple[Any, Callable[[], None]]] | None = None
 
 
