@@ -6,6 +6,7 @@ both problems (its W cache policy na, the m1 recording's: every one of its confi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shutil
@@ -251,12 +252,11 @@ class RecordedChild(Evaluator):
         return self.inner.evaluate(request)
 
 
-def _recorded_worker(gpu_index: int):
-    """As `tuner.study.local.isolated_gpu_evaluator`: the worker a study before kept, else a new one."""
+def _recorded_worker(gpu_index: int, kept=None):
+    """As `tuner.study.local.isolated_gpu_evaluator`: the worker a study before left in `kept`, else a new one."""
     from tuner.gpu.worker import IsolatedEvaluator
-    from tuner.study import sharing
 
-    return sharing.take(("gpu worker", gpu_index)) or IsolatedEvaluator(
+    return (kept.take(("gpu worker", gpu_index)) if kept else None) or IsolatedEvaluator(
         gpu=gpu_index, timeout_s=30.0, start_timeout_s=120.0, evaluator_factory=RecordedChild
     )
 
@@ -276,14 +276,15 @@ def test_studies_within_shared_workers_keep_one_gpu_worker_and_one_set_of_compil
 
     space = space_mod.load("transpose")
     configs = list(space.enumerate())[:2]
-    with shared_workers():
-        first = LocalPool(space, space.problem(), _recorded_worker, gpus=1, arch="sm_90", compile_slots=1)
+    with shared_workers() as kept:
+        factory = functools.partial(_recorded_worker, kept=kept)
+        first = LocalPool(space, space.problem(), factory, gpus=1, arch="sm_90", compile_slots=1, kept=kept)
         _measure_one(first, 0, configs[0])
         worker, compilers = first._workers[0].evaluator, first._compilers
         pid = worker.pid
         first.close()
         assert worker.alive() and compilers is not None and not compilers.closed  # kept for the next study
-        second = LocalPool(space, space.problem(), _recorded_worker, gpus=1, arch="sm_90", compile_slots=1)
+        second = LocalPool(space, space.problem(), factory, gpus=1, arch="sm_90", compile_slots=1, kept=kept)
         _measure_one(second, 0, configs[1])
         assert second._workers[0].evaluator is worker and worker.pid == pid and worker.restarts == 0
         assert second._compilers is compilers
@@ -392,12 +393,12 @@ def test_studies_within_shared_workers_keep_their_ray_actors():
     configs = list(space.enumerate())[:2]
     factory = functools.partial(ReplayEvaluator, str(ROOT / "tests" / "data" / "transpose_h200.db"), None, 0.0)
     try:
-        with shared_workers():
-            first = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1)
+        with shared_workers() as kept:
+            first = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1, kept=kept)
             _measure_one(first, 0, configs[0])
             pid = first.gpus[0]["pid"]
             first.close()
-            second = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1)
+            second = Pool(space, space.problem(), factory, gpus=1, logical_gpus=1, kept=kept)
             assert second.gpus[0]["pid"] == pid  # the same actor, not a new one
             _measure_one(second, 1, configs[1])
             actor = second.slots[0].actor

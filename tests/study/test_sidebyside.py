@@ -127,8 +127,8 @@ def test_the_local_pool_compiles_and_answers_each_study_s_configs_at_its_own_pro
     big = space.problem()
     small = dataclasses.replace(big, name="n4096", sizes={"rows": 4096, "cols": 4096})
     config = next(iter(space.enumerate()))
-    with shared_workers():
-        pool = LocalPool(space, big, _recorded_worker, gpus=1, arch="sm_90", compile_slots=2)
+    with shared_workers() as kept:
+        pool = LocalPool(space, big, _recorded_worker, gpus=1, arch="sm_90", compile_slots=2, kept=kept)
         backend = sidebyside.LocalBackend(pool, studies=2)
         try:
             a, b = backend.share(space, big), backend.share(space, small)

@@ -21,6 +21,7 @@ from tuner.store.writer import Mirror
 
 if TYPE_CHECKING:
     from tuner.gpu.worker import IsolatedEvaluator
+    from tuner.study.sharing import Kept
 
 __all__ = ["Ahead"]
 
@@ -28,10 +29,12 @@ __all__ = ["Ahead"]
 @dataclass
 class Ahead:
     """Children started ahead of a study: a writer process, not yet told its storage, and GPU workers by GPU
-    index. Each is taken once."""
+    index, each taken once; and, while studies run one after another (`tuner.study.sharing.shared_workers`), where
+    each study's pool keeps its workers for the next (`kept`)."""
 
     writer: Mirror | None = None
     workers: dict[int, IsolatedEvaluator] = field(default_factory=dict)
+    kept: Kept | None = None
 
     def launch_writer(self) -> None:
         """Start a study writer's process now, before the storage is known, so that its imports (Optuna,

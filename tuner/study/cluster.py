@@ -34,9 +34,9 @@ from tuner.errors import InputError
 from tuner.gpu.deadline import Deadline
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent
 from tuner.result import Failure, LaunchFailed, Result, TimedOut
-from tuner.study import sharing
 from tuner.study.pool import Job
 from tuner.study.scheduler import Scheduler
+from tuner.study.sharing import Kept
 
 
 def init_ray(address: str | None, logical_gpus: int | None = None) -> dict[str, Any]:
@@ -153,10 +153,12 @@ class Pool(Scheduler):
         timeout_s: float = 60.0,
         compile_slots: int | None = None,
         logical_gpus: int | None = None,
+        kept: Kept | None = None,
     ):
         """`evaluator(gpu_index)` builds each actor's evaluator (picklable: it runs in the actor); `arch`
         defaults to the first actor's; `logical_gpus` starts a local Ray with that many GPUs, for evaluators
-        that need none."""
+        that need none; `kept` (`tuner.study.sharing`): where a study before this one left its actors, and where
+        this pool leaves them as it closes."""
         import ray
 
         t0 = time.perf_counter()
@@ -181,10 +183,10 @@ class Pool(Scheduler):
         )
         self._actor_args = (evaluator,)
         t1 = time.perf_counter()
-        # A study before this one in the same command may have kept its actors (`tuner.study.sharing`): the same
-        # evaluator on as many GPUs.
-        self._kept_as = ("ray actors", evaluator, want)
-        self.slots = sharing.take(self._kept_as) or self._start_actors(want)
+        # A study before this one in the same command may have kept its actors in `kept` (`tuner.study.sharing`):
+        # the same evaluator on as many GPUs.
+        self.kept, self._kept_as = kept, ("ray actors", evaluator, want)
+        self.slots = (kept.take(self._kept_as) if kept else None) or self._start_actors(want)
         self.startup["gpu_workers_s"] = round(time.perf_counter() - t1, 3)
         self._measures = bool(self.slots[0].info["measures"])
         self._arch = arch or str(self.slots[0].info["arch"])
@@ -310,7 +312,7 @@ class Pool(Scheduler):
 
     def close(self) -> None:
         slots, self.slots = [_Slot(actor=s.actor, info=s.info) for s in self.slots], []
-        if not sharing.keep(self._kept_as, slots, lambda: _kill(slots)):
+        if not (self.kept and self.kept.keep(self._kept_as, slots, lambda: _kill(slots))):
             _kill(slots)
 
 

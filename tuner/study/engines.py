@@ -23,6 +23,7 @@ from tuner.space import space as space_mod
 from tuner.study.ahead import Ahead
 from tuner.study.options import StudyOptions, engine_of
 from tuner.study.pool import Pool
+from tuner.study.sharing import Kept
 
 #: a local replay's compile threads on any machine: its width steers a seeded sampler (16: our GPU hosts' cores)
 REPLAY_COMPILE_SLOTS = 16
@@ -47,6 +48,12 @@ class Engine:
         """The engine `opts` ask for: a replay's with a recording (``--replay``), else the GPUs' (whose local pool
         takes the GPU workers started `ahead`). Nothing is checked or read yet."""
         return ReplayEngine(opts, ahead) if opts.replay else Engine(opts, ahead)
+
+    @property
+    def kept(self) -> Kept | None:
+        """Where the pool keeps its workers for the next study of the command, and takes the last one's
+        (`tuner.study.sharing`); None for a study on its own."""
+        return self.ahead.kept if self.ahead is not None else None
 
     def check_kernel(self, space: space_mod.SearchSpace, problem: space_mod.Problem) -> None:
         """Refuse a kernel this engine cannot run: on a GPU, a family needs a template, and a declarative family a
@@ -98,6 +105,7 @@ class Engine:
                 ray_address=opts.ray_address,
                 timeout_s=opts.timeout,
                 logical_gpus=self.logical_gpus,
+                kept=self.kept,
             )
         return self._local_pool(space, problem, new_storage)
 
@@ -107,7 +115,7 @@ class Engine:
 
         opts = self.opts
         factory = functools.partial(isolated_gpu_evaluator, timeout_s=opts.timeout, ahead=self.ahead)
-        pool = LocalPool(space, problem, factory, gpus=opts.gpus or discovery.local_gpus() or 1)
+        pool = LocalPool(space, problem, factory, gpus=opts.gpus or discovery.local_gpus() or 1, kept=self.kept)
         # Compile while the GPU worker starts: the first configs the study will submit — the space's default
         # for a search, the first configs of the listing for a grid (three per compile thread: all of a small
         # grid). Not the worker's own kernels: the worker builds them itself at its start, un-niced; a compile
@@ -202,6 +210,7 @@ class ReplayEngine(Engine):
             gpus=opts.gpus or 1,
             compile_slots=REPLAY_COMPILE_SLOTS,
             inline=not opts.replay_delay_s,
+            kept=self.kept,
         )
 
 

@@ -47,10 +47,10 @@ from tuner.build.render import render
 from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import Evaluator, EvaluatorFactory
 from tuner.result import LaunchFailed, Result, TimedOut
-from tuner.study import sharing
 from tuner.study.ahead import Ahead
 from tuner.study.pool import Job
 from tuner.study.scheduler import Scheduler
+from tuner.study.sharing import Kept
 
 __all__ = ["LocalPool", "host_cores", "isolated_gpu_evaluator"]
 
@@ -63,12 +63,13 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _keep(gpu_index: int, evaluator: Evaluator) -> bool:
-    """Keep a GPU worker whose process is up for the next study (`tuner.study.sharing`); False for one that is not
-    (or an evaluator without a process of its own: a replay's is cheap to make again)."""
-    if not evaluator.keepable():
+def _keep(gpu_index: int, evaluator: Evaluator, kept: Kept | None) -> bool:
+    """Keep a GPU worker whose process is up for the next study in `kept` (`tuner.study.sharing`); False without
+    one, or for a worker that is not up (or an evaluator without a process of its own: a replay's is cheap to make
+    again)."""
+    if kept is None or not evaluator.keepable():
         return False
-    return sharing.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
+    return kept.keep(("gpu worker", gpu_index), evaluator, evaluator.close)
 
 
 def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0, ahead: Ahead | None = None) -> Evaluator:
@@ -77,21 +78,24 @@ def isolated_gpu_evaluator(gpu_index: int, timeout_s: float = 60.0, ahead: Ahead
     (`tuner.study.ahead.Ahead.launch_gpu_workers`), if there is one."""
     from tuner.gpu.worker import IsolatedEvaluator
 
-    launched = sharing.take(("gpu worker", gpu_index)) or (ahead.take_worker(gpu_index) if ahead else None)
+    kept = ahead.kept if ahead is not None else None
+    launched = (kept.take(("gpu worker", gpu_index)) if kept else None) or (
+        ahead.take_worker(gpu_index) if ahead else None
+    )
     if launched is not None:
         launched.timeout_s = timeout_s
         return launched
     return IsolatedEvaluator(gpu=gpu_index, timeout_s=timeout_s)
 
 
-def _compile_processes(slots: int) -> CompileProcesses:
+def _compile_processes(slots: int, kept: Kept | None) -> CompileProcesses:
     """The compile processes a study before this one kept (`tuner.study.sharing`) if there are as many, else new
     ones."""
-    kept = sharing.take("compile processes")
-    if kept is not None:
-        if kept.slots == max(1, slots) and not kept.closed:
-            return kept
-        kept.close()
+    processes = kept.take("compile processes") if kept is not None else None
+    if processes is not None:
+        if processes.slots == max(1, slots) and not processes.closed:
+            return processes
+        processes.close()
     return CompileProcesses(slots)
 
 
@@ -219,13 +223,16 @@ class LocalPool(Scheduler):
         arch: str | None = None,
         compile_slots: int | None = None,
         inline: bool = False,
+        kept: Kept | None = None,
     ):
         """Starts `gpus` evaluators (``evaluator(i)`` for i in 0..gpus-1) in the background and returns at once.
         `arch` (what to compile for) defaults to the first evaluator's; `compile_slots` to this host's cores.
         `inline` (for evaluators that answer at once, such as a replay without delay): no threads; each `poll`
         answers the oldest queued config in the caller's thread, the evaluators taking turns, so a seeded study
-        asks and tells in the same order on every run."""
+        asks and tells in the same order on every run. `kept` (`tuner.study.sharing`): where a study before this
+        one left its compile processes, and where this pool leaves its workers as it closes."""
         t0 = time.perf_counter()
+        self.kept = kept
         super().__init__(space, problem, compile_slots or host_cores())
         self.inline = inline
         self.arch_requested = arch  # what to compile for, when the caller says (else the GPUs' own arch)
@@ -241,7 +248,7 @@ class LocalPool(Scheduler):
         self._workers = [_Gpu(self, i, evaluator(i)) for i in range(gpus)]
         # The compile threads hand their compiles to processes (tuner.build.compilers: NVRTC compiles one at a time per
         # process); evaluators that do not measure compile nothing, so they get none.
-        self._compilers = _compile_processes(self.compile_slots) if self.measures_hint else None
+        self._compilers = _compile_processes(self.compile_slots, kept) if self.measures_hint else None
         self.startup: dict[str, Any] = {
             "engine": "local",
             "pool_start_s": round(time.perf_counter() - t0, 3),
@@ -433,12 +440,14 @@ class LocalPool(Scheduler):
             self.ready.put(None)
         self._compiler.shutdown(wait=False, cancel_futures=True)
         compilers = self._compilers
-        if compilers is not None and not sharing.keep("compile processes", compilers, compilers.close):
+        if compilers is not None and not (
+            self.kept and self.kept.keep("compile processes", compilers, compilers.close)
+        ):
             compilers.close()
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(timeout=5.0)
-            if not worker.thread.is_alive() and _keep(worker.index, worker.evaluator):
+            if not worker.thread.is_alive() and _keep(worker.index, worker.evaluator, self.kept):
                 continue
             try:
                 worker.evaluator.close()

@@ -346,17 +346,21 @@ def _in_turn(opts, space, chosen, recordings, url, stored, warm, ahead):
     from tuner.study.sharing import shared_workers
 
     rows, summaries = [], {}
-    with shared_workers():
-        for i, problem in enumerate(chosen):
-            started = time.perf_counter()
-            label = f"{problem.name} ({i + 1}/{len(chosen)})"
-            prelude = _prelude(space, problem, stored, warm, label, spare_writer=i + 1 < len(chosen))
-            summary = run_study(_one(opts, problem, recordings), prelude, space, ahead)
-            summaries[problem.name] = summary
-            source = _source(_load(summary)) if url != ":memory:" else None
-            if source is not None:
-                stored[source.study] = source
-            rows.append(_row(problem, summary, time.perf_counter() - started, len(prelude.first)))
+    with shared_workers() as kept:
+        ahead.kept = kept  # each study's pool keeps its workers there for the next, and takes the last one's
+        try:
+            for i, problem in enumerate(chosen):
+                started = time.perf_counter()
+                label = f"{problem.name} ({i + 1}/{len(chosen)})"
+                prelude = _prelude(space, problem, stored, warm, label, spare_writer=i + 1 < len(chosen))
+                summary = run_study(_one(opts, problem, recordings), prelude, space, ahead)
+                summaries[problem.name] = summary
+                source = _source(_load(summary)) if url != ":memory:" else None
+                if source is not None:
+                    stored[source.study] = source
+                rows.append(_row(problem, summary, time.perf_counter() - started, len(prelude.first)))
+        finally:
+            ahead.kept = None
     return rows, summaries
 
 
