@@ -35,7 +35,7 @@ def test_summarize_reports_median_and_p20_p80():
 
 
 class ScriptedHold:
-    """Stands in for `tuner.gpu.devicekernels.Hold`: logs hold/release and gives up on the batches it is told to."""
+    """Stands in for `tuner.gpu.timingkernels.Hold`: logs hold/release and gives up on the batches it is told to."""
 
     def __init__(self, gives_up_after: set[int]):
         self.log: list[str] = []

@@ -18,7 +18,7 @@ from tuner.build.render import environment, render
 from tuner.gpu.protocol import EvaluateRequest
 from tuner.gpu.verify import POOL_SIZE, InputPool, pool_key
 from tuner.kernels.base import Family, Launch
-from tuner.kernels.declarative import reference_arrays_of
+from tuner.kernels.refarrays import reference_arrays_of
 from tuner.result import Measurement, WrongResult
 
 

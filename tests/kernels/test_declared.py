@@ -418,12 +418,12 @@ def test_the_gpu_draws_every_init_from_the_seed_on_the_callers_stream(gather):
     import cupy
 
     from tuner.build.compile import compile_source
-    from tuner.gpu import devicekernels
+    from tuner.gpu import devicekernels, kernelsource
 
     arch = f"sm_{cupy.cuda.Device(0).compute_capability}"
-    first = compile_source(devicekernels.source(devicekernels.FIRST_CHECKS), arch)
+    first = compile_source(kernelsource.source(kernelsource.FIRST_CHECKS), arch)
     kernels = devicekernels.DeviceKernels(
-        first, devicekernels.FIRST_CHECKS, devicekernels.Built(devicekernels.LATER_CHECKS, arch)
+        first, kernelsource.FIRST_CHECKS, kernelsource.Built(kernelsource.LATER_CHECKS, arch)
     )
     space = space_mod.load(gather / "gather.yaml")
     env = space.problem().env

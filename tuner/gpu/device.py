@@ -4,7 +4,7 @@
 to get the ceiling, it owns (after `start`) the CUDA context, a stream, the L2 flush buffer (twice the L2), the
 GPU's facts (`GpuFacts.from_device`), name, UUID and clocks (static ones; NVML's current clocks too where
 nvidia-ml-py is installed), the copy ceiling (`tuner.gpu.ceiling`, cached per GPU), the CuPy/NVRTC/CUDA versions,
-the stream hold and the worker's own device kernels (`tuner.gpu.devicekernels`).
+the stream hold (`tuner.gpu.timingkernels`) and the worker's own device kernels (`tuner.gpu.devicekernels`).
 """
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ class Device:
         import cupy
 
         from tuner.build.compile import versions as compile_versions
-        from tuner.gpu import devicekernels
+        from tuner.gpu import devicekernels, kernelsource, timingkernels
 
         t0 = time.perf_counter()
         self.cuda = cupy.cuda.Device(self.index)
         self._arch = f"sm_{self.cuda.compute_capability}"
         # Our random-input kernels and the checks every shipped family uses compile (or come from the compile
         # cache) while the context, the flush buffer and the ceiling are set up: NVRTC releases the GIL.
-        first = devicekernels.Built(devicekernels.FIRST_CHECKS, self._arch, uri="tuner_worker_kernels_first")
+        first = kernelsource.Built(kernelsource.FIRST_CHECKS, self._arch, uri="tuner_worker_kernels_first")
         self.cuda.use()
         props = _runtime.getDeviceProperties(self.index)
         name = props.get("name", b"")
@@ -99,8 +99,8 @@ class Device:
         self._nvml = self._open_nvml()
         t_context = time.perf_counter()
         # The flush is PTX the driver loads (no NVRTC): the ceiling is timed with it while our NVRTC module builds.
-        self._read_flush = devicekernels.ReadFlush(self.stream)
-        self.hold = devicekernels.Hold(self.stream)
+        self._read_flush = timingkernels.ReadFlush(self.stream)
+        self.hold = timingkernels.Hold(self.stream)
         self.flush()
         key = ceiling_cache_key(
             self._gpu_uuid, self._gpu_name, self.versions, self.ceiling_bytes, self.ceiling_budget_ms
@@ -119,10 +119,8 @@ class Device:
             raise RuntimeError(f"the worker's own kernels did not compile: {getattr(built, 'reason', '?')}")
         # The checks of the other dtypes (a declared kernel may store int8, fp16 or uint64) compile behind the
         # first trials; a check that needs one waits for them.
-        later = devicekernels.Built(
-            devicekernels.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest", fills=False
-        )
-        self.kernels = devicekernels.DeviceKernels(built, devicekernels.FIRST_CHECKS, later)
+        later = kernelsource.Built(kernelsource.LATER_CHECKS, self._arch, uri="tuner_worker_kernels_rest", fills=False)
+        self.kernels = devicekernels.DeviceKernels(built, kernelsource.FIRST_CHECKS, later)
         t_done = time.perf_counter()
         self.startup = {
             # monotonic clock stamps (system-wide on Linux): the driver turns them into seconds from its command

@@ -14,8 +14,9 @@ and applies the protocol of DESIGN.md once, for every caller:
   estimate is already above ``cutoff_ms`` (the study's screening: a config that far behind the best so far is not
   a contender, and its 3-repetition median is figure enough to steer the search);
 * the ceiling (`tuner.gpu.ceiling`): a device-to-device copy timed with the same protocol, once per GPU, cached;
-* random inputs and the comparison run on `tuner.gpu.devicekernels` (compiled through our NVRTC cache), not on
-  CuPy's JIT-compiled generators and ufuncs, so a fresh machine compiles nothing for them inside the worker.
+* random inputs and the comparison run on `tuner.gpu.devicekernels` (compiled from `tuner.gpu.kernelsource`
+  through our NVRTC cache), not on CuPy's JIT-compiled generators and ufuncs, so a fresh machine compiles nothing
+  for them inside the worker.
 
 Failures are decided by CUDA status codes (`tuner.gpu.status`: ``CUDADriverError.status`` for driver calls:
 module load, launch; ``CUDARuntimeError.status`` for runtime calls: synchronize, memcpy), never by message text.

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 #: How the L2 is emptied before each timed launch (recorded with every measurement, in `versions`): a read of
-#: twice the L2 (`tuner.gpu.devicekernels.ReadFlush`). A memset of the same size left the L2 full of dirty lines
+#: twice the L2 (`tuner.gpu.timingkernels.ReadFlush`). A memset of the same size left the L2 full of dirty lines
 #: whose write-back the next launch paid (benchmarks/results/launch_gap-2026-12-01.md).
 L2_FLUSH = "read 2x L2"
 
 
 #: How the host's enqueue time is kept out of the timings (recorded with every measurement, in `versions`): the
 #: repetitions are enqueued in batches behind a kernel that holds the stream until the whole batch is in
-#: (`tuner.gpu.devicekernels.Hold`). Without it, a call whose host side takes longer than the GPU's flush and kernel
+#: (`tuner.gpu.timingkernels.Hold`). Without it, a call whose host side takes longer than the GPU's flush and kernel
 #: (a peer library's dispatch, or any call while the CPUs are busy) is timed with the GPU idle inside its event
 #: pair, waiting for the launch.
 LAUNCH_HOLD = "hold per batch of up to 16"
@@ -67,7 +67,7 @@ def repetitions(estimate_ms: float, budget_ms: float, min_reps: int = 10, max_re
 
 def enqueue_behind(hold, n: int, enqueue: Callable[[int], None]) -> list[int]:
     """Call ``enqueue(i)`` for i = 0 .. n-1 in order. Without a hold, in one go; with one
-    (`tuner.gpu.devicekernels.Hold`), in batches of up to HOLD_BATCH, each between ``hold.hold()`` and
+    (`tuner.gpu.timingkernels.Hold`), in batches of up to HOLD_BATCH, each between ``hold.hold()`` and
     ``hold.release()`` (released also when `enqueue` raises, so the stream is never left held); a batch the hold
     gave up on (``hold.gave_up()``: the host took longer than its timeout) halves the next one. Returns the
     batch sizes."""
@@ -103,7 +103,7 @@ def time_launches(
     """Time `reps` calls of `run` (which enqueues its work on `stream`): for each, `flush` (outside the
     timed region), then a CUDA event pair around `run`. Everything is enqueued first and synchronized once at
     the end (`sync`, default ``stream.synchronize()``), so the host never waits between repetitions. With a
-    `hold` (`tuner.gpu.devicekernels.Hold` on `stream`) the repetitions are enqueued behind it in batches
+    `hold` (`tuner.gpu.timingkernels.Hold` on `stream`) the repetitions are enqueued behind it in batches
     (`enqueue_behind`), so that the GPU never waits for the host inside an event pair. Returns the
     per-repetition milliseconds. The only place in the package that records CUDA events."""
     import cupy

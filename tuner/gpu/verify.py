@@ -292,7 +292,7 @@ def normalize_reference(
 ) -> dict[str, Any]:
     """`expected` (what `family.reference` returned: NumPy or CuPy arrays, torch tensors, numbers) as a dict of
     C-contiguous CuPy arrays, one per checked name, each of the shape the kernel writes and float32 or float64 (the
-    reference dtypes of the one-pass check, `tuner.gpu.devicekernels`). Compacted: a float64 reference of an output
+    reference dtypes of the one-pass check, `tuner.gpu.kernelsource`). Compacted: a float64 reference of an output
     that holds 32 bits or fewer becomes float32 (half the memory and traffic of a kept reference, an error below
     1e-7 of a value). Widened once, here: float16 to float32 (exactly), integers and bool to float64 (as the
     comparison reads them). `checked_dtypes` maps each checked name to the dtype of what the check compares (an

@@ -1,8 +1,8 @@
 """Running the user's code, by the user's choice: importing a family's or a reference's module from a space's folder
 (or the environment), and calling it so that a fault in it is an InputError naming the user's file and line.
 
-A space file's family (`tuner.kernels.custom`) and a declarative block's reference (`tuner.kernels.declarative`)
-both go through here.
+A space file's family (`tuner.kernels.custom`) and a declarative block's reference (found by
+`tuner.kernels.kernelblock`, called by `tuner.kernels.declarative`) both go through here.
 """
 
 from __future__ import annotations
