@@ -14,7 +14,10 @@ background thread, `_import_trees_in_background`), each proposal is one unexplor
   config, or beyond `ALL_CANDIDATES` a sample plus the best configs' near neighbours), and a neighbourhood move
   (`_neighbour`: one knob changed from a good config, what makes Kernel Tuner's pso and genetic algorithm strong
   late); one proposal in `EXPLORE_EVERY` is a coverage draw again, so a region the trees rate low early is still
-  visited now and then.
+  visited now and then. Once the best is stuck (no better result for `STALL_RESULTS` results after the start,
+  or every one-knob neighbour of it explored), a move from the best changes two knobs by one step each
+  (`_two_knob_step`): a best whose one-knob neighbours are all slower is left for the basin beside it, as in
+  iterated local search.
 
 Without a complete valid set (a space too large to list), with several objectives, or before the set is listed,
 every call goes to TPE (`fallback`), the default before this one. The figures behind each choice: docs/search.md
@@ -45,6 +48,8 @@ TREES = 16
 ALL_CANDIDATES = 4000
 #: best configs whose one- and two-knob neighbours are always candidates
 NEIGHBOUR_SOURCES = 10
+#: results after the start without a better best, after which the moves from the best change two knobs, not one
+STALL_RESULTS = 5
 
 
 class ForestSampler(BaseSampler):
@@ -188,12 +193,17 @@ class ForestSampler(BaseSampler):
         value first: a coordinate search, which the trees alone miss where a knob's best value is good only beside
         the others' (a convolution without shared memory wants tall tiles). Every other such move starts from
         the best config of some value of some knob instead of the best so far (the one from which fewest moves
-        were made, better first): a value whose first configs were poor still gets searched around."""
+        were made, better first): a value whose first configs were poor still gets searched around. A move from
+        the best once it is stuck (`STALL_RESULTS` results after both it and the start, none better, or no
+        unexplored one-knob neighbour left) is `_two_knob_step` instead (one knob if no such step is left). `y`
+        is in the order of the trials, so the best's position says how many results came after it."""
         import numpy as np
 
         index_rows = self._index.rows
         order = np.argsort(y, kind="stable")
         self._neighbour_turns += 1
+        # Results since the best that count as a stall: the start's own draws do not (they search nothing).
+        stalled = len(y) - max(int(order[0]) + 1, FOREST_STARTUP) >= STALL_RESULTS
         if self._neighbour_turns % 2 == 0:
             best_of_value: dict[int, float] = {}
             for j in range(index_rows.shape[1]):
@@ -209,6 +219,11 @@ class ForestSampler(BaseSampler):
             differ = index_rows != index_rows[source]
             one = differ.sum(axis=1) == 1
             options = np.flatnonzero(one & free)
+            from_best = source == sources[0] and self._neighbour_turns % 2 == 1  # odd turns start at the best
+            if from_best and (stalled or not len(options)):
+                if (move := self._two_knob_step(source, free, differ)) is not None:
+                    self._moves_from[source] = self._moves_from.get(source, 0) + 1
+                    return move
             if not len(options):
                 continue
             knob_of = np.argmax(differ[options], axis=1)
@@ -221,6 +236,32 @@ class ForestSampler(BaseSampler):
             self._moves_from[source] = self._moves_from.get(source, 0) + 1
             return int(options[pick])
         return None
+
+    def _two_knob_step(self, source: int, free: np.ndarray, differ: np.ndarray) -> int | None:
+        """An unexplored config two knobs from `source`, each moved to a neighbouring value (rank one apart), on the
+        pair of knobs least often changed together from it yet, at random among equals; None if there is none.
+        Where two knobs act together (GEMV's `k_warps` and `rows_per_warp` set the rows a block covers), the
+        best's one-knob neighbours can all be slower than it while a config two steps away is faster: the trees,
+        fitted mostly around the best, rate such a pair low (their pick among two-knob neighbours left more seeds
+        stuck than this draw), so the pairs are taken in turn rather than by the trees."""
+        import numpy as np
+
+        features = self._features
+        assert features is not None
+        columns = np.asarray(self._rank_column)
+        two = np.flatnonzero(differ.sum(axis=1) == 2)
+        two = two[(np.abs(features[np.ix_(two, columns)] - features[source, columns]) <= 1).all(axis=1)]
+        is_free = free[two]
+        if not is_free.any():
+            return None
+        knobs = differ.shape[1]
+        # each such config's pair of changed knobs as one number: first changed knob × knobs + last changed knob
+        changed = differ[two]
+        pair = np.argmax(changed, axis=1) * knobs + (knobs - 1 - np.argmax(changed[:, ::-1], axis=1))
+        tried = np.bincount(pair[~is_free], minlength=knobs * knobs)
+        options = two[is_free]
+        pick = np.lexsort((self.rng.random(len(options)), tried[pair[is_free]]))[0]
+        return int(options[pick])
 
     def _cover(self, free: np.ndarray, seen: list[int]) -> int:
         """Of `COVER_CANDIDATES` uniform draws among the free rows, the one whose knob values were tried least."""
