@@ -218,8 +218,8 @@ def dry_run(targets, sample: int, probe: bool = False) -> int:
 def probe_attention(space, problem, ev, base: dict, copy_tbps: float, best: dict) -> list[dict]:
     """Verify and time each of ATTENTION_PROBES on `problem` with the peers' evaluator; one record each."""
     from tuner.build.render import render
+    from tuner.core.result import Measurement
     from tuner.gpu.evaluate import evaluate_config
-    from tuner.result import Measurement
 
     family = kernels.get("decode_attention")
 

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.insight import lesson
 from tuner.insight.explain import Explanation, bound, compare, explain_study, findings
 from tuner.insight.ncu import NcuConfigError, device_facts_from_csv, fp32_peak_tflops

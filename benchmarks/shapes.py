@@ -346,7 +346,7 @@ def main() -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     if args.gpu:  # a bad --kernel is one line and exit 2, before any GPU work
-        from tuner.errors import InputError
+        from tuner.core.errors import InputError
         from tuner.space import space as space_mod
 
         try:

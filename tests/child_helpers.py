@@ -75,9 +75,9 @@ class FirstCheck(Evaluator):
     def evaluate(self, request):
         import numpy as np
 
-        from tuner import families
+        from tuner.build import families
+        from tuner.core.result import Invalid
         from tuner.kernels.base import ReferenceFailed
-        from tuner.result import Invalid
 
         family = families.get(request.family) if isinstance(request.family, str) else request.family
         env = request.problem

@@ -39,19 +39,32 @@ def test_the_package_module_imports_what_it_names_where_the_linter_sees_it():
 
 
 def test_cuda_is_reached_through_one_module():
-    """tuner.cudalib gives CuPy's runtime, driver and NVRTC bindings; no other module of the package imports
+    """tuner.core.cudalib gives CuPy's runtime, driver and NVRTC bindings; no other module of the package imports
     cupy_backends, so a CuPy that moves them is mended in one place."""
     import cupy_backends.cuda.api.driver
     import cupy_backends.cuda.api.runtime
     import cupy_backends.cuda.libs.nvrtc
 
-    from tuner import cudalib
+    from tuner.core import cudalib
 
     assert cudalib.runtime is cupy_backends.cuda.api.runtime
     assert cudalib.driver is cupy_backends.cuda.api.driver
     assert cudalib.nvrtc is cupy_backends.cuda.libs.nvrtc
     with pytest.raises(AttributeError):
         cudalib.cublas  # noqa: B018 - not one of the three
-    package = Path(cudalib.__file__).parent
+    package = Path(cudalib.__file__).parents[1]
     others = [p for p in package.rglob("*.py") if p.name != "cudalib.py" and "cupy_backends" in p.read_text()]
     assert others == []
+
+
+def test_every_module_sits_in_a_stage_folder():
+    """The package's top level holds only its own module, the `python -m tuner` entry and one folder a stage (and
+    `core`, what the stages share), each with a docstring saying what it takes and gives."""
+    package = Path(tuner.__file__).parent
+    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py", "__main__.py"]
+    folders = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    stages = ["api", "build", "cli", "core", "expr", "gpu", "insight", "kernels", "results", "space", "store", "study"]
+    assert folders == stages
+    for folder in folders:
+        doc = (package / folder / "__init__.py").read_text().lstrip()
+        assert doc.startswith('"""') and len(doc.split('"""')[1].split()) >= 15, folder

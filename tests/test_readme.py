@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli.main import build_parser
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

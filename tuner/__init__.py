@@ -11,11 +11,11 @@ with the faces (pyproject.toml's import contracts): it imports the API, and only
 # `__getattr__` below to the call, and importing the stage's modules later (``from tuner.study.driver import
 # Driver``) does not bind it again.
 from tuner import study as _stage
-from tuner.errors import InputError, SpaceError, TemplateError
+from tuner.core.errors import InputError, SpaceError, TemplateError
+from tuner.core.shipped import VERSION as __version__  # noqa: F401 - the package's version
 
 # The command's clock starts when the package is first imported.
 from tuner.gpu.clock import IMPORTED_AT as IMPORTED_AT
-from tuner.shipped import VERSION as __version__  # noqa: F401 - the package's version
 
 del _stage, globals()["study"]
 
@@ -36,7 +36,7 @@ def __getattr__(name: str):
 def _lazy(name: str):
     """`name` from the module that defines it, imported now."""
     if name in _RESULT:
-        from tuner import result
+        from tuner.core import result
 
         return getattr(result, name)
     if name in _SPACE:

@@ -39,7 +39,7 @@ def main() -> int:
 
     import torch
 
-    from tuner.errors import SpaceError
+    from tuner.core.errors import SpaceError
     from tuner.gpu.evaluate import evaluate_config
     from tuner.gpu.evaluator import GpuEvaluator
     from tuner.gpu.timing import benchmark

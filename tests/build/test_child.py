@@ -20,7 +20,7 @@ import pytest
 
 from tests.child_helpers import DiesAtStart, HangsAtStart, slow_reader, writer_that_dies
 from tuner.build import child as child_mod
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
 from tuner.store.writer import Mirror
 

@@ -14,7 +14,7 @@ import pytest
 from tuner.build import compile as compile_mod
 from tuner.build import includes
 from tuner.build.render import Source, render
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.space import space as space_mod
 
 ROOT = Path(__file__).resolve().parents[2]

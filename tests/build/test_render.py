@@ -6,7 +6,7 @@ import pytest
 
 from tuner import kernels
 from tuner.build.render import environment, render, uri
-from tuner.errors import TemplateError
+from tuner.core.errors import TemplateError
 from tuner.kernels.base import Family
 from tuner.space import space as space_mod
 

@@ -18,7 +18,7 @@ import pytest
 from tuner import kernels
 from tuner.build.render import render
 from tuner.cli import main as cli
-from tuner.errors import InputError, SpaceError, TemplateError
+from tuner.core.errors import InputError, SpaceError, TemplateError
 from tuner.space import space as space_mod
 from tuner.space.reading import IDENTIFIER
 

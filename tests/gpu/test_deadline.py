@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_helpers import spy_retire
+from tuner.core.result import Measurement, TimedOut
 from tuner.gpu.deadline import (
     EXPECTED_SLACK,
     FLOOR_S,
@@ -29,7 +30,6 @@ from tuner.gpu.deadline import (
 from tuner.gpu.evaluator import GpuEvaluator
 from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.gpu.worker import IsolatedEvaluator
-from tuner.result import Measurement, TimedOut
 from tuner.space import space as space_mod
 from tuner.study.local import LocalPool
 from tuner.study.replay import ReplayEvaluator

@@ -7,10 +7,10 @@ import pytest
 
 from tuner import kernels
 from tuner.build.render import environment
+from tuner.core.result import CompileFailed, Invalid
 from tuner.gpu.evaluate import evaluate_config
 from tuner.gpu.protocol import Evaluator
 from tuner.kernels.base import Family, Launch
-from tuner.result import CompileFailed, Invalid
 from tuner.space.space import load
 
 TOY_TEMPLATE = """\

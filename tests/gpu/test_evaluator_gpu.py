@@ -16,9 +16,9 @@ import pytest
 from tuner import kernels
 from tuner.build.compile import compile_source
 from tuner.build.render import environment, render
+from tuner.core.result import LaunchFailed, Measurement, TimedOut, WrongResult
 from tuner.gpu.protocol import EvaluateRequest
 from tuner.kernels.base import Family, Launch
-from tuner.result import LaunchFailed, Measurement, TimedOut, WrongResult
 
 
 def _gpu_count() -> int:

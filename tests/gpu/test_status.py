@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from cupy_backends.cuda.api import driver, runtime
 
+from tuner.core.result import LaunchFailed
 from tuner.gpu import status as cuda_status
-from tuner.result import LaunchFailed
 
 
 @pytest.mark.parametrize("status", [700, 714, 715, 716, 718, 719])

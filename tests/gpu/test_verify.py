@@ -15,11 +15,11 @@ import pytest
 
 from tuner.build.compile import compile_source
 from tuner.build.render import environment, render
+from tuner.core.result import Measurement, WrongResult
 from tuner.gpu.protocol import EvaluateRequest
 from tuner.gpu.verify import POOL_SIZE, InputPool, pool_key
 from tuner.kernels.base import Family, Launch
 from tuner.kernels.refarrays import reference_arrays_of
-from tuner.result import Measurement, WrongResult
 
 
 def _gpu_count() -> int:
@@ -158,7 +158,7 @@ def test_cuda_types_declare_the_arrays_and_an_xp_reference_gets_float32_arrays_o
 
 
 def test_a_numpy_reference_gets_float64_and_an_unknown_arrays_mode_is_one_line(tmp_path):
-    from tuner.errors import SpaceError
+    from tuner.core.errors import SpaceError
 
     space = _axpy_space(tmp_path, "def axpy(x, n):\n    assert x.dtype == 'float64'\n    return 2 * x\n")
     assert space.family.reference_arrays == "numpy"

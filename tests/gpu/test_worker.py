@@ -13,9 +13,9 @@ import pytest
 
 from tests.child_helpers import spy_retire
 from tests.gpu.test_evaluate import Toy
+from tuner.core.result import LaunchFailed, Measurement, TimedOut
 from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-from tuner.result import LaunchFailed, Measurement, TimedOut
 
 
 def _measurement(uri: str) -> Measurement:

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.insight.captures import COPY_MIN, DATA, explained, load
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.insight.explain import explain
 from tuner.insight.ncu import (
     METRICS,

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.build import compile as compile_mod
 from tuner.build.render import render
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.kernels import compile_options
 from tuner.space import space as space_mod
 

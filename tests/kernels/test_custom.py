@@ -18,8 +18,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import families, kernels
-from tuner.errors import InputError
+from tuner import kernels
+from tuner.build import families
+from tuner.core.errors import InputError
 from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.kernels.base import ReferenceFailed
 from tuner.space import space as space_mod
@@ -230,7 +231,7 @@ def test_python_family_reference_that_raises_is_a_reference_failure(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# entry points: an installed package registers a family under tuner.families
+# entry points: an installed package registers a family under tuner.build.families
 
 
 def test_entry_point_family(tmp_path):
@@ -247,7 +248,7 @@ def test_entry_point_family(tmp_path):
     dist = site / "epkernels-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: epkernels\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[tuner.families]\ntwice_ep = epkernels:Twice\n")
+    (dist / "entry_points.txt").write_text("[tuner.build.families]\ntwice_ep = epkernels:Twice\n")
     work = tmp_path / "work"
     work.mkdir()
     (work / "ep.yaml").write_text("kernel: twice_ep\nproblem: {name: small, n: 4096}\nparams:\n  block: [128, 256]\n")
@@ -549,7 +550,7 @@ class ResolvingEvaluator(Evaluator):
         return {"gpu": "fake", "ceiling_tbps": 1.0}
 
     def evaluate(self, request):
-        from tuner.result import Invalid
+        from tuner.core.result import Invalid
 
         family = request.family
         resolved = families.get(family) if isinstance(family, str) else family

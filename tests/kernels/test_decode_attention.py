@@ -21,7 +21,7 @@ import pytest
 from tuner import kernels
 from tuner.build import compile as tcompile
 from tuner.build import compilers, render
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.space import space
 

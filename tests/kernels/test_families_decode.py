@@ -12,7 +12,7 @@ import pytest
 
 from tuner import kernels
 from tuner.build import compilers, render
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.fp8_quant import decode_e4m3, encode_e4m3, ordinal
 from tuner.space import space

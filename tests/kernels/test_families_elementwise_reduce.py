@@ -11,7 +11,7 @@ import pytest
 from tuner import kernels
 from tuner.build import render
 from tuner.build.compile import compile_source
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.kernels import bf16
 from tuner.kernels.elementwise import SCALE, kernel_stages
 from tuner.space import space

@@ -59,9 +59,9 @@ def _have_gpu() -> bool:
 
 def tune_some(space_file: Path, count: int = 5) -> list:
     """Verify and time `count` configs of the space's first (realistic) problem in one GPU worker."""
+    from tuner.core.result import Measurement
     from tuner.gpu.evaluate import evaluate_config
     from tuner.gpu.worker import IsolatedEvaluator
-    from tuner.result import Measurement
 
     space = space_mod.load(space_file)
     problem = space.problem()

@@ -20,7 +20,7 @@ import pytest
 
 from tuner.build import compile as compile_mod
 from tuner.build.render import render
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.insight.ncu import kernel_regex
 from tuner.space import space as space_mod
 

@@ -12,7 +12,7 @@ import pytest
 from tuner import kernels
 from tuner.build import render
 from tuner.build.compile import compile_source
-from tuner.gpufacts import DEFAULT
+from tuner.core.gpufacts import DEFAULT
 from tuner.space import space
 
 

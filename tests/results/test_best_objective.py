@@ -14,8 +14,8 @@ import optuna
 import pytest
 
 from tuner.cli.main import main as cli_main
-from tuner.objective import Goal, figure, goal_of
 from tuner.results import export
+from tuner.space.objective import Goal, figure, goal_of
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.results.test_export import MAIN_STUDY, ROOT, attached, golden  # a sibling test module: its study fixture
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.results import dashboard, export
 
 CHROMIUM = "/usr/bin/chromium"

@@ -31,7 +31,7 @@ from tuner.build import compile as compile_mod
 from tuner.build import compilers
 from tuner.build.render import TEMPLATES_DIR, render
 from tuner.cli import main as cli_mod
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.results import export
 from tuner.space import space as space_mod
 

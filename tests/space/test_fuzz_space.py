@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.space import space as space_mod
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))

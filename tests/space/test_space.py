@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from tuner.build import render
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.space import space as space_mod
 
 GOOD = """\
@@ -290,7 +290,7 @@ def test_array_listing_runs_out_of_budget_where_the_walk_does(tmp_path):
 def test_shipped_files_are_found_where_they_are_and_not_in_an_empty_leftover_folder(tmp_path, monkeypatch):
     """A wheel holds them inside the package; a source tree at its top, even beside an empty tuner/templates that
     an older checkout (or a copy that dropped files but kept folders) left behind."""
-    from tuner import shipped
+    from tuner.core import shipped
 
     package = tmp_path / "tuner"
     (package / "templates").mkdir(parents=True)

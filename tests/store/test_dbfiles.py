@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store import dbfiles
 
 

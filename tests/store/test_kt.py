@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli.main import main as cli_main
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store import schema
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "transpose_h200.db"

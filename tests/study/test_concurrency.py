@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.space.space import params_key
 from tuner.store import lease
 

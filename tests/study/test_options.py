@@ -12,7 +12,7 @@ import pytest
 
 import tuner
 from tuner.cli.main import build_parser, main
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.study import options
 from tuner.study.options import StudyOptions
 

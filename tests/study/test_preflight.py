@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store import probe, schema
 from tuner.study import preflight
 

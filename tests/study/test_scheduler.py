@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tuner.result import CompileFailed, Measurement, TimedOut
+from tuner.core.result import CompileFailed, Measurement, TimedOut
 from tuner.space import space as space_mod
 from tuner.study.pool import Job
 from tuner.study.scheduler import QUEUE_DEPTH, Ready, Scheduler

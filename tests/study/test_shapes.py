@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.gpu.protocol import Evaluator
 from tuner.results import export
 from tuner.results.tables import stored_best

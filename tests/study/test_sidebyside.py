@@ -14,8 +14,8 @@ import pytest
 
 # a sibling test module: a GPU worker process answering from a recording
 from tests.study.test_shapes import _recorded_worker
+from tuner.core.result import TrialAttr
 from tuner.gpu import discovery
-from tuner.result import TrialAttr
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.study import sidebyside

@@ -22,11 +22,11 @@ import optuna
 import pytest
 
 from tuner.cli import main as cli
+from tuner.core.gpufacts import DEFAULT_ARCH, GpuFacts
+from tuner.core.result import Measurement, WrongResult
 from tuner.gpu import discovery
 from tuner.gpu.clock import human_seconds
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Evaluator, Spent
-from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
-from tuner.result import Measurement, WrongResult
 from tuner.study import local
 from tuner.study.driver import Driver
 from tuner.study.options import StudyOptions
@@ -391,7 +391,7 @@ def test_the_live_line_puts_each_unit_against_its_own_roof():
 
 
 def test_the_fp32_peak_comes_from_facts_read_from_a_gpu():
-    from tuner.gpufacts import compute_capability, fp32_peak_tflops
+    from tuner.core.gpufacts import compute_capability, fp32_peak_tflops
 
     assert fp32_peak_tflops(GpuFacts.from_dict(H200_FACTS), 1980) == pytest.approx(66.9, abs=0.05)
     assert fp32_peak_tflops(GpuFacts(), 1980) is None  # the defaults stand in for a GPU nobody asked

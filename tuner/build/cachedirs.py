@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from tuner.build.files import folder_fault
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 __all__ = ["cupy_root", "ensure_writable", "tuner_root"]
 

@@ -39,9 +39,9 @@ from tuner.build import includes
 from tuner.build.cachedirs import ensure_writable, tuner_root
 from tuner.build.files import atomic_write, locked
 from tuner.build.render import Source
-from tuner.errors import InputError
-from tuner.gpufacts import DEFAULT_ARCH
-from tuner.result import CompileFailed
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import DEFAULT_ARCH
+from tuner.core.result import CompileFailed
 
 #: 2: keys cover local includes, CUDA's header folders and versions, and a source's own options
 CACHE_VERSION = "2"
@@ -133,7 +133,7 @@ def parse_ptxas(log: str) -> dict[str, FunctionResources]:
 
 
 def nvrtc_version() -> str:
-    from tuner.cudalib import nvrtc
+    from tuner.core.cudalib import nvrtc
 
     major, minor = nvrtc.getVersion()
     return f"{major}.{minor}"
@@ -149,11 +149,11 @@ def versions() -> dict[str, str]:
 
 
 def default_arch() -> str:
-    """The arch of GPU 0 when there is one, else `tuner.gpufacts.DEFAULT_ARCH` (sm_90, H100/H200)."""
+    """The arch of GPU 0 when there is one, else `tuner.core.gpufacts.DEFAULT_ARCH` (sm_90, H100/H200)."""
     ensure_writable(cupy_only=True)
     import cupy
 
-    from tuner.cudalib import runtime
+    from tuner.core.cudalib import runtime
 
     try:
         return f"sm_{cupy.cuda.Device(0).compute_capability}"
@@ -165,7 +165,7 @@ def nvrtc_compile(text: str, name: str, options: Iterable[str]) -> tuple[int, st
     """Compile CUDA `text` (file name `name` in messages) with NVRTC: (status, log, cubin, ptx). Status 0 is
     success; otherwise NVRTC's error status, with the log and no binaries. The cubin is empty for a virtual
     arch (compute_XX)."""
-    from tuner.cudalib import nvrtc
+    from tuner.core.cudalib import nvrtc
 
     opts = list(options)
     prog = nvrtc.createProgram(text, name, [], [])

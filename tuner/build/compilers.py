@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tuner.build.child import Child, start_child
-from tuner.gpufacts import DEFAULT_ARCH
-from tuner.result import CompileFailed
+from tuner.core.gpufacts import DEFAULT_ARCH
+from tuner.core.result import CompileFailed
 
 if TYPE_CHECKING:
     from tuner.build.compile import Compiled

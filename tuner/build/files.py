@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 __all__ = ["atomic_write", "check_writable", "folder_fault", "locked"]
 

@@ -1,7 +1,7 @@
 """Render a kernel template for one config: (kernel, config, problem) → `Source`.
 
 One strict Jinja2 environment over the shipped templates (``templates/``, package data in a wheel: see
-`tuner.shipped`), plus the directory of a family's own template when it has one (``Family.template_dir``: a
+`tuner.core.shipped`), plus the directory of a family's own template when it has one (``Family.template_dir``: a
 space's directory, or an installed package's): an undefined variable is an error naming the template and line,
 never an empty string that turns into a baffling compile error later.
 
@@ -30,12 +30,12 @@ from typing import Any
 
 import jinja2
 
-from tuner.errors import TemplateError
+from tuner.core.errors import TemplateError
+from tuner.core.shipped import shipped_dir
 from tuner.kernels import base as kbase
 from tuner.kernels import plain
-from tuner.shipped import shipped_dir
 
-#: The shipped templates (`tuner.shipped`): an installed wheel finds them from any directory.
+#: The shipped templates (`tuner.core.shipped`): an installed wheel finds them from any directory.
 TEMPLATES_DIR = Path(os.environ.get("TUNER_TEMPLATES") or shipped_dir("templates"))
 
 

@@ -6,11 +6,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tuner.values import POSITIVE, POSITIVE_INT, SECONDS, Kind
+from tuner.study.values import POSITIVE, POSITIVE_INT, SECONDS, Kind
 
 
 def flag_type(kind: Kind) -> Callable[[str], Any]:
-    """`kind` (`tuner.values`) as an argparse type: the flag's value, or argparse's one-line error (exit 2) in the
+    """`kind` (`tuner.study.values`) as an argparse type: the flag's value, or argparse's one-line error (exit 2) in the
     kind's words."""
 
     def read(text: str) -> Any:

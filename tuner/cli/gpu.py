@@ -10,7 +10,7 @@ from typing import Any
 
 from tuner.cli.args import positive_float
 from tuner.cli.spaces import load_space_and_problem
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 
 def _start_gpu(evaluator, gpu: int) -> dict[str, Any]:

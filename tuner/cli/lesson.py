@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     pass

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NoReturn
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130

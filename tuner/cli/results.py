@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from tuner.cli.args import port
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 STUDY_HELP = "a study's name or its kernel's (found in studies/*.db, or in --storage), or a .db path"
 
@@ -38,9 +38,9 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from tuner.objective import format_figure
     from tuner.results import studies
     from tuner.results.console import Column, print_table
+    from tuner.space.objective import format_figure
     from tuner.store.dbfiles import STUDIES_DIR
 
     rows = studies.list_studies(args.storage)
@@ -111,9 +111,9 @@ def _whole(value: float | None) -> int | None:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
-    from tuner.objective import figure, has_throughput
     from tuner.results import export
     from tuner.results.console import Column, print_table
+    from tuner.space.objective import figure, has_throughput
 
     if args.out:
         export.check_writable(args.out, (".csv", ".json"), "--out")
@@ -296,8 +296,8 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     from rich.text import Text
 
-    from tuner.objective import format_figure
     from tuner.results.console import Cell, print_lines
+    from tuner.space.objective import format_figure
 
     unit = best["throughput_unit"]
     aim = "minimized" if best["direction"] == "minimize" else "maximized"

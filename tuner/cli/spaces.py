@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from tuner.cli.args import positive_int
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
 
 TEMPLATE = """\

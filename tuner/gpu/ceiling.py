@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tuner.cudalib import runtime as _runtime
+from tuner.core.cudalib import runtime as _runtime
 from tuner.gpu.timing import Timing, benchmark
 
 GiB = 1 << 30
@@ -89,7 +89,7 @@ def store_ceiling(key: str, tbps: float, gpu: str) -> None:
     import json
 
     from tuner.build.files import atomic_write
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
 
     path = _ceiling_file()
     try:

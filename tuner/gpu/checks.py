@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from tuner.cudalib import runtime as _runtime
+from tuner.core.cudalib import runtime as _runtime
+from tuner.core.result import WrongResult
 from tuner.gpu import verify
 from tuner.gpu.device import Device
 from tuner.gpu.protocol import EvaluateRequest, fresh_seed
 from tuner.kernels import bf16
 from tuner.kernels.base import Family, ReferenceFailed
-from tuner.result import WrongResult
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ import os
 import time
 from typing import Any
 
-from tuner.cudalib import runtime as _runtime
+from tuner.core.cudalib import runtime as _runtime
+from tuner.core.gpufacts import GpuFacts
 from tuner.gpu.ceiling import GiB, ceiling_cache_key, measure_ceiling, read_cached_ceiling, store_ceiling
 from tuner.gpu.timing import L2_FLUSH, LAUNCH_HOLD
-from tuner.gpufacts import GpuFacts
 
 
 class Device:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.space.limits import max_replay_workers
 
 
@@ -78,7 +78,7 @@ def no_gpu_reason() -> str:
     if visible is not None and local_gpus() == 0:
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
     try:
-        from tuner.cudalib import runtime
+        from tuner.core.cudalib import runtime
     except ImportError:
         return "CuPy (cupy-cuda13x) is not installed"
     driver = runtime.driverGetVersion()  # 0 where no driver is loaded; needs none to answer

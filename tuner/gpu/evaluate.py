@@ -13,9 +13,9 @@ import jinja2
 
 from tuner.build.compile import compile_source, default_arch
 from tuner.build.render import render
+from tuner.core.result import Invalid, Result
 from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.kernels.base import Family
-from tuner.result import Invalid, Result
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace, load
 

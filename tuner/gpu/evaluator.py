@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from tuner import families
-from tuner.cudalib import driver as _driver
-from tuner.cudalib import runtime as _runtime
+from tuner.build import families
+from tuner.core.cudalib import driver as _driver
+from tuner.core.cudalib import runtime as _runtime
+from tuner.core.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
 from tuner.expr.ops import ceil_div
 from tuner.gpu import verify
 from tuner.gpu.ceiling import GiB
@@ -49,7 +50,6 @@ from tuner.gpu.protocol import PHASES, EvaluateRequest, Evaluator
 from tuner.gpu.status import CUDA_ERRORS, EvaluatorPoisoned, cuda_failure
 from tuner.gpu.timing import benchmark
 from tuner.kernels.base import Family, Launch
-from tuner.result import LaunchFailed, Measurement, Result, TimedOut, WrongResult
 
 __all__ = ["GpuEvaluator", "gpu_evaluator"]
 

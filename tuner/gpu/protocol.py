@@ -31,7 +31,7 @@ do nothing).
 
 `start()` sets up once and returns the evaluator's info: at least "gpu" (a name), "gpu_index", "arch"
 (what to compile for) and "ceiling_tbps" (None where nothing is measured), and where a GPU answered,
-"gpu_facts" (`tuner.gpufacts.GpuFacts.to_dict`).
+"gpu_facts" (`tuner.core.gpufacts.GpuFacts.to_dict`).
 
 A pool sums what its evaluations cost in a `Spent` (GPU time, host stages, time occupied, compiles), from the
 Results they return: what "GPU busy" and the study summary's time split read.
@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.result import Result
+from tuner.core.result import Result
 
 if TYPE_CHECKING:  # the GPU worker's child imports this module before its CUDA context: no NumPy, no families
     from tuner.kernels.base import Family
@@ -64,7 +64,7 @@ class EvaluateRequest:
 
     #: the config's `tuner.build.compile.Compiled`; None for an evaluator whose `measures` is False
     compiled: Any
-    #: a `Family` or a registered family's name (a reference `tuner.families.get` resolves)
+    #: a `Family` or a registered family's name (a reference `tuner.build.families.get` resolves)
     family: Family | str
     #: the resolved config: params and derived values
     config: dict[str, Any]

@@ -8,9 +8,9 @@ must be replaced. A status we do not expect from a bad kernel is no failure of t
 
 from __future__ import annotations
 
-from tuner.cudalib import driver as _driver
-from tuner.cudalib import runtime as _runtime
-from tuner.result import LaunchFailed
+from tuner.core.cudalib import driver as _driver
+from tuner.core.cudalib import runtime as _runtime
+from tuner.core.result import LaunchFailed
 
 #: The exceptions CuPy raises for a failed CUDA call; both carry the CUDA status code as `.status`.
 CUDA_ERRORS = (_driver.CUDADriverError, _runtime.CUDARuntimeError)

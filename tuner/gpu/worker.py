@@ -48,10 +48,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.build.child import Child, start_child
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.result import Failure, LaunchFailed, Result, TimedOut
 from tuner.gpu.deadline import FLOOR_S, Deadline
 from tuner.gpu.protocol import Evaluator
-from tuner.result import Failure, LaunchFailed, Result, TimedOut
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -59,9 +59,9 @@ if TYPE_CHECKING:
     from tuner.gpu.protocol import EvaluateRequest
     from tuner.kernels.base import Family
 
-# Nothing heavier than the standard library, tuner.build.child, tuner.gpu.deadline and tuner.result at this module's
-# top: the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and ``tuner
-# study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
+# Nothing heavier than the standard library, tuner.build.child, tuner.gpu.deadline and tuner.core.result at this
+# module's top: the child imports this module (to unpickle `_child_main`) before it can start its CUDA context, and
+# ``tuner study`` imports it to launch the workers; NumPy and the kernel families would add ~0.3 s to both.
 
 __all__ = ["IsolatedEvaluator", "WorkerError"]
 
@@ -419,12 +419,12 @@ class IsolatedEvaluator(Evaluator):
         return reply
 
     def _family_ref(self, family: Family | str) -> Family | str:
-        """A family that `tuner.families.get` resolves (shipped, registered, or defined by a space file) crosses by
-        its reference; any other Family crosses pickled, which needs its class importable by name in the child:
-        one defined in the caller's ``__main__`` is an InputError here, not an unpickling error there."""
+        """A family that `tuner.build.families.get` resolves (shipped, registered, or defined by a space file)
+        crosses by its reference; any other Family crosses pickled, which needs its class importable by name in the
+        child: one defined in the caller's ``__main__`` is an InputError here, not an unpickling error there."""
         if isinstance(family, str):
             return family
-        from tuner import families
+        from tuner.build import families
 
         ref = family.ref or family.name
         try:

@@ -387,7 +387,7 @@ class ExplainedTrial:
 def _pick(
     study, measured, args_trials: Sequence[int], best: bool, worst: bool, compare_pair: Sequence[int] | None
 ) -> list[int]:
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
     from tuner.results import export
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     from tuner.gpu.worker import IsolatedEvaluator

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
-from tuner.gpufacts import FP32_LANES_PER_SM
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import FP32_LANES_PER_SM
 
 #: The counters `tuner explain` reads, why, and the kind of unit each must come in (checked against the units
 #: row of the capture: a value is converted to base units by its own unit, never assumed). Names as Nsight Compute
@@ -434,7 +434,7 @@ def profile_config(
 
 def device_facts() -> dict[str, Any]:
     """Facts about GPU 0 that the roofline needs, read from the GPU: name, SM count, max SM clock, arch."""
-    from tuner.cudalib import runtime
+    from tuner.core.cudalib import runtime
 
     props = runtime.getDeviceProperties(0)
     name = props.get("name", b"")

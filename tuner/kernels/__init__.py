@@ -5,10 +5,10 @@ A family is found by a *reference*, a string that any process can resolve again 
 the Ray actors receive references, never Family objects):
 
 * a shipped family's name (``transpose``), or the name an installed package registers under the entry point
-  group ``tuner.families`` (``[project.entry-points."tuner.families"] rope = "mypkg.rope:RopeFamily"``);
+  group ``tuner.build.families`` (``[project.entry-points."tuner.build.families"] rope = "mypkg.rope:RopeFamily"``);
 * ``space:/abs/path/to/space.yaml`` for a family defined by a space file (a ``family: file.py:Class`` or
   ``module:Class`` line, a declarative ``kernel:`` block, or a ``template:`` of its own): `get` answers it once
-  the space is loaded in this process; `tuner.families.get` loads the space first where it is not.
+  the space is loaded in this process; `tuner.build.families.get` loads the space first where it is not.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.kernels.base import Family, Launch
 
-ENTRY_POINT_GROUP = "tuner.families"
+ENTRY_POINT_GROUP = "tuner.build.families"
 SPACE_PREFIX = "space:"
 
 _REGISTRY: dict[str, str] = {
@@ -43,7 +43,7 @@ _LOADED: dict[str, Family] = {}
 
 
 def entry_points() -> dict[str, metadata.EntryPoint]:
-    """Families that installed packages register (group ``tuner.families``); a shipped name takes precedence."""
+    """Families that installed packages register (group ``tuner.build.families``); a shipped name takes precedence."""
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _REGISTRY}
 
 
@@ -60,7 +60,7 @@ def get(ref: str) -> Family:
         if ref in _REGISTRY:
             _LOADED[ref] = importlib.import_module(_REGISTRY[ref]).FAMILY
         elif ref.startswith(SPACE_PREFIX):
-            # A space-defined family is registered when its space loads; loading it is `tuner.families.get`'s part
+            # A space-defined family is registered when its space loads; loading it is `tuner.build.families.get`'s part
             # (the space stage sits above the kernels).
             raise KeyError(ref)
         else:

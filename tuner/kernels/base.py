@@ -9,7 +9,7 @@ Most memory-bound kernels need no class at all: a declarative ``kernel:`` block 
 same things as data (`tuner.kernels.declarative`). Write a `Family` subclass when the launches, inputs or
 reference need code; the space names it with ``family: myfile.py:MyFamily`` (a file next to the space) or
 ``family: mypkg.mod:MyFamily`` (importable from the space's directory or the environment), and an installed
-package can register it under the entry point group ``tuner.families``.
+package can register it under the entry point group ``tuner.build.families``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Family:
     #: Folders NVRTC searches for local ``#include``s after the template's own folder (a space's ``-I`` folders
     #: and the space's folder); CUDA's own headers are found without them (`tuner.build.includes`).
     include_dirs: tuple[str, ...] = ()
-    #: How any process finds this family again (`tuner.families.get`): its name, or ``space:PATH``.
+    #: How any process finds this family again (`tuner.build.families.get`): its name, or ``space:PATH``.
     ref: str = ""
     dtypes: tuple[str, ...] = ("float32",)
     #: Sizes every problem of this family must name (e.g. ("M", "N", "K")).

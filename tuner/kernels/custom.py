@@ -3,7 +3,7 @@
 A space file chooses its family with one of
 
 * ``kernel: NAME`` — a shipped family or one an installed package registers (entry point group
-  ``tuner.families``);
+  ``tuner.build.families``);
 * ``family: FILE.py:Class`` (a file next to the space) or ``family: package.module:Class`` (importable from the
   space's directory or the environment) — importing it runs the user's code, by the user's choice;
 * ``kernel: {name: ..., arguments: [...], launch: {...}, ...}`` — a declarative family
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import kernels
-from tuner.errors import InputError, SpaceError
+from tuner.core.errors import InputError, SpaceError
 from tuner.kernels import plain
 from tuner.kernels.base import Family, ReferenceFailed
 from tuner.kernels.usercode import guarded, import_user, user_error

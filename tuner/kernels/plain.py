@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 #: Template names rendered by Jinja2; any other is a plain source.
 JINJA_SUFFIXES = (".j2", ".jinja", ".jinja2")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import kernels
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.kernels.base import ReferenceFailed
 
 #: One import of a user's module at a time: the GPU worker's threads that compute references ahead call the same

@@ -20,9 +20,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.build.compile import first_error, include_options, nvrtc_compile, nvrtc_options, program_name, target_arch
-from tuner.errors import InputError
-from tuner.gpufacts import DEFAULT_ARCH
-from tuner.result import StudyAttr, TrialAttr
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import DEFAULT_ARCH
+from tuner.core.result import StudyAttr, TrialAttr
 from tuner.results.studies import render_trial, study_context
 from tuner.store.artifacts import FinishedTrialAttrs, artifact_dir_for, upload_source_and_ptx
 from tuner.store.reading import study_url
@@ -45,7 +45,8 @@ def compile_ptx(source: Source, arch: str = "compute_90") -> bytes:
 
 
 def virtual_arch(study: optuna.Study) -> str:
-    """compute_XX for the study's "arch" (sm_XX); for a study without one, that of `tuner.gpufacts.DEFAULT_ARCH`."""
+    """compute_XX for the study's "arch" (sm_XX); for a study without one, that of
+    `tuner.core.gpufacts.DEFAULT_ARCH`."""
     arch = str(study.user_attrs.get(StudyAttr.ARCH) or DEFAULT_ARCH)
     return arch.replace("sm_", "compute_", 1) if arch.startswith("sm_") else DEFAULT_ARCH.replace("sm_", "compute_")
 

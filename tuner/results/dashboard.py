@@ -19,7 +19,7 @@ from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.results import studies
 from tuner.results.artifacts import AttachReport, attach_artifacts
 from tuner.store import reading
@@ -62,7 +62,7 @@ def prepare(
 def best_line(row: dict | None) -> str:
     """The start of a study's line in the dashboard's summary: its best figure for its first objective
     (`studies.list_studies`), "" where nothing is measured."""
-    from tuner.objective import format_figure
+    from tuner.space.objective import format_figure
 
     if not row or row.get("best") is None:
         return ""

@@ -26,9 +26,9 @@ from tuner.build.compile import target_arch
 from tuner.build.files import atomic_write, check_writable
 from tuner.build.render import entry_name, environment
 from tuner.build.render import uri as kernel_uri
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import DEFAULT_ARCH
 from tuner.expr.ops import ceil_div
-from tuner.gpufacts import DEFAULT_ARCH
 from tuner.kernels.plain import is_plain
 from tuner.results.studies import StudyContext, best_trial, pareto_trials, render_trial, study_context
 from tuner.results.studies import derived as recorded_derived
@@ -457,7 +457,7 @@ def header_context(
     per_study = [
         _study_data(study, [c for c, e in zip(configs, exported, strict=True) if e.study is study]) for study in studies
     ]
-    from tuner.shipped import VERSION
+    from tuner.core.shipped import VERSION
 
     return {
         "kernel": kernel,

@@ -14,8 +14,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.build.files import atomic_write, check_writable
+from tuner.core.gpufacts import DEFAULT, GpuFacts
 from tuner.expr.ops import ceil_div
-from tuner.gpufacts import DEFAULT, GpuFacts
 from tuner.results.studies import gpu_facts, pareto_trials, threads
 from tuner.results.tables import pareto_frame
 from tuner.store.schema import goal, measured_trials, objective_value, throughput_unit

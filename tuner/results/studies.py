@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.errors import InputError
-from tuner.gpufacts import GpuFacts
-from tuner.objective import figure, has_throughput
-from tuner.result import StudyAttr, TrialAttr
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import GpuFacts
+from tuner.core.result import StudyAttr, TrialAttr
+from tuner.space.objective import figure, has_throughput
 from tuner.store.reading import remember_url, storages
 from tuner.store.schema import (
     goal,
@@ -86,7 +86,7 @@ def _study_row(study: optuna.Study, url: str) -> dict[str, Any]:
 
 def gpu_facts(study: optuna.Study) -> GpuFacts:
     """The facts of the GPU the study ran on (its "gpu_facts" attr); for a study recorded before studies stored
-    them, `tuner.gpufacts.DEFAULT` (H100/H200), whose `measured` is False."""
+    them, `tuner.core.gpufacts.DEFAULT` (H100/H200), whose `measured` is False."""
     return GpuFacts.from_dict(study.user_attrs.get(StudyAttr.GPU_FACTS))
 
 
@@ -187,7 +187,8 @@ def study_context(study: optuna.Study) -> StudyContext:
     """Family and problem from the study's user attrs; the space from "space_path" (as given, else relative to
     the package root) when its sha256 matches "space_hash" and the family's template matches "templates_hash"
     (so a source rendered now is the one that was measured). InputError when the attrs are missing."""
-    from tuner import families, kernels
+    from tuner import kernels
+    from tuner.build import families
     from tuner.build.render import templates_hash
     from tuner.space import space as space_mod
 

@@ -15,10 +15,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.build.files import atomic_write, check_writable
-from tuner.errors import InputError
-from tuner.gpufacts import fp32_peak_tflops
-from tuner.objective import RECORDED_FIGURES, Goal, figure, has_throughput
-from tuner.result import TrialAttr
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import fp32_peak_tflops
+from tuner.core.result import TrialAttr
 from tuner.results.studies import (
     best_trial,
     finalist,
@@ -28,6 +27,7 @@ from tuner.results.studies import (
     threads,
     throughput,
 )
+from tuner.space.objective import RECORDED_FIGURES, Goal, figure, has_throughput
 from tuner.store.artifacts import artifact_dir_for
 from tuner.store.reading import get_storage, study_url
 from tuner.store.schema import goal, is_feasible, objective_value, replay_only, throughput_unit
@@ -198,7 +198,7 @@ def best_summary(study: optuna.Study, artifact_dir: str | Path | None = None) ->
     for a study without one), tbps, tflops, fraction_of_ceiling, ceiling_tbps (the copy ceiling that fraction is
     of), registers, smem_bytes, spill_bytes, blocks_per_sm, warps_per_sm, occupancy (warps_per_sm over the GPU's
     max warps per SM), for a TFLOP/s family fp32_peak_tflops (its roof, from the GPU's facts:
-    `tuner.gpufacts.fp32_peak_tflops`; None where unknown), and where its source is: "source_path" (its artifact,
+    `tuner.core.gpufacts.fp32_peak_tflops`; None where unknown), and where its source is: "source_path" (its artifact,
     when attached and present) or "render_command" (a `tuner render` command line that prints it). A figure the
     study did not record is None, never 0."""
     t = best_trial(study)

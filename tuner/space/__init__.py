@@ -2,7 +2,7 @@
 
 In: a space file's path, or a shipped space's name. Out: a `SearchSpace` (its family, problems, params, AST-checked
 constraints and derived values, objectives, default config) that enumerates, samples and validates configs
-without compiling anything. Fault: `tuner.errors.SpaceError` naming the file and line. `limits` checks
+without compiling anything. Fault: `tuner.core.errors.SpaceError` naming the file and line. `limits` checks
 command-line values (delays, arches, replay widths) and names the samplers and engines the command line offers;
 this machine's GPUs are found in `tuner.gpu.discovery`.
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.space.model import WALK_BUDGET, SearchSpace, WalkBudgetExceeded, params_key
 from tuner.space.problem import Problem
 

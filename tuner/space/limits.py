@@ -10,7 +10,7 @@ import math
 import os
 import re
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 _ARCH = re.compile(r"(sm|compute)_(\d+)([af]?)")
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
+from tuner.core.shipped import shipped_dir
 from tuner.expr import Expr
 from tuner.kernels import base as kbase
-from tuner.shipped import shipped_dir
 from tuner.space.problem import Objective, Problem
 
 if TYPE_CHECKING:
@@ -43,14 +43,15 @@ WALK_BUDGET = 600_000
 #: random Cartesian draws `sample` makes in a space too large to enumerate
 SAMPLE_DRAWS = 100_000
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-#: The shipped spaces (`tuner.shipped`): an installed wheel finds them from any directory.
+#: The shipped spaces (`tuner.core.shipped`): an installed wheel finds them from any directory.
 SPACES_DIR = shipped_dir("search_spaces")
 
 
 def code_files() -> list[Path]:
     """The modules that read spaces and evaluate their expressions: what is cached of a space (its listing row,
     its valid set) is keyed on their bytes, so a changed reader counts again."""
-    from tuner import expr, gpufacts
+    from tuner import expr
+    from tuner.core import gpufacts
     from tuner.space import problem, reading, walk
 
     # the loader and the listed-configs form beside this module, by path: importing them here would be a cycle
@@ -84,7 +85,7 @@ class SearchSpace:
     objectives: list[Objective]
     default: dict[str, Any]
     text: str = ""
-    #: What `tuner.families.get` resolves to this space's family in any process (a name, or ``space:PATH``).
+    #: What `tuner.build.families.get` resolves to this space's family in any process (a name, or ``space:PATH``).
     family_ref: str = ""
     _plan: dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tuner.gpufacts import DEFAULT, GpuFacts
+from tuner.core.gpufacts import DEFAULT, GpuFacts
 from tuner.kernels import base as kbase
 
 Direction = Literal["maximize", "minimize"]
@@ -15,8 +15,8 @@ Direction = Literal["maximize", "minimize"]
 class Problem:
     """A named problem: integer sizes and a dtype, on a GPU. `env` is what templates and kernel families see:
     the sizes, ``dtype`` and ``elem_bytes``; `expression_env`, what space expressions see, adds the GPU's facts
-    (`tuner.gpufacts.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is `tuner.gpufacts.DEFAULT`
-    (H100/H200) until the study driver learns the facts of the GPU its workers own."""
+    (`tuner.core.gpufacts.EXPRESSION_NAMES`: ``sm_count``, ``smem_per_block_max``, ...). `gpu` is
+    `tuner.core.gpufacts.DEFAULT` (H100/H200) until the study driver learns the facts of the GPU its workers own."""
 
     name: str
     dtype: str

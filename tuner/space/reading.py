@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.expr import Expr, ExprError
 from tuner.kernels.plain import C_IDENTIFIER, C_IDENTIFIER_RULE
 

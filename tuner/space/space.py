@@ -33,7 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import SpaceError
+from tuner.core.errors import SpaceError
 from tuner.kernels import plain
 from tuner.space.model import (  # noqa: F401 - the space's model, named from here by most callers
     PACKAGE_ROOT,

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.result import TrialAttr
+from tuner.core.result import TrialAttr
 from tuner.store.dbfiles import sqlite_path
 from tuner.store.reading import get_storage
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     from optuna.storages import RDBStorage

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 #: Kernel Tuner's failure strings → our failure kinds
 FAILURES = {

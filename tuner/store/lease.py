@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 TABLE = "tuner_leases"
 

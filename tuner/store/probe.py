@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 from tuner.build.files import folder_fault
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store.dbfiles import (
     SQLITE_CANTOPEN,
     SQLITE_READONLY,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store.dbfiles import DB_SUFFIXES, STUDIES_DIR, file_url, sqlite_path, storage_url
 
 #: storage URL of each study `open_studies` returned (Optuna keeps its storage private): process-wide, a weak

@@ -1,7 +1,7 @@
 """What a stored study and its trials say: which trials count, and what "best" means for the study.
 
-The names of the attributes are `tuner.result.TrialAttr` and `tuner.result.StudyAttr` (a failure's record is part
-of the result every evaluator returns); this module holds the rules that read them, each written once:
+The names of the attributes are `tuner.core.result.TrialAttr` and `tuner.core.result.StudyAttr` (a failure's record is
+part of the result every evaluator returns); this module holds the rules that read them, each written once:
 
 - **counted** (`counts`): a trial counts towards ``--trials`` when it finished and is neither a leftover of a
   killed driver (failure "interrupted") nor a proposal answered without evaluation (`SCREENED`: a constraint
@@ -14,7 +14,7 @@ of the result every evaluator returns); this module holds the rules that read th
   was answered from it without GPU time; it must not show up twice in a front or be exported as if measured);
 - **feasible** (`is_feasible`): every Optuna constraint <= 0 and the "constraint" user attr (its mirror), where
   present, <= 0;
-- **goal**: the study's first objective and its direction (`tuner.objective.Goal`): the shortest time of a
+- **goal**: the study's first objective and its direction (`tuner.space.objective.Goal`): the shortest time of a
   time-only study (one imported from a Kernel Tuner cache), the highest throughput of a throughput one.
 
 This module imports nothing heavy at its top (``tuner study`` reads `counted_trials` before Optuna is imported).
@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
-from tuner.objective import Goal, goal_of
-from tuner.result import INTERRUPTED, StudyAttr, TrialAttr
+from tuner.core.errors import InputError
+from tuner.core.result import INTERRUPTED, StudyAttr, TrialAttr
+from tuner.space.objective import Goal, goal_of
 from tuner.store.dbfiles import connect_readonly, is_busy
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def replay_only(study: optuna.Study) -> bool:
 
 
 def goal(study: optuna.Study) -> Goal:
-    """The study's first objective, its direction and unit (`tuner.objective.Goal`): what "best" means for it.
+    """The study's first objective, its direction and unit (`tuner.space.objective.Goal`): what "best" means for it.
     From the study's metric names and directions; for a study stored without metric names, its "objectives"
     user attr; else throughput, maximized."""
     names = study.metric_names

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.build.child import Outbox, start_child
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.result import Failure, LaunchFailed, Result, TimedOut
 from tuner.gpu.deadline import Deadline
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, EvaluatorFactory, Spent
-from tuner.result import Failure, LaunchFailed, Result, TimedOut
 from tuner.study.pool import Job
 from tuner.study.scheduler import Scheduler
 from tuner.study.sharing import Kept

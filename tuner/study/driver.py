@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from tuner import kernels
 from tuner.build.child import quiet_after_interrupt
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.result import Invalid, Result, TrialAttr
 from tuner.gpu.clock import since_command
-from tuner.result import Invalid, Result, TrialAttr
 from tuner.space import space as space_mod
 from tuner.space.space import params_key
 from tuner.store.dbfiles import study_storage_url

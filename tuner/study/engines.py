@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.gpu import discovery
 from tuner.gpu.protocol import EvaluatorFactory
 from tuner.space import space as space_mod
@@ -110,7 +110,7 @@ class Engine:
         return self._local_pool(space, problem, new_storage)
 
     def _local_pool(self, space: space_mod.SearchSpace, problem: space_mod.Problem, new_storage: Callable[[], bool]):
-        from tuner.gpufacts import DEFAULT_ARCH
+        from tuner.core.gpufacts import DEFAULT_ARCH
         from tuner.study.local import LocalPool, isolated_gpu_evaluator
 
         opts = self.opts

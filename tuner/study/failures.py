@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuner.result import INTERRUPTED, TrialAttr
+from tuner.core.result import INTERRUPTED, TrialAttr
 
 #: user attr that marks a trial whose sampler-side state differs from its recorded one
 FAILURE_ATTR = "failure"

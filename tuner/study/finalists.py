@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.result import StudyAttr, TrialAttr
+from tuner.core.result import StudyAttr, TrialAttr
 
 
 def retime_finalists(driver, fast, pool, set_study_attr) -> list[dict[str, Any]]:
@@ -17,7 +17,7 @@ def retime_finalists(driver, fast, pool, set_study_attr) -> list[dict[str, Any]]
     study's user attr "finalists"."""
     from optuna.trial import TrialState
 
-    from tuner.objective import goal_of
+    from tuner.space.objective import goal_of
 
     unit_key = "tflops" if driver.family.throughput_unit == "TFLOP/s" else "tbps"
     target = goal_of(driver.objectives, driver.family.throughput_unit)  # "fastest" is best for the first objective

@@ -44,9 +44,9 @@ from typing import Any
 
 from tuner.build.compilers import CompileProcesses
 from tuner.build.render import render
+from tuner.core.result import LaunchFailed, Result, TimedOut
 from tuner.gpu.clock import since_command
 from tuner.gpu.protocol import Evaluator, EvaluatorFactory
-from tuner.result import LaunchFailed, Result, TimedOut
 from tuner.study.ahead import Ahead
 from tuner.study.pool import Job
 from tuner.study.scheduler import Scheduler

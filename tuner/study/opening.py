@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from tuner.build.render import templates_hash
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import GpuFacts
+from tuner.core.result import INTERRUPTED, StudyAttr, TrialAttr
 from tuner.gpu.clock import since_command
-from tuner.gpufacts import GpuFacts
-from tuner.result import INTERRUPTED, StudyAttr, TrialAttr
 from tuner.space.space import params_key
 from tuner.store.artifacts import ArtifactWriter
 from tuner.store.dbfiles import open_storage

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.space import limits
-from tuner.values import INTEGER, POSITIVE, POSITIVE_INT, SECONDS, Kind, Number
+from tuner.study.values import INTEGER, POSITIVE, POSITIVE_INT, SECONDS, Kind, Number
 
 if TYPE_CHECKING:
     from tuner.space import space as space_mod

@@ -34,8 +34,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.core.result import Result
 from tuner.gpu.protocol import EvaluateRequest, Spent, fresh_seed
-from tuner.result import Result
 
 __all__ = ["Job", "Pool", "Report"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.store.dbfiles import plain_sqlite_file, study_storage_url
 from tuner.store.schema import counted_trials, studies_of
 

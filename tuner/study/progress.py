@@ -8,10 +8,10 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from tuner.core.gpufacts import GpuFacts
+from tuner.core.result import TrialAttr
 from tuner.gpu.clock import human_seconds, since_command
 from tuner.gpu.protocol import CHECK_PHASES, PHASES, Spent
-from tuner.gpufacts import GpuFacts
-from tuner.result import TrialAttr
 
 if TYPE_CHECKING:
     pass
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class Stats:
     def __init__(self, unit: str, past, gpu: GpuFacts | None = None, objectives=None):
-        from tuner.objective import goal_of
+        from tuner.space.objective import goal_of
 
         self.unit = unit
         self.goal = goal_of(objectives, unit)  # the best so far is the best for the first objective
@@ -62,8 +62,8 @@ class Stats:
 
     def fp32_peak(self) -> float | None:
         """The FP32 peak in TFLOP/s of the GPU measured on, at the max SM clock its measurements report
-        (`tuner.gpufacts.fp32_peak_tflops`); None where either is unknown."""
-        from tuner.gpufacts import fp32_peak_tflops
+        (`tuner.core.gpufacts.fp32_peak_tflops`); None where either is unknown."""
+        from tuner.core.gpufacts import fp32_peak_tflops
 
         return fp32_peak_tflops(self.gpu, self.sm_clock_mhz) if self.gpu is not None else None
 
@@ -278,7 +278,7 @@ def _summary_figure(unit: str, best: dict[str, Any], summary: dict[str, Any], sm
     of the copy ceiling measured on the GPU; a compute-bound family's TFLOP/s with its share of the FP32 peak that
     the GPU's facts (`summary["gpus"]`: SM count, arch) and the measurements' max SM clock give, said to be from
     the facts (no peak is measured), or no share where the facts were not read from a GPU."""
-    from tuner.gpufacts import GpuFacts, fp32_peak_tflops
+    from tuner.core.gpufacts import GpuFacts, fp32_peak_tflops
 
     if unit == "TB/s":
         return f"{best['tbps']:.3f} TB/s, {best['fraction_of_ceiling']:.2f}× the copy ceiling"

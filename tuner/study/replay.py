@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.gpufacts import DEFAULT_ARCH, GpuFacts
+from tuner.core.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
-from tuner.gpufacts import DEFAULT_ARCH, GpuFacts
-from tuner.result import FAILURE_KINDS, INTERRUPTED, Invalid, Measurement, Result, StudyAttr, TrialAttr
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace, params_key
 from tuner.study.pool import Pool

@@ -36,8 +36,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from tuner.build.render import render
+from tuner.core.result import Result, TimedOut
 from tuner.gpu.protocol import EvaluateRequest, Spent
-from tuner.result import Result, TimedOut
 from tuner.study.pool import Job, Pool
 
 __all__ = ["QUEUE_DEPTH", "Ready", "Scheduler"]

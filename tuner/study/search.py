@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.space.limits import SAMPLERS
 
 if TYPE_CHECKING:

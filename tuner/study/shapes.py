@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.gpu.clock import since_command
 from tuner.space import space as space_mod
 from tuner.space.space import params_key

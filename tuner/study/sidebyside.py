@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from tuner.core.result import Result
 from tuner.gpu.protocol import EvaluateRequest, Evaluator, Spent
-from tuner.result import Result
 from tuner.study.pool import Pool, Report
 from tuner.study.replay import ReplayEvaluator, gpu_label
 

@@ -135,7 +135,7 @@ def valid_index(space: SearchSpace, problem: Problem, budget: int | None = None)
     import numpy as np
 
     from tuner.build.files import atomic_write, locked
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
     from tuner.space import space as space_mod
 
     budget = space_mod.WALK_BUDGET if budget is None else budget

@@ -18,7 +18,7 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError, TemplateError
+from tuner.core.errors import InputError, TemplateError
 from tuner.expr import parse_tree
 from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space

@@ -94,11 +94,11 @@ class StudyAttr:
     """Names of the study's user attrs that more than one stage reads."""
 
     KERNEL = "kernel"
-    FAMILY = "family"  # how any process finds the family again: its name, or space:PATH (tuner.families.get)
+    FAMILY = "family"  # how any process finds the family again: its name, or space:PATH (tuner.build.families.get)
     PROBLEM = "problem"
     GPU = "gpu"
     ARCH = "arch"
-    GPU_FACTS = "gpu_facts"  # tuner.gpufacts.GpuFacts.to_dict() of the GPU the study ran on
+    GPU_FACTS = "gpu_facts"  # tuner.core.gpufacts.GpuFacts.to_dict() of the GPU the study ran on
     SPACE_PATH = "space_path"
     SPACE_HASH = "space_hash"
     TEMPLATES_HASH = "templates_hash"

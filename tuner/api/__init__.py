@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
-from tuner.kernelspec import KernelSpec, tune_space, write_space
-from tuner.result import Result
+from tuner.api.kernelspec import KernelSpec, tune_space, write_space
+from tuner.core.errors import InputError
+from tuner.core.result import Result
 from tuner.space.problem import Problem
 from tuner.space.space import SearchSpace
 from tuner.space.space import load as load_space
@@ -312,7 +312,7 @@ def bench(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# tune: a kernel in one call, from a notebook (its space directory: `tuner.kernelspec`)
+# tune: a kernel in one call, from a notebook (its space directory: `tuner.api.kernelspec`)
 
 
 def tune(*args: Any, trials: int, **keywords: Any) -> StudyResult | ProblemsResult:

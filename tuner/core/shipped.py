@@ -13,7 +13,8 @@ from pathlib import Path
 #: the package's version (`tuner.__version__`), written into exported headers
 VERSION = "0.1.0"
 
-PACKAGE = Path(__file__).resolve().parent
+#: the package's folder (this module sits in its `core` folder)
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def shipped_dir(name: str) -> Path:

@@ -1,6 +1,6 @@
 """The one door to CUDA: CuPy's bindings of the CUDA runtime, the driver and NVRTC, for every module of tuner.
 
-    from tuner.cudalib import runtime, driver, nvrtc
+    from tuner.core.cudalib import runtime, driver, nvrtc
 
 CuPy documents the runtime and driver bindings as `cupy.cuda.runtime` and `cupy.cuda.driver`; NVRTC it binds
 only in `cupy_backends.cuda.libs.nvrtc` (what `cupy.cuda.compiler` calls). All three are taken from

@@ -51,7 +51,7 @@ class GpuFacts:
         """Read the facts of CUDA device `device` (of the current process's visible devices)."""
         import cupy
 
-        from tuner.cudalib import runtime
+        from tuner.core.cudalib import runtime
 
         def attr(name: str) -> int:
             return int(runtime.deviceGetAttribute(getattr(runtime, name), device))
