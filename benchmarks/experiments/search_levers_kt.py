@@ -134,7 +134,7 @@ def job(args: tuple[Any, ...]) -> tuple[str, int, list[tuple[str, float | None]]
     opts.update(variant.get("opts", {}))
     d = driver.Driver(StudyOptions(**opts))  # type: ignore[arg-type]
     summary = d.run()
-    study = optuna.load_study(study_name=summary["study"], storage=d.storage)
+    study = optuna.load_study(study_name=summary["study"], storage=d.opening.storage)
     sequence: list[tuple[str, float | None]] = []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         if "screened" in t.user_attrs:

@@ -130,7 +130,7 @@ def test_forest_leaves_a_best_whose_one_knob_neighbours_are_all_slower(in_flight
     )
     driver = Driver(opts)
     summary = driver.run()
-    study = optuna.load_study(study_name=summary["study"], storage=driver.storage)
+    study = optuna.load_study(study_name=summary["study"], storage=driver.opening.storage)
     best = min(float(t.user_attrs["median_ms"]) for t in study.trials if t.state.name == "COMPLETE")
     optimum = min(float(a["median_ms"]) for state, a in load_records(str(recording)).values() if state == "COMPLETE")
     assert best == optimum, optimum / best
