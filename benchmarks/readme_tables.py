@@ -52,6 +52,11 @@ COPY = "peers-2026-12-01-copy.json"
 # The main job, `tuner study gemm --space search_spaces/gemm.yaml --trials 500` (benchmarks/study_gemm.py), with
 # empty caches: the latest code first, then the runs of 2026-12-01.
 MAIN_JOB = [
+    "study_gemm-2026-12-06-c/two-knob-run1.json",
+    "study_gemm-2026-12-06-c/two-knob-run2.json",
+    "study_gemm-2026-12-06-c/two-knob-run3.json",
+    "study_gemm-2026-12-06-c/before-two-knob-run1.json",
+    "study_gemm-2026-12-06-c/before-two-knob-run2.json",
     "study_gemm-2026-12-06-forest-b.json",
     "study_gemm-2026-12-06-forest.json",
     "study_gemm-2026-12-03-stages.json",
