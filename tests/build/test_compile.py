@@ -139,39 +139,38 @@ def test_compile_many_runs_in_parallel_and_keeps_order():
     assert all(r.ok and f"k{i}" in r.functions for i, (_, r) in enumerate(results))
 
 
-#: Configs compiled per shipped space: NVRTC takes 0.3-3 s a config on one core, and this test was the suite's
-#: largest cost (at 32 a space, a quarter of the suite's CPU). What matters is that every value of every knob
-#: reaches the compiler, which the covering sample below gives with 5-10 configs on every shipped space; 12 leaves
-#: room for a space that grows a knob (the GPU suite and the studies compile many more).
-COMPILED_PER_SPACE = 12
+#: The most configs compiled per shipped space: NVRTC takes 0.3-3 s a config on one core, and this test was the
+#: suite's largest cost (at 32 a space, a quarter of the suite's CPU). What matters is that every value of every knob
+#: reaches the compiler, which the covering sample below gives with 5-10 configs on every shipped space (the GPU
+#: suite and the studies compile many more); a space that needs more than this fails here, to be looked at.
+COMPILED_PER_SPACE = 16
 
 
-def covering_sample(space, count: int, seed: int = 7) -> list[dict]:
-    """`count` valid configs (all of them where the space is smaller) in which every value of every param that
-    a seeded draw of the valid set holds appears at least once where `count` allows: greedily, each next config
-    the one of the draw that brings the most unseen (param, value) pairs, then the draw's order."""
-    drawn = space.sample(max(count, 400), seed=seed)
+def covering_sample(space, most: int, seed: int = 7) -> list[dict]:
+    """At most `most` valid configs in which every value of every param that a seeded draw of the valid set holds
+    appears at least once: greedily, each next config the one of the draw that brings the most unseen (param,
+    value) pairs, until none is unseen."""
+    drawn = space.sample(400, seed=seed)
     seen: set[tuple[str, object]] = set()
     chosen: list[dict] = []
     rest = list(drawn)
-    while rest and len(chosen) < count:
+    while rest and len(chosen) < most:
         best = max(rest, key=lambda c: len({(k, repr(v)) for k, v in c.items()} - seen))
         if not {(k, repr(v)) for k, v in best.items()} - seen:
             break
         chosen.append(best)
         seen |= {(k, repr(v)) for k, v in best.items()}
         rest.remove(best)
-    return chosen + rest[: count - len(chosen)]
+    return chosen
 
 
 @pytest.mark.parametrize("path", space_mod.shipped_spaces(), ids=lambda p: p.stem)
 def test_seeded_sample_of_each_shipped_space_compiles(path):
-    """A covering sample of each shipped space (`COMPILED_PER_SPACE` valid configs, all of them where the space is
-    smaller, every value of every knob among them) compiles for sm_90 with registers > 0."""
+    """A covering sample of each shipped space (every value of every knob among at most `COMPILED_PER_SPACE`
+    valid configs) compiles for sm_90 with registers > 0."""
     s = space_mod.load(path)
     family, problem = kernels.get(s.kernel), s.problem()
     configs = covering_sample(s, COMPILED_PER_SPACE)
-    assert len(configs) >= min(COMPILED_PER_SPACE, s.count_valid())
     values = {(k, repr(v)) for c in s.sample(400, seed=7) for k, v in c.items()}
     assert values <= {(k, repr(v)) for c in configs for k, v in c.items()}  # every knob's every value compiles
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
