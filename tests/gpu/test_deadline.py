@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fakes
 from tests.child_helpers import spy_retire
 from tuner.core.result import Measurement, TimedOut
 from tuner.gpu.deadline import (
@@ -142,26 +143,6 @@ def test_a_wait_given_up_is_a_sticky_timeout_that_poisons_the_evaluator():
 # the isolated worker: a stand-in evaluator in a real child
 
 
-def _measurement(p80_ms: float, uri: str) -> Measurement:
-    return Measurement(
-        median_ms=p80_ms * 0.9,
-        p20_ms=p80_ms * 0.8,
-        p80_ms=p80_ms,
-        repetitions=10,
-        bytes_moved=1,
-        flops=0,
-        tbps=1.0,
-        tflops=0.0,
-        ceiling_tbps=4.0,
-        fraction_of_ceiling=0.25,
-        registers=1,
-        smem_static_bytes=0,
-        smem_dynamic_bytes=0,
-        spill_bytes=0,
-        uri=uri,
-    )
-
-
 def _spin(deadline: Deadline | None, expected_s: float = 0.0) -> TimedOut:
     """What GpuEvaluator does with a kernel that never ends: wait for it under the deadline, then give up."""
     assert deadline is not None, "the child was told no deadline"
@@ -199,7 +180,7 @@ class DeadlineChild(Evaluator):
             self.poisoned = True
             return _spin(self.deadline)
         told = self.deadline
-        return _measurement(
+        return fakes.measurement(
             config.get("p80_ms", 1.0), f"{told.ceiling_s}:{told.slowest_s}:{told.floor_s}" if told else "none"
         )
 

@@ -11,31 +11,12 @@ import time
 
 import pytest
 
+from tests import fakes
 from tests.child_helpers import spy_retire
 from tests.gpu.test_evaluate import Toy
 from tuner.core.result import LaunchFailed, Measurement, TimedOut
 from tuner.gpu.protocol import EvaluateRequest, Evaluator
 from tuner.gpu.worker import IsolatedEvaluator, WorkerError
-
-
-def _measurement(uri: str) -> Measurement:
-    return Measurement(
-        median_ms=1.0,
-        p20_ms=0.9,
-        p80_ms=1.1,
-        repetitions=10,
-        bytes_moved=1,
-        flops=0,
-        tbps=1.0,
-        tflops=0.0,
-        ceiling_tbps=4.0,
-        fraction_of_ceiling=0.25,
-        registers=1,
-        smem_static_bytes=0,
-        smem_dynamic_bytes=0,
-        spill_bytes=0,
-        uri=uri,
-    )
 
 
 class FakeEvaluator(Evaluator):
@@ -65,7 +46,7 @@ class FakeEvaluator(Evaluator):
             raise ZeroDivisionError("a bug in the evaluator")
         family = request.family
         family_seen = family if isinstance(family, str) else type(family).__name__
-        return _measurement(f"{family_seen}:{os.getpid()}")
+        return fakes.measurement(uri=f"{family_seen}:{os.getpid()}")
 
 
 def _gone(pid: int) -> bool:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tuner.core.result import CompileFailed, Measurement, TimedOut
+from tests import fakes
+from tuner.core.result import CompileFailed, TimedOut
 from tuner.space import space as space_mod
 from tuner.study.pool import Job
 from tuner.study.scheduler import QUEUE_DEPTH, Ready, Scheduler
@@ -59,25 +60,6 @@ def space():
     return space_mod.load(SPACE)
 
 
-def _measurement(p80_ms: float) -> Measurement:
-    return Measurement(
-        median_ms=p80_ms * 0.9,
-        p20_ms=p80_ms * 0.8,
-        p80_ms=p80_ms,
-        repetitions=10,
-        bytes_moved=1,
-        flops=0,
-        tbps=1.0,
-        tflops=0.0,
-        ceiling_tbps=4.0,
-        fraction_of_ceiling=0.25,
-        registers=1,
-        smem_static_bytes=0,
-        smem_dynamic_bytes=0,
-        spill_bytes=0,
-    )
-
-
 def test_the_ready_queue_is_first_in_first_out_and_a_lost_workers_jobs_go_back_in_front():
     ready = Ready()
     jobs = [Job(number=i, params={}, config={}) for i in range(5)]
@@ -107,8 +89,8 @@ def test_a_job_is_recorded_compiled_answered_and_counted_until_collected(space):
     request = pool.evaluation(first)
     assert request.cutoff_ms == 4.0 and request.seed is None  # screening: the cut-off in force, the pooled sets
     assert pool.evaluation(finalist).seed == pool.finalist_seed and pool.evaluation(finalist).cutoff_ms is None
-    pool.answered(_measurement(2.0), occupied_s=0.5)
-    pool.finish(first, _measurement(2.0), 1, {"host": "h", "pid": 7, "node": "local"})
+    pool.answered(fakes.measurement(2.0), occupied_s=0.5)
+    pool.finish(first, fakes.measurement(2.0), 1, {"host": "h", "pid": 7, "node": "local"})
     failed = CompileFailed(reason="no")
     pool.compiled(finalist, failed)  # the compile's failure is the trial's result
     assert pool.in_flight == 2  # until the driver collects them
