@@ -42,7 +42,7 @@ def record(space_file: Path, db: Path) -> int:
     space = space_mod.load(space_file)
     study = optuna.create_study(study_name="recorded", storage=f"sqlite:///{db}", directions=["maximize"])
     dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.params.items()}
-    configs = list(space.enumerate())
+    configs = space.valid_configs()
     for i, config in enumerate(configs):
         ms = 1.0 / config.get("vec", 1) + 0.001 * i
         attrs = {

@@ -153,7 +153,7 @@ def test_family_contract(fam, spc):
         assert problem.sizes["heads_q"] == 32 and problem.sizes["heads_kv"] == 8 and problem.sizes["head_dim"] == 128
         assert spc.validate(spc.default, problem) is None
         assert 1000 <= spc.count_valid(problem) <= 40000
-        assert {c["splits"] > 1 for c in spc.enumerate(problem)} == {True, False} or problem.name == "b8_s4096"
+        assert {c["splits"] > 1 for c in spc.valid_configs(problem)} == {True, False} or problem.name == "b8_s4096"
 
 
 @pytest.mark.parametrize("problem_name", ["b8_s4096", "b64_s8192"])
@@ -172,7 +172,7 @@ def test_sampled_configs_compile(fam, spc):
     rng = random.Random(2)
     problem = spc.problem("b16_s8192")
     groups: dict[tuple, list] = {}
-    for config in spc.enumerate(problem):
+    for config in spc.valid_configs(problem):
         groups.setdefault((config["splits"] > 1, config["lanes"]), []).append(config)
     assert len(groups) == 6
     sources = [
@@ -227,7 +227,7 @@ def test_ring_smem_matches_the_space_and_fits(fam, spc):
     under the 227 KiB a block may opt into."""
     problem = spc.problem("b16_s8192")
     seen = set()
-    for config in spc.enumerate(problem):
+    for config in spc.valid_configs(problem):
         key = (config["combine"], config["threads"], config["lanes"], config["tile"], config["q_per_pass"])
         key += (config["stages"],)
         if key in seen:

@@ -272,7 +272,7 @@ def test_sampled_configs_compile_without_spills(name):
 def test_rope_launch_covers_every_token(rope):
     s = space.load("rope")
     problem = s.problem("t32768_q32_kv8_d128")
-    for config in s.enumerate(problem):
+    for config in s.valid_configs(problem):
         resolved = s.resolve(config, problem)
         (launch,) = rope.launches("e", resolved, problem.env)
         assert launch.grid[0] * config["tokens_per_block"] == 32768
@@ -283,7 +283,7 @@ def test_rope_launch_covers_every_token(rope):
 def test_fp8_launch_covers_every_row(fp8):
     s = space.load("fp8_quant")
     for problem in s.problems:
-        for config in s.enumerate(problem):
+        for config in s.valid_configs(problem):
             (launch,) = fp8.launches("e", s.resolve(config, problem), problem.env)
             assert launch.grid[0] * config["rows_per_block"] == 32768
     with pytest.raises(ValueError, match="do not tile"):

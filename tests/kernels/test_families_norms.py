@@ -128,10 +128,10 @@ def test_bad_dtype_is_rejected_at_load(name, tmp_path):
 def test_a_shape_the_indexing_cannot_tile_is_invalid_not_wrong():
     spc, family = _load("rmsnorm")
     # 8200 = 8 * 1025: no whole number of warps times vec divides it, so no config at all
-    assert not list(spc.enumerate(Problem("odd", "bfloat16", {"rows": 6, "cols": 8200})))
+    assert not spc.valid_configs(Problem("odd", "bfloat16", {"rows": 6, "cols": 8200}))
     # 8448 = 256 * 33: some configs tile it (e.g. 256 threads per row, vec 1), the default does not
     odd = Problem("odd", "bfloat16", {"rows": 6, "cols": 8448})
-    valid = list(spc.enumerate(odd))
+    valid = spc.valid_configs(odd)
     assert valid
     for params in valid:
         config = spc.resolve(params, odd)
@@ -153,7 +153,7 @@ def test_launches_cover_every_problem_exactly(name):
     for prob in spc.problems:
         rows, cols = prob.sizes["rows"], prob.sizes["cols"]
         res = bool(prob.sizes.get("residual", 0))
-        for params in spc.enumerate(prob):
+        for params in spc.valid_configs(prob):
             config = spc.resolve(params, prob)
             (launch,) = family.launches("k", config, _problem(prob))
             rpb, threads, vec = params["rows_per_block"], params["threads"], params["vec"]
@@ -198,7 +198,7 @@ def test_every_element_is_touched_exactly_once(sizes):
     spc = space.load("softmax")  # the three families share the geometry knobs and constraints
     prob = Problem("tiny", "bfloat16", sizes)
     seen = set()
-    for params in spc.enumerate(prob):
+    for params in spc.valid_configs(prob):
         key = (params["threads"], params["rows_per_block"], params["vec"])
         if key in seen:
             continue

@@ -22,7 +22,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def spread(space, problem, count: int) -> list[dict]:
     """`count` valid configs of `problem`, spread evenly over the space's enumeration (first and last included)."""
-    configs = list(space.valid_configs(problem))
+    configs = space.valid_configs(problem)
     assert len(configs) >= count
     step = (len(configs) - 1) / max(count - 1, 1)
     return [configs[round(i * step)] for i in range(count)]

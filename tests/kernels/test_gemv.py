@@ -646,7 +646,7 @@ def test_space_problems_and_counts(gemv_space, family):
     assert set(family.uri_names) == set(gemv_space.params)
     for problem in gemv_space.problems:
         M = problem.sizes["M"]
-        configs = list(gemv_space.enumerate(problem))
+        configs = gemv_space.valid_configs(problem)
         assert 200 <= len(configs) <= 9000
         # W crosses HBM once: one M tile covers all of M, or engine 4 takes two tiles of half of M (their
         # blocks of a W row range are launch-order neighbours sharing W in the L2), and each effective tile is
@@ -705,7 +705,7 @@ def test_sampled_configs_compile(family, gemv_space):
     n_groups = {"m1": 8, "m16": 8, "m64": 6, "down_m64": 6}  # engines 0-2 and 4 (M <= 16) or 1, 2, 4; split or not
     for problem in map(gemv_space.problem, n_groups):
         groups: dict[tuple, list] = {}
-        for config in gemv_space.enumerate(problem):
+        for config in gemv_space.valid_configs(problem):
             groups.setdefault((config["mma"], config["split_k"] > 1), []).append(config)
         assert len(groups) == n_groups[problem.name]
         for configs in groups.values():

@@ -17,7 +17,7 @@ from tuner.space import space
 
 
 def _sample(spc: space.SearchSpace, prob, count: int) -> list[dict]:
-    configs = [c for c in spc.enumerate(prob) if c["persist"] or c["prefetch"]]
+    configs = [c for c in spc.valid_configs(prob) if c["persist"] or c["prefetch"]]
     random.Random(1).shuffle(configs)
     return configs[:count]
 

@@ -274,8 +274,14 @@ class SearchSpace:
             apply(level)
         return rows
 
+    def configs_at(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        """The configs (params only, the space's param order) whose value positions are `rows`, as
+        `valid_positions` gives them."""
+        columns = list(self.params.items())
+        return [{n: vs[i] for (n, vs), i in zip(columns, row, strict=True)} for row in rows.tolist()]
+
     def count_valid(self, problem: Problem | None = None) -> int:
-        return sum(1 for _ in self.enumerate(problem))
+        return len(self.valid_positions(problem))
 
     def count_valid_bounded(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> tuple[int, bool]:
         """(count, exact): the number of valid configs, or when the walk runs out of budget a lower bound."""
@@ -296,7 +302,7 @@ class SearchSpace:
     def valid_configs(self, problem: Problem | None = None, budget: int = WALK_BUDGET) -> list[dict[str, Any]]:
         """Every valid config, or SpaceError when the space is too large to list within `budget`."""
         try:
-            return list(self.enumerate(problem, budget=budget))
+            return self.configs_at(self.valid_positions(problem, budget=budget))
         except WalkBudgetExceeded:
             raise SpaceError(
                 f"the space is too large to list its valid configs ({self.cartesian:,} Cartesian "
@@ -313,7 +319,7 @@ class SearchSpace:
         """
         problem = problem or self.problems[0]
         try:
-            valid = list(self.enumerate(problem, budget=WALK_BUDGET))
+            valid = self.configs_at(self.valid_positions(problem, budget=WALK_BUDGET))
         except WalkBudgetExceeded:
             valid = None
         if valid is not None:

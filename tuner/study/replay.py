@@ -272,12 +272,12 @@ def _load_recording(
     url = readonly_url(path)  # a recording is an input: never written, not even Optuna's tables
     try:
         storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
-        summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+        # the names alone: Optuna's study summaries read every trial of every study, as the study below does again
+        names = optuna.get_all_study_names(storage)
     except (SQLAlchemyError, RuntimeError) as exc:  # not a database, or not Optuna's schema (version check)
         raise InputError(f"cannot read as a study database: {type(exc).__name__}", path) from None
-    if not summaries:
+    if not names:
         raise InputError("holds no study", path)
-    names = [s.study_name for s in summaries]
     if study_name is None:
         study_name = names[0]
     elif study_name not in names:

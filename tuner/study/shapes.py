@@ -175,11 +175,11 @@ def stored_sources(url: str, space: space_mod.SearchSpace) -> list[Source]:
         return []
     storage = get_storage(url)
     found = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        attrs = summary.user_attrs
-        if attrs.get("space_hash") != space.content_hash():
+    # the studies' attributes alone (Optuna's study summaries would read every trial of every study)
+    for frozen in storage.get_all_studies():
+        if frozen.user_attrs.get("space_hash") != space.content_hash():
             continue
-        source = _source(optuna.load_study(study_name=summary.study_name, storage=storage))
+        source = _source(optuna.load_study(study_name=frozen.study_name, storage=storage))
         if source is not None:
             found.append(source)
     return found
