@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -175,7 +174,7 @@ def test_seeded_sample_of_each_shipped_space_compiles(path):
     assert values <= {(k, repr(v)) for c in configs for k, v in c.items()}  # every knob's every value compiles
     sources = [render(family, c, s.resolve(c, problem), problem.env) for c in configs]
     failures = []
-    for src, result in compilers.compile_many(sources, jobs=os.cpu_count()):
+    for src, result in compilers.compile_many(sources, jobs=1):  # in this process: see tests/README.md
         if not result.ok:
             failures.append((src.uri, result.reason))
         else:

@@ -149,7 +149,7 @@ def test_default_and_every_vec_compile_without_spills(fam, spc):
     ]
     sources = [render.render(fam, c, spc.resolve(c, problem), problem.env) for c in configs]
     assert "constexpr int NT = 9;" in sources[0].text
-    for source, result in compilers.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=1):  # in this process: see tests/README.md
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 128 and result.spill_bytes == 0

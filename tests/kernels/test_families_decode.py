@@ -261,7 +261,7 @@ def test_sampled_configs_compile_without_spills(name):
             source = render.render(family, config, resolved, problem.env)
             sources.append(source)
             launches[source.uri] = family.launches(source.entry, resolved, problem.env)
-    for source, result in compilers.compile_many(sources, jobs=2):
+    for source, result in compilers.compile_many(sources, jobs=1):  # in this process: see tests/README.md
         assert result.ok, (source.uri, result.reason)
         assert set(result.functions) == {source.entry}
         assert 0 < result.registers <= 255 and result.spill_bytes == 0, source.uri

@@ -711,7 +711,7 @@ def test_sampled_configs_compile(family, gemv_space):
         for configs in groups.values():
             config = rng.choice(configs)
             sources.append(render.render(family, config, gemv_space.resolve(config, problem), problem.env))
-    for source, result in compilers.compile_many(sources, jobs=4):
+    for source, result in compilers.compile_many(sources, jobs=1):  # in this process: see tests/README.md
         assert result.ok, (source.uri, result.reason)
         assert result.main.registers > 0 and source.entry in result.functions
         assert result.spill_bytes == 0, source.uri
