@@ -37,7 +37,8 @@ def installed(tmp_path_factory) -> Path:
     )
     (wheel,) = wheels.glob("tuner-*.whl")
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
+    # No pip of its own (its bootstrap is most of a venv's start): this environment's pip installs into it.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=600)
     bin_dir = venv / "bin"
     purelib = subprocess.run(
         [bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -49,7 +50,8 @@ def installed(tmp_path_factory) -> Path:
     # finder among them) are not run.
     Path(purelib, "test_env_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        [sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--no-deps", "--no-index", "-q"]
+        + [str(wheel)],
         check=True,
         timeout=600,
     )
