@@ -67,14 +67,14 @@ def _isolated_cache(request, tmp_path_factory, monkeypatch):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one and a half workers a core (3 on 2 cores). A tenth of the suite's time is spent waiting on
-    children (GPU worker and writer processes, Ray's start, pseudo-terminals): on 2 cores the suite took 588 s with 2
-    workers and 520 s with 3, keeping 1.8 cores busy (949 CPU-seconds)."""
+    """``-n auto``: two workers a core (4 on 2 cores). Part of the suite's time is spent waiting on children (GPU
+    worker and writer processes, Ray's start, pseudo-terminals, deadlines running out), which more workers fill: on
+    2 cores, one tree took 494 s with 3 workers (1.77 cores busy) and 431 s with 4, every test passing."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, (3 * cores) // 2)
+    return max(1, 2 * cores)
 
 
 #: Held by the test that uses the GPU: every xdist worker takes it around a GPU test, its fixtures included.

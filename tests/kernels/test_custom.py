@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.fakes import recorded_study
 from tuner import kernels
 from tuner.build import families
 from tuner.core.errors import InputError
@@ -40,9 +41,9 @@ def record(space_file: Path, db: Path) -> int:
     """A synthetic recording of every valid config of `space_file`: COMPLETE trials whose user attrs hold a
     Measurement (time falls with vec, so the best config is known). Returns the number of trials."""
     space = space_mod.load(space_file)
-    study = optuna.create_study(study_name="recorded", storage=f"sqlite:///{db}", directions=["maximize"])
     dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.params.items()}
     configs = space.valid_configs()
+    trials = []
     for i, config in enumerate(configs):
         ms = 1.0 / config.get("vec", 1) + 0.001 * i
         attrs = {
@@ -62,9 +63,10 @@ def record(space_file: Path, db: Path) -> int:
             "spill_bytes": 0,
             "gpu": "synthetic",
         }
-        study.add_trial(
+        trials.append(
             optuna.trial.create_trial(params=config, distributions=dists, values=[attrs["tbps"]], user_attrs=attrs)
         )
+    recorded_study(f"sqlite:///{db}", trials)
     return len(configs)
 
 

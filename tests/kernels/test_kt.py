@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.fakes import recorded_study
 from tuner.build import compile as compile_mod
 from tuner.build.render import render
 from tuner.core.errors import InputError
@@ -323,9 +324,9 @@ def test_one_restriction_string_is_a_constraint(tmp_path):
 def record(space_file: Path, db: Path) -> int:
     """One COMPLETE trial per valid config with made-up times (more points per thread is faster)."""
     space = space_mod.load(space_file)
-    study = optuna.create_study(study_name="recorded", storage=f"sqlite:///{db}", directions=["maximize"])
     dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.params.items()}
     configs = space.valid_configs(space.problem())
+    trials = []
     for config in configs:
         ms = 1.0 / (config["tile_size_x"] * config["tile_size_y"]) + 1e-3 * config["block_size_x"]
         tbps = (2 << 28) / ms / 1e9
@@ -335,8 +336,8 @@ def record(space_file: Path, db: Path) -> int:
             **dict(fraction_of_ceiling=tbps / 4.0, registers=24, smem_static_bytes=0, smem_dynamic_bytes=0),
             **dict(spill_bytes=0, gpu="synthetic"),
         }
-        trial = optuna.trial.create_trial(params=config, distributions=dists, values=[tbps], user_attrs=attrs)
-        study.add_trial(trial)
+        trials.append(optuna.trial.create_trial(params=config, distributions=dists, values=[tbps], user_attrs=attrs))
+    recorded_study(f"sqlite:///{db}", trials)
     return len(configs)
 
 

@@ -150,10 +150,12 @@ def test_interrupted_grid_resumes_to_exactly_the_valid_set(tmp_path):
 
     from tuner.space import space as space_mod
 
-    # The row order alone (156 of the 468 valid configs): an in-process grid costs ~45 ms a trial, and what is
-    # checked (each valid config once more, the study ends) does not depend on the grid's size.
+    # The row order and two paddings alone (78 of the 468 valid configs): what is checked (each valid config once
+    # more, the study ends) does not depend on the grid's size.
     narrow = tmp_path / "transpose.yaml"
-    narrow.write_text(SPACE.read_text().replace("order: [row, col, diag]", "order: [row]"))
+    narrow.write_text(
+        SPACE.read_text().replace("order: [row, col, diag]", "order: [row]").replace("pad: [0, 1, 2, 4]", "pad: [1, 2]")
+    )
     url = f"sqlite:///{tmp_path}/g.db"
     first = ["study", "transpose", "--space", str(narrow), "--sampler", "grid", "--replay", str(RECORDING)]
     first += ["--storage", url, "--json"]
@@ -166,7 +168,7 @@ def test_interrupted_grid_resumes_to_exactly_the_valid_set(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url)
     valid = {params_key(c) for c in space_mod.load(narrow).enumerate()}
-    assert len(valid) == 156
+    assert len(valid) == 78
     counted = [t for t in study.trials if t.user_attrs.get("failure") != "interrupted"]
     assert sorted(params_key(t.params) for t in counted) == sorted(valid)
     assert len(study.trials) == len(valid) + 10
