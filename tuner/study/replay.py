@@ -174,7 +174,7 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
     index = {n: {v: i for i, v in enumerate(values)} for n, values in space.params.items()}
     default = dict(space.default)
     if params_key(default) not in keys:
-        order = {params_key(c): i for i, c in enumerate(space.enumerate(problem)) if params_key(c) in keys}
+        order = _listing_order(space, problem or space.problems[0], keys)
         default = min(
             configs,
             key=lambda c: (sum(abs(index[n][c[n]] - index[n][default[n]]) for n in index), order.get(params_key(c), 0)),
@@ -189,6 +189,19 @@ def recorded_subspace(space: SearchSpace, records: dict[str, Any], problem: Prob
         },
         recorded=keys,
     )
+
+
+def _listing_order(space: SearchSpace, problem: Problem, keys: frozenset[str]) -> dict[str, int]:
+    """Each config of `keys` (params keys of valid configs) → its place in the space's valid listing
+    (`SearchSpace.enumerate`'s order): the row of the valid index where the space lists within the walk's budget
+    (gemm.yaml's 268k configs in ~0.1 s, or from the cache dir), else a walk of the whole space."""
+    from tuner.study.validset import valid_index
+
+    index = valid_index(space, problem)
+    if index.complete:
+        rows = {key: index.row_of(key) for key in keys}
+        return {key: row for key, row in rows.items() if row is not None}
+    return {params_key(c): i for i, c in enumerate(space.enumerate(problem)) if params_key(c) in keys}
 
 
 #: recordings read in this process, by (path, study name, size, mtime): a replayed study reads its recording
