@@ -98,13 +98,14 @@ def test_check_says_each_distinct_error_once_with_its_count(tmp_path):
         text + "\n{% if vec == 2 %}this is not C++;{% elif vec == 4 %}__device__ int k = no_such_name;{% endif %}\n"
     )
     env = {"TUNER_CACHE_DIR": str(tmp_path / "cache"), "TUNER_TEMPLATES": str(templates)}
-    report = json.loads(tuner("check", "copy", "--sample", "30", "--seed", "1", "--json", env=env).stdout)
+    check = ("check", "copy", "--sample", "30", "--seed", "1", "--jobs", "1")  # --jobs 1: tests/README.md
+    report = json.loads(tuner(*check, "--json", env=env).stdout)
     failed = [c for c in report["configs"] if "failure" in c]
     by_vec = {v: sum(c["params"]["vec"] == v for c in failed) for v in (2, 4)}
     assert by_vec[2] > 1 and by_vec[4] > 1 and len(failed) == by_vec[2] + by_vec[4]
     assert sorted(e["configs"] for e in report["errors"]) == sorted(by_vec.values())
 
-    proc = tuner("check", "copy", "--sample", "30", "--seed", "1", env=env)  # a pipe: rows out, notes on stderr
+    proc = tuner(*check, env=env)  # a pipe: rows out, notes on stderr
     assert proc.returncode == 1
     header, *rows = proc.stdout.splitlines()
     assert len(rows) == report["compiled"] and all(row.endswith(("ok", "spills")) for row in rows)

@@ -526,7 +526,7 @@ def test_tuner_new_writes_a_starter_that_compiles(tmp_path):
     template = (tmp_path / "mykernel.cu.j2").read_text()
     for knob in ("vector width", "__launch_bounds__", "tile", "pad"):
         assert knob in template
-    proc = tuner("check", "mykernel.yaml", "--arch", "sm_90", "--json", cwd=tmp_path)
+    proc = tuner("check", "mykernel.yaml", "--arch", "sm_90", "--json", "--jobs", "1", cwd=tmp_path)  # tests/README.md
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["failed"] == 0 and summary["compiled"] == space_mod.load(tmp_path / "mykernel.yaml").count_valid()
